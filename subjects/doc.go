@@ -1,0 +1,17 @@
+// Package subjects is the only place where Switchyard builds and parses NATS
+// subjects. Every user-supplied string (a model id, an agent id) is escaped
+// into a single subject token first, so nothing a client sends can add a
+// token, a wildcard or whitespace to a subject.
+//
+// The layout, with the default prefix "sy":
+//
+//	sy.jobs.<model>.<pool>          jobs (JetStream work queue)
+//	sy.hb.<model>.<pool>.<agent>    heartbeats (core NATS, JSON)
+//	sy.reply.<broker>.<request>     chunks of one attempt (core NATS)
+//	sy.cancel.<request>             cancel of one request (core NATS)
+//
+// Escaping keeps ASCII letters, digits and '-' as they are and writes every
+// other byte as '_' followed by two upper-case hex digits, so "a.b" becomes
+// "a_2Eb". The mapping is injective and reversible and its output is never
+// empty and never holds '.', '*', '>', whitespace or a non-ASCII byte.
+package subjects

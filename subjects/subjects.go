@@ -1,0 +1,243 @@
+package subjects
+
+import (
+	"fmt"
+	"strings"
+)
+
+// DefaultPrefix is the first token of every Switchyard subject.
+const DefaultPrefix = "sy"
+
+// MaxTokenLen bounds an escaped token. A model id that escapes to more than
+// this is refused rather than producing subjects that waste every message's
+// header; 1 KiB of escaped text is far beyond any real model id.
+const MaxTokenLen = 1024
+
+// Pools as they appear in subjects.
+const (
+	PoolRegular = "regular"
+	PoolPrefill = "prefill"
+	PoolDecode  = "decode"
+)
+
+// Kinds of subject, the second token after the prefix.
+const (
+	kindJobs   = "jobs"
+	kindHB     = "hb"
+	kindReply  = "reply"
+	kindCancel = "cancel"
+)
+
+// Builder builds and parses subjects under one prefix. The zero value is not
+// usable; call New.
+type Builder struct {
+	prefix string
+	dot    string // prefix + "."
+}
+
+// New returns a Builder for prefix, which may hold several tokens ("sy" or
+// "prod.sy") but no wildcards, whitespace or empty tokens.
+func New(prefix string) (Builder, error) {
+	if prefix == "" {
+		return Builder{}, fmt.Errorf("%w: empty", ErrBadPrefix)
+	}
+	for _, tok := range strings.Split(prefix, ".") {
+		if !validLiteralToken(tok) {
+			return Builder{}, fmt.Errorf("%w: %q", ErrBadPrefix, prefix)
+		}
+	}
+	return Builder{prefix: prefix, dot: prefix + "."}, nil
+}
+
+// Must is New for prefixes known at compile time.
+func Must(prefix string) Builder {
+	b, err := New(prefix)
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
+
+// Prefix returns the builder's prefix.
+func (b Builder) Prefix() string { return b.prefix }
+
+func validLiteralToken(tok string) bool {
+	if tok == "" {
+		return false
+	}
+	for i := 0; i < len(tok); i++ {
+		c := tok[i]
+		if c <= ' ' || c == '*' || c == '>' || c == '.' || c >= 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+func validPool(pool string) bool {
+	return pool == PoolRegular || pool == PoolPrefill || pool == PoolDecode
+}
+
+// Jobs returns the subject of model's job queue for pool.
+func (b Builder) Jobs(model, pool string) (string, error) {
+	if !validPool(pool) {
+		return "", fmt.Errorf("%w: pool %q", ErrNotMatch, pool)
+	}
+	m, err := Escape(model)
+	if err != nil {
+		return "", fmt.Errorf("model %q: %w", model, err)
+	}
+	return b.dot + kindJobs + "." + m + "." + pool, nil
+}
+
+// JobsAll is the filter of the jobs stream: every model and pool.
+func (b Builder) JobsAll() string { return b.dot + kindJobs + ".>" }
+
+// Heartbeat returns the subject an agent heartbeats on.
+func (b Builder) Heartbeat(model, pool, agent string) (string, error) {
+	if !validPool(pool) {
+		return "", fmt.Errorf("%w: pool %q", ErrNotMatch, pool)
+	}
+	m, err := Escape(model)
+	if err != nil {
+		return "", fmt.Errorf("model %q: %w", model, err)
+	}
+	a, err := Escape(agent)
+	if err != nil {
+		return "", fmt.Errorf("agent %q: %w", agent, err)
+	}
+	return b.dot + kindHB + "." + m + "." + pool + "." + a, nil
+}
+
+// HeartbeatsAll matches every heartbeat.
+func (b Builder) HeartbeatsAll() string { return b.dot + kindHB + ".>" }
+
+// Reply returns the reply subject of one request of one broker. Both ids are
+// the broker's own and must already be subject-safe tokens.
+func (b Builder) Reply(broker, request string) (string, error) {
+	if !validID(broker) || !validID(request) {
+		return "", fmt.Errorf("%w: reply ids %q %q", ErrBadToken, broker, request)
+	}
+	return b.dot + kindReply + "." + broker + "." + request, nil
+}
+
+// ReplyAll matches every reply subject of one broker; the broker subscribes
+// to it once and demultiplexes by request id.
+func (b Builder) ReplyAll(broker string) (string, error) {
+	if !validID(broker) {
+		return "", fmt.Errorf("%w: broker id %q", ErrBadToken, broker)
+	}
+	return b.dot + kindReply + "." + broker + ".*", nil
+}
+
+// Cancel returns the cancel subject of one request.
+func (b Builder) Cancel(request string) (string, error) {
+	if !validID(request) {
+		return "", fmt.Errorf("%w: request id %q", ErrBadToken, request)
+	}
+	return b.dot + kindCancel + "." + request, nil
+}
+
+// CancelAll matches every cancel; agents subscribe to it and look up the
+// request id among the jobs they hold.
+func (b Builder) CancelAll() string { return b.dot + kindCancel + ".*" }
+
+// validID reports whether id is a token made only of the escape alphabet,
+// which is what the broker's generated ids are.
+func validID(id string) bool {
+	if id == "" || len(id) > MaxTokenLen {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		if !plain(id[i]) && id[i] != '_' {
+			return false
+		}
+	}
+	return true
+}
+
+// Jobs is a parsed jobs subject.
+type Jobs struct{ Model, Pool string }
+
+// ParseJobs parses a subject built by Jobs.
+func (b Builder) ParseJobs(subject string) (Jobs, error) {
+	toks, err := b.split(subject, kindJobs, 2)
+	if err != nil {
+		return Jobs{}, err
+	}
+	m, err := Unescape(toks[0])
+	if err != nil {
+		return Jobs{}, err
+	}
+	if !validPool(toks[1]) {
+		return Jobs{}, fmt.Errorf("%w: pool %q", ErrNotMatch, toks[1])
+	}
+	return Jobs{Model: m, Pool: toks[1]}, nil
+}
+
+// Heartbeat is a parsed heartbeat subject.
+type Heartbeat struct{ Model, Pool, Agent string }
+
+// ParseHeartbeat parses a subject built by Heartbeat.
+func (b Builder) ParseHeartbeat(subject string) (Heartbeat, error) {
+	toks, err := b.split(subject, kindHB, 3)
+	if err != nil {
+		return Heartbeat{}, err
+	}
+	m, err := Unescape(toks[0])
+	if err != nil {
+		return Heartbeat{}, err
+	}
+	if !validPool(toks[1]) {
+		return Heartbeat{}, fmt.Errorf("%w: pool %q", ErrNotMatch, toks[1])
+	}
+	a, err := Unescape(toks[2])
+	if err != nil {
+		return Heartbeat{}, err
+	}
+	return Heartbeat{Model: m, Pool: toks[1], Agent: a}, nil
+}
+
+// Reply is a parsed reply subject.
+type Reply struct{ Broker, Request string }
+
+// ParseReply parses a subject built by Reply.
+func (b Builder) ParseReply(subject string) (Reply, error) {
+	toks, err := b.split(subject, kindReply, 2)
+	if err != nil {
+		return Reply{}, err
+	}
+	if !validID(toks[0]) || !validID(toks[1]) {
+		return Reply{}, fmt.Errorf("%w: %q", ErrBadToken, subject)
+	}
+	return Reply{Broker: toks[0], Request: toks[1]}, nil
+}
+
+// ParseCancel returns the request id of a subject built by Cancel.
+func (b Builder) ParseCancel(subject string) (string, error) {
+	toks, err := b.split(subject, kindCancel, 1)
+	if err != nil {
+		return "", err
+	}
+	if !validID(toks[0]) {
+		return "", fmt.Errorf("%w: %q", ErrBadToken, subject)
+	}
+	return toks[0], nil
+}
+
+// split checks prefix and kind and returns exactly n remaining tokens.
+func (b Builder) split(subject, kind string, n int) ([]string, error) {
+	rest, ok := strings.CutPrefix(subject, b.dot)
+	if !ok {
+		return nil, fmt.Errorf("%w: %q lacks prefix %q", ErrNotMatch, subject, b.prefix)
+	}
+	rest, ok = strings.CutPrefix(rest, kind+".")
+	if !ok {
+		return nil, fmt.Errorf("%w: %q is not a %s subject", ErrNotMatch, subject, kind)
+	}
+	toks := strings.Split(rest, ".")
+	if len(toks) != n {
+		return nil, fmt.Errorf("%w: %q has %d tokens after %s, want %d", ErrNotMatch, subject, len(toks), kind, n)
+	}
+	return toks, nil
+}

@@ -1,0 +1,33 @@
+package wire
+
+import "errors"
+
+// Error codes carried in Chunk.error.code. The broker maps them to HTTP and
+// gRPC statuses in its ingress packages.
+const (
+	CodeBadRequest       = "bad_request"       // the engine refused the request as invalid
+	CodeEngine           = "engine_error"      // the engine failed or broke the stream
+	CodeEngineDown       = "engine_unavailable" // the engine could not be reached
+	CodeDeadlineExceeded = "deadline_exceeded" // the job's deadline passed
+	CodeCancelled        = "cancelled"         // the request was cancelled
+	CodeDraining         = "draining"          // the agent is shutting down
+	CodeInternal         = "internal"
+)
+
+// Is makes errors.Is(err, &Error{Code: c}) match any *Error with code c, as
+// jetstream.APIError does for its error codes.
+func (e *Error) Is(target error) bool {
+	var t *Error
+	if !errors.As(target, &t) || t == nil {
+		return false
+	}
+	return e.GetCode() == t.GetCode()
+}
+
+// Error implements the error interface.
+func (e *Error) Error() string {
+	if e == nil {
+		return "<nil>"
+	}
+	return e.GetCode() + ": " + e.GetMessage()
+}

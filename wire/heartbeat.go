@@ -1,0 +1,37 @@
+package wire
+
+import (
+	"fmt"
+
+	"google.golang.org/protobuf/encoding/protojson"
+)
+
+// Heartbeat states and pools as they appear in heartbeats.
+const (
+	StateWarming  = "warming"
+	StateReady    = "ready"
+	StateDraining = "draining"
+)
+
+var (
+	hbMarshal = protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true}
+	// Unknown fields are discarded so that an older broker reads heartbeats
+	// of newer agents.
+	hbUnmarshal = protojson.UnmarshalOptions{DiscardUnknown: true}
+)
+
+// MarshalHeartbeat renders hb as JSON with snake_case field names. Every
+// field is present (zero values included) except the optional engine-load
+// fields, which are absent when the engine does not report them.
+func MarshalHeartbeat(hb *Heartbeat) ([]byte, error) {
+	return hbMarshal.Marshal(hb)
+}
+
+// UnmarshalHeartbeat parses a heartbeat published by MarshalHeartbeat.
+func UnmarshalHeartbeat(data []byte) (*Heartbeat, error) {
+	hb := new(Heartbeat)
+	if err := hbUnmarshal.Unmarshal(data, hb); err != nil {
+		return nil, fmt.Errorf("wire: heartbeat: %w", err)
+	}
+	return hb, nil
+}

@@ -1,0 +1,156 @@
+package wire
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+)
+
+var update = flag.Bool("update", false, "rewrite golden files")
+
+func goldenHeartbeat() *Heartbeat {
+	at := time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)
+	return &Heartbeat{
+		AgentId:       "gpu-node-1",
+		Model:         "meta-llama/Llama-3.1-8B",
+		Pool:          "regular",
+		Engine:        "openai",
+		Transport:     "http",
+		State:         StateReady,
+		Slots:         8,
+		Active:        3,
+		EngineRunning: proto.Uint32(3),
+		EngineWaiting: proto.Uint32(0),
+		KvCacheUsage:  proto.Float64(0.25),
+		ReadySince:    timestamppb.New(at.Add(-time.Minute)),
+		Interval:      durationpb.New(time.Second),
+		Seq:           42,
+		Version:       "v0.1.0",
+		SentAt:        timestamppb.New(at),
+	}
+}
+
+// compare checks got against testdata/name, after compacting both: protojson
+// randomises insignificant whitespace on purpose.
+func compare(t *testing.T, name string, got []byte) {
+	t.Helper()
+	var pretty bytes.Buffer
+	if err := json.Indent(&pretty, got, "", "  "); err != nil {
+		t.Fatal(err)
+	}
+	pretty.WriteByte('\n')
+	path := filepath.Join("testdata", name)
+	if *update {
+		if err := os.WriteFile(path, pretty.Bytes(), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var a, b bytes.Buffer
+	if err := json.Compact(&a, pretty.Bytes()); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Compact(&b, want); err != nil {
+		t.Fatal(err)
+	}
+	if a.String() != b.String() {
+		t.Fatalf("%s differs (run with -update to accept):\ngot:  %s\nwant: %s", name, a.String(), b.String())
+	}
+}
+
+func TestHeartbeatJSONGolden(t *testing.T) {
+	data, err := MarshalHeartbeat(goldenHeartbeat())
+	if err != nil {
+		t.Fatal(err)
+	}
+	compare(t, "heartbeat.json", data)
+	back, err := UnmarshalHeartbeat(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !proto.Equal(back, goldenHeartbeat()) {
+		t.Fatalf("round trip changed heartbeat: %v", back)
+	}
+}
+
+func TestHeartbeatUnknownLoad(t *testing.T) {
+	hb := goldenHeartbeat()
+	hb.EngineRunning, hb.EngineWaiting, hb.KvCacheUsage = nil, nil, nil
+	data, err := MarshalHeartbeat(hb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(data, &m); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"engine_running", "engine_waiting", "kv_cache_usage"} {
+		if _, ok := m[k]; ok {
+			t.Errorf("%s present although unknown", k)
+		}
+	}
+	for _, k := range []string{"agent_id", "model", "pool", "state", "slots", "active", "ready_since", "interval", "seq", "version"} {
+		if _, ok := m[k]; !ok {
+			t.Errorf("%s missing", k)
+		}
+	}
+}
+
+func TestHeartbeatForwardCompatible(t *testing.T) {
+	hb, err := UnmarshalHeartbeat([]byte(`{"agent_id":"a","future_field":{"x":1},"slots":4}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hb.GetAgentId() != "a" || hb.GetSlots() != 4 {
+		t.Fatalf("got %v", hb)
+	}
+	if _, err := UnmarshalHeartbeat([]byte(`{"slots":"many"}`)); err == nil {
+		t.Fatal("bad slots accepted")
+	}
+}
+
+func TestErrorIs(t *testing.T) {
+	err := fmt.Errorf("attempt 1: %w", &Error{Code: CodeEngine, Message: "boom"})
+	if !errors.Is(err, &Error{Code: CodeEngine}) {
+		t.Fatal("code did not match")
+	}
+	if errors.Is(err, &Error{Code: CodeCancelled}) {
+		t.Fatal("other code matched")
+	}
+}
+
+func FuzzDecodeChunk(f *testing.F) {
+	seed, _ := proto.Marshal(&Chunk{RequestId: "r1", Seq: 3, Kind: Chunk_KIND_TOKEN, Raw: []byte(`{"x":1}`), DeltaText: " hi"})
+	f.Add(seed)
+	job, _ := proto.Marshal(&Job{RequestId: "r1", Model: "m", Body: []byte(`{}`), Pd: &PDHandoff{BootstrapRoom: 7}})
+	f.Add(job)
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var c Chunk
+		if err := proto.Unmarshal(data, &c); err == nil {
+			out, err := proto.Marshal(&c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var c2 Chunk
+			if err := proto.Unmarshal(out, &c2); err != nil || !proto.Equal(&c, &c2) {
+				t.Fatalf("re-decode differs: %v", err)
+			}
+		}
+		var j Job
+		_ = proto.Unmarshal(data, &j)
+		_, _ = UnmarshalHeartbeat(data)
+	})
+}
