@@ -5,12 +5,12 @@ import "errors"
 // Error codes carried in Chunk.error.code. The broker maps them to HTTP and
 // gRPC statuses in its ingress packages.
 const (
-	CodeBadRequest       = "bad_request"       // the engine refused the request as invalid
-	CodeEngine           = "engine_error"      // the engine failed or broke the stream
+	CodeBadRequest       = "bad_request"        // the engine refused the request as invalid
+	CodeEngine           = "engine_error"       // the engine failed or broke the stream
 	CodeEngineDown       = "engine_unavailable" // the engine could not be reached
-	CodeDeadlineExceeded = "deadline_exceeded" // the job's deadline passed
-	CodeCancelled        = "cancelled"         // the request was cancelled
-	CodeDraining         = "draining"          // the agent is shutting down
+	CodeDeadlineExceeded = "deadline_exceeded"  // the job's deadline passed
+	CodeCancelled        = "cancelled"          // the request was cancelled
+	CodeDraining         = "draining"           // the agent is shutting down
 	CodeInternal         = "internal"
 )
 
