@@ -1,6 +1,8 @@
 package subjects
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"strings"
 )
@@ -241,3 +243,25 @@ func (b Builder) split(subject, kind string, n int) ([]string, error) {
 	}
 	return toks, nil
 }
+
+// ConsumerName returns the durable JetStream consumer name shared by every
+// agent of (model, pool). Names hold only [A-Za-z0-9_-]; a long escaped model
+// id is shortened with a hash so the name stays within JetStream's limits.
+func ConsumerName(model, pool string) (string, error) {
+	if !validPool(pool) {
+		return "", fmt.Errorf("%w: pool %q", ErrNotMatch, pool)
+	}
+	m, err := Escape(model)
+	if err != nil {
+		return "", fmt.Errorf("model %q: %w", model, err)
+	}
+	if len(m) > maxConsumerModel {
+		sum := sha256.Sum256([]byte(model))
+		m = m[:maxConsumerModel-17] + "_" + hex.EncodeToString(sum[:8])
+	}
+	return "jobs-" + m + "-" + pool, nil
+}
+
+// maxConsumerModel keeps consumer names well under the 255 bytes that file
+// stores accept as a directory name.
+const maxConsumerModel = 160

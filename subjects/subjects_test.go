@@ -246,3 +246,18 @@ func FuzzUnescape(f *testing.F) {
 		}
 	})
 }
+
+func TestConsumerName(t *testing.T) {
+	a, err := ConsumerName("org/m.1", PoolRegular)
+	if err != nil || a != "jobs-org_2Fm_2E1-regular" {
+		t.Fatalf("ConsumerName = %q, %v", a, err)
+	}
+	long1, _ := ConsumerName(strings.Repeat("x", 300)+"1", PoolDecode)
+	long2, _ := ConsumerName(strings.Repeat("x", 300)+"2", PoolDecode)
+	if long1 == long2 || len(long1) > 200 || !validToken(long1) {
+		t.Fatalf("long names %q %q", long1, long2)
+	}
+	if _, err := ConsumerName("m", "x"); err == nil {
+		t.Fatal("bad pool accepted")
+	}
+}

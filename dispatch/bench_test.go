@@ -1,0 +1,69 @@
+package dispatch_test
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/switchyard-ai/switchyard/dispatch"
+)
+
+var benchSizes = []int{10, 100, 1000, 10000}
+
+// benchAgents returns n agents, 60% regular, 20% prefill, 20% decode, with
+// mixed load, some ramping and a few draining or stale, so NewModel walks
+// every branch.
+func benchAgents(n int) []dispatch.Agent {
+	rng := rand.New(rand.NewPCG(7, 7))
+	as := make([]dispatch.Agent, n)
+	for i := range as {
+		pool := dispatch.PoolRegular
+		switch i % 5 {
+		case 3:
+			pool = dispatch.PoolPrefill
+		case 4:
+			pool = dispatch.PoolDecode
+		}
+		a := ready(fmt.Sprintf("agent-%d", i), pool, 16, rng.IntN(17))
+		switch i % 20 {
+		case 5:
+			a.ReadySince = t0.Add(-time.Duration(rng.IntN(30)) * time.Second)
+		case 11:
+			a.State = dispatch.StateDraining
+		case 17:
+			a.LastSeen = t0.Add(-10 * time.Second)
+		}
+		as[i] = a
+	}
+	return as
+}
+
+func BenchmarkDecide(b *testing.B) {
+	for _, n := range benchSizes {
+		b.Run(fmt.Sprintf("agents=%d", n), func(b *testing.B) {
+			m := dispatch.NewModel("m", benchAgents(n), t0, dispatch.DefaultConfig())
+			var r uint64
+			b.ReportAllocs()
+			for b.Loop() {
+				r += 0x9e3779b97f4a7c15 // Weyl sequence: uniform enough, free
+				if _, err := m.Decide(dispatch.Need{}, r); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+func BenchmarkNewModel(b *testing.B) {
+	for _, n := range benchSizes {
+		b.Run(fmt.Sprintf("agents=%d", n), func(b *testing.B) {
+			as := benchAgents(n)
+			cfg := dispatch.DefaultConfig()
+			b.ReportAllocs()
+			for b.Loop() {
+				dispatch.NewModel("m", as, t0, cfg)
+			}
+		})
+	}
+}

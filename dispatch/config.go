@@ -1,0 +1,87 @@
+package dispatch
+
+import (
+	"fmt"
+	"math"
+	"time"
+)
+
+// Defaults of DefaultConfig.
+const (
+	DefaultSlowStart        = 30 * time.Second
+	DefaultSlowStartFloor   = 0.1
+	DefaultMissedHeartbeats = 3
+)
+
+// Config tunes the rule. Use DefaultConfig and change what you need; the
+// zero value is valid too (capacity mode, slow start off, 3 missed
+// heartbeats).
+type Config struct {
+	// Mode selects the weight rule. The zero value is ModeCapacity.
+	Mode Mode
+
+	// SlowStart is the window after an agent's ReadySince over which its
+	// effective slots ramp linearly from the floor to its full Slots, so the
+	// first agent of a new pool is not hit by the whole queue at once.
+	// Zero disables the ramp (ready agents count in full at once).
+	// DefaultConfig sets 30s.
+	SlowStart time.Duration
+
+	// SlowStartFloor is the fraction of an agent's slots it counts with at
+	// the start of the ramp, and all the time while warming. The floor is
+	// never below one slot (nor above Slots), so a warming or new agent with
+	// few slots still draws some traffic. In [0, 1]; DefaultConfig sets 0.1.
+	SlowStartFloor float64
+
+	// MissedHeartbeats is how many heartbeat intervals may pass without a
+	// heartbeat before an agent counts as gone. Zero means
+	// DefaultMissedHeartbeats (3).
+	MissedHeartbeats int
+}
+
+// DefaultConfig returns the broker's defaults: capacity mode, a 30s slow
+// start from a floor of 10% of slots, gone after 3 missed heartbeats.
+func DefaultConfig() Config {
+	return Config{
+		Mode:             ModeCapacity,
+		SlowStart:        DefaultSlowStart,
+		SlowStartFloor:   DefaultSlowStartFloor,
+		MissedHeartbeats: DefaultMissedHeartbeats,
+	}
+}
+
+// Validate reports the first field outside its documented range, wrapping
+// ErrInvalid.
+func (c Config) Validate() error {
+	switch {
+	case c.Mode >= numModes:
+		return fmt.Errorf("%w: config mode %v", ErrInvalid, c.Mode)
+	case c.SlowStart < 0:
+		return fmt.Errorf("%w: config slow start %v is negative", ErrInvalid, c.SlowStart)
+	case math.IsNaN(c.SlowStartFloor) || c.SlowStartFloor < 0 || c.SlowStartFloor > 1:
+		return fmt.Errorf("%w: config slow start floor %v is outside [0, 1]", ErrInvalid, c.SlowStartFloor)
+	case c.MissedHeartbeats < 0:
+		return fmt.Errorf("%w: config missed heartbeats %d is negative", ErrInvalid, c.MissedHeartbeats)
+	}
+	return nil
+}
+
+// normalized applies the zero-value defaults and clamps what Validate would
+// refuse, so NewModel never fails: a bad value must not stop dispatch.
+func (c Config) normalized() Config {
+	if c.Mode >= numModes {
+		c.Mode = ModeCapacity
+	}
+	if c.SlowStart < 0 {
+		c.SlowStart = 0
+	}
+	if math.IsNaN(c.SlowStartFloor) || c.SlowStartFloor < 0 {
+		c.SlowStartFloor = 0
+	} else if c.SlowStartFloor > 1 {
+		c.SlowStartFloor = 1
+	}
+	if c.MissedHeartbeats <= 0 {
+		c.MissedHeartbeats = DefaultMissedHeartbeats
+	}
+	return c
+}

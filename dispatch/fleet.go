@@ -1,0 +1,71 @@
+package dispatch
+
+import (
+	"slices"
+	"sync/atomic"
+	"time"
+)
+
+// Fleet is an immutable set of model snapshots, the unit the broker swaps
+// when heartbeats change.
+type Fleet struct {
+	models map[string]*Model
+	names  []string // sorted; models with at least one eligible agent
+}
+
+// NewFleet builds one Model per entry of agents (keyed by model name) at
+// time now. agents is not retained.
+func NewFleet(agents map[string][]Agent, now time.Time, cfg Config) *Fleet {
+	f := &Fleet{models: make(map[string]*Model, len(agents))}
+	for name, as := range agents {
+		m := NewModel(name, as, now, cfg)
+		f.models[name] = m
+		if m.anyEligible() {
+			f.names = append(f.names, name)
+		}
+	}
+	slices.Sort(f.names)
+	return f
+}
+
+func (m *Model) anyEligible() bool {
+	for _, p := range m.pools {
+		if p.Eligible > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// Model returns the snapshot of name. It does not allocate, and a nil Fleet
+// (a Table before its first Store) has no models.
+func (f *Fleet) Model(name string) (*Model, bool) {
+	if f == nil {
+		return nil, false
+	}
+	m, ok := f.models[name]
+	return m, ok
+}
+
+// Models returns the sorted names of the models with at least one eligible
+// agent in any pool (what /v1/models lists). The list is computed once by
+// NewFleet; the result is a copy.
+func (f *Fleet) Models() []string {
+	if f == nil {
+		return nil
+	}
+	return slices.Clone(f.names)
+}
+
+// Table publishes the current Fleet to the request path without locks: one
+// writer (the heartbeat consumer) Stores a new Fleet, any number of
+// requests Load it. The zero value holds no Fleet.
+type Table struct {
+	p atomic.Pointer[Fleet]
+}
+
+// Load returns the current Fleet, nil before the first Store.
+func (t *Table) Load() *Fleet { return t.p.Load() }
+
+// Store publishes f; a Fleet must not be changed after it is stored.
+func (t *Table) Store(f *Fleet) { t.p.Store(f) }

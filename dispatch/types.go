@@ -1,0 +1,185 @@
+package dispatch
+
+import (
+	"fmt"
+	"strconv"
+)
+
+// Pool is the role an agent serves a model in. The names match the pool
+// token of the job subjects (see package subjects).
+type Pool uint8
+
+const (
+	PoolRegular Pool = iota // whole requests
+	PoolPrefill             // the prefill leg of PD
+	PoolDecode              // the decode leg of PD
+
+	numPools = 3
+)
+
+var poolNames = [numPools]string{"regular", "prefill", "decode"}
+
+func (p Pool) String() string {
+	if p < numPools {
+		return poolNames[p]
+	}
+	return "Pool(" + strconv.Itoa(int(p)) + ")"
+}
+
+// ParsePool parses "regular", "prefill" or "decode".
+func ParsePool(s string) (Pool, error) {
+	for i, n := range poolNames {
+		if s == n {
+			return Pool(i), nil
+		}
+	}
+	return 0, fmt.Errorf("%w: pool %q (want regular, prefill or decode)", ErrInvalid, s)
+}
+
+// MarshalText implements encoding.TextMarshaler, so a Pool renders as its
+// name in the JSON fleet view.
+func (p Pool) MarshalText() ([]byte, error) {
+	if p >= numPools {
+		return nil, fmt.Errorf("%w: %v", ErrInvalid, p)
+	}
+	return []byte(p.String()), nil
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler with ParsePool.
+func (p *Pool) UnmarshalText(b []byte) error {
+	v, err := ParsePool(string(b))
+	if err != nil {
+		return err
+	}
+	*p = v
+	return nil
+}
+
+// State is an agent's lifecycle state as its heartbeat reports it.
+type State uint8
+
+const (
+	StateWarming  State = iota // engine up, not yet declared ready: counts at the slow-start floor
+	StateReady                 // serving: counts at its slow-start ramp
+	StateDraining              // finishing in-flight work before exit: counts zero
+
+	numStates = 3
+)
+
+var stateNames = [numStates]string{"warming", "ready", "draining"}
+
+func (s State) String() string {
+	if s < numStates {
+		return stateNames[s]
+	}
+	return "State(" + strconv.Itoa(int(s)) + ")"
+}
+
+// ParseState parses "warming", "ready" or "draining".
+func ParseState(s string) (State, error) {
+	for i, n := range stateNames {
+		if s == n {
+			return State(i), nil
+		}
+	}
+	return 0, fmt.Errorf("%w: state %q (want warming, ready or draining)", ErrInvalid, s)
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (s State) MarshalText() ([]byte, error) {
+	if s >= numStates {
+		return nil, fmt.Errorf("%w: %v", ErrInvalid, s)
+	}
+	return []byte(s.String()), nil
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler with ParseState.
+func (s *State) UnmarshalText(b []byte) error {
+	v, err := ParseState(string(b))
+	if err != nil {
+		return err
+	}
+	*s = v
+	return nil
+}
+
+// Route is the outcome of a decision: the regular queue, or the PD pipeline
+// (the prefill queue, whose agents hand the request on to the decode queue).
+type Route uint8
+
+const (
+	RouteRegular Route = iota
+	RoutePD
+)
+
+func (r Route) String() string {
+	switch r {
+	case RouteRegular:
+		return "regular"
+	case RoutePD:
+		return "pd"
+	}
+	return "Route(" + strconv.Itoa(int(r)) + ")"
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (r Route) MarshalText() ([]byte, error) {
+	if r > RoutePD {
+		return nil, fmt.Errorf("%w: %v", ErrInvalid, r)
+	}
+	return []byte(r.String()), nil
+}
+
+// Mode selects how route weights are computed; see the package doc.
+type Mode uint8
+
+const (
+	// ModeCapacity weighs routes by free effective slots (the default, and
+	// the zero value).
+	ModeCapacity Mode = iota
+	// ModePaired weighs regular by eligible agents and PD by twice the
+	// smaller of the eligible prefill and decode counts.
+	ModePaired
+	// ModeCount is the SGLang reference gateway's rule: regular by eligible
+	// agents, PD by prefill plus decode agents. For comparison only.
+	ModeCount
+
+	numModes = 3
+)
+
+var modeNames = [numModes]string{"capacity", "paired", "count"}
+
+func (m Mode) String() string {
+	if m < numModes {
+		return modeNames[m]
+	}
+	return "Mode(" + strconv.Itoa(int(m)) + ")"
+}
+
+// ParseMode parses "capacity", "paired" or "count".
+func ParseMode(s string) (Mode, error) {
+	for i, n := range modeNames {
+		if s == n {
+			return Mode(i), nil
+		}
+	}
+	return 0, fmt.Errorf("%w: mode %q (want capacity, paired or count)", ErrInvalid, s)
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (m Mode) MarshalText() ([]byte, error) {
+	if m >= numModes {
+		return nil, fmt.Errorf("%w: %v", ErrInvalid, m)
+	}
+	return []byte(m.String()), nil
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler with ParseMode.
+func (m *Mode) UnmarshalText(b []byte) error {
+	v, err := ParseMode(string(b))
+	if err != nil {
+		return err
+	}
+	*m = v
+	return nil
+}
