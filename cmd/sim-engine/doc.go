@@ -1,0 +1,9 @@
+// Command sim-engine serves a simulated vLLM-like inference engine over HTTP
+// (the OpenAI chat and completion APIs, /v1/models, /health and /metrics),
+// for tests and benchmarks of Switchyard without GPUs. See package simengine
+// for the deterministic output and the timing model.
+//
+// Every flag can also be set through an environment variable named after it:
+// SIM_ENGINE_ and the upper-cased flag name with '-' as '_' (for example
+// SIM_ENGINE_ITL=5ms). Flags win over the environment.
+package main

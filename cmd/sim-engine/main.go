@@ -1,0 +1,116 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/switchyard-ai/switchyard/simengine"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "sim-engine:", err)
+		os.Exit(1)
+	}
+}
+
+// shutdownTimeout bounds how long in-flight requests may take to finish
+// once the server is asked to stop.
+const shutdownTimeout = 10 * time.Second
+
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("sim-engine", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	def := simengine.DefaultConfig()
+	cfg := def
+	listen := fs.String("listen", "127.0.0.1:8000", "address to listen on")
+	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
+	fs.StringVar(&cfg.Model, "model", def.Model, "served model name")
+	fs.DurationVar(&cfg.TTFT, "ttft", def.TTFT, "base latency before the first token")
+	fs.DurationVar(&cfg.PrefillPerToken, "prefill-per-token", def.PrefillPerToken, "latency added before the first token per prompt token")
+	fs.DurationVar(&cfg.ITL, "itl", def.ITL, "delay between tokens")
+	fs.IntVar(&cfg.Slots, "slots", def.Slots, "concurrent sequences; more requests wait in a FIFO queue")
+
+	if err := applyEnv(fs, getenv); err != nil {
+		return err
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		return fmt.Errorf("-log-level: %w", err)
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+
+	eng, err := simengine.New(cfg, simengine.WithLogger(log))
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{
+		Handler:           eng.Handler(),
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	// The bound address is logged so that a caller passing port 0 learns it.
+	log.Info("listening", "addr", ln.Addr().String(), "model", cfg.Model,
+		"ttft", cfg.TTFT, "prefill_per_token", cfg.PrefillPerToken, "itl", cfg.ITL, "slots", cfg.Slots)
+
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(ln) }()
+
+	select {
+	case err := <-serveErr:
+		return err
+	case <-ctx.Done():
+	}
+	log.Info("shutting down")
+	sctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		_ = srv.Close()
+		log.Warn("forced shutdown", "error", err)
+	}
+	if err := <-serveErr; !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+// applyEnv sets flag defaults from SIM_ENGINE_* variables.
+func applyEnv(fs *flag.FlagSet, getenv func(string) string) error {
+	var err error
+	fs.VisitAll(func(f *flag.Flag) {
+		name := "SIM_ENGINE_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
+		if v := getenv(name); v != "" && err == nil {
+			if e := f.Value.Set(v); e != nil {
+				err = fmt.Errorf("%s: %w", name, e)
+			}
+		}
+	})
+	return err
+}

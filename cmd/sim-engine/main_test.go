@@ -1,0 +1,117 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/switchyard-ai/switchyard/simengine"
+)
+
+// startRun starts run and returns the address it logged.
+func startRun(t *testing.T, ctx context.Context, args []string, env map[string]string) (string, <-chan error) {
+	t.Helper()
+	pr, pw := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		err := run(ctx, args, func(k string) string { return env[k] }, io.Discard, pw)
+		pw.CloseWithError(fmt.Errorf("run returned: %v", err))
+		done <- err
+	}()
+	addr := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(pr)
+		for sc.Scan() {
+			line := sc.Text()
+			if strings.Contains(line, "msg=listening") {
+				for f := range strings.FieldsSeq(line) {
+					if a, ok := strings.CutPrefix(f, "addr="); ok {
+						addr <- a
+					}
+				}
+			}
+		}
+		close(addr)
+	}()
+	select {
+	case a, ok := <-addr:
+		if !ok {
+			t.Fatalf("run ended before listening: %v", <-done)
+		}
+		go func() { _, _ = io.Copy(io.Discard, pr) }()
+		return a, done
+	case <-time.After(10 * time.Second):
+		t.Fatal("no listening line")
+		return "", nil
+	}
+}
+
+func TestRunServesAndStops(t *testing.T) {
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	addr, done := startRun(t, ctx,
+		[]string{"--listen", "127.0.0.1:0", "--ttft", "0", "--itl", "0", "--slots", "2"},
+		map[string]string{"SIM_ENGINE_MODEL": "env-model"})
+
+	body := `{"model":"env-model","prompt":"Once upon a time,","max_tokens":5}`
+	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, "http://"+addr+"/v1/completions", strings.NewReader(body))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("%d %s", resp.StatusCode, raw)
+	}
+	var got struct {
+		Model   string `json:"model"`
+		Choices []struct {
+			Text string `json:"text"`
+		} `json:"choices"`
+	}
+	if err := json.Unmarshal(raw, &got); err != nil || len(got.Choices) != 1 {
+		t.Fatalf("%s: %v", raw, err)
+	}
+	x, err := simengine.Expect(simengine.APICompletion, []byte(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Model != "env-model" || got.Choices[0].Text != x.Text {
+		t.Fatalf("got %s, want text %q", raw, x.Text)
+	}
+
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("run: %v", err)
+	}
+}
+
+func TestRunErrors(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		env  map[string]string
+	}{
+		{"bad flag", []string{"--nope"}, nil},
+		{"bad slots", []string{"--slots", "0", "--listen", "127.0.0.1:0"}, nil},
+		{"bad duration env", []string{"--listen", "127.0.0.1:0"}, map[string]string{"SIM_ENGINE_ITL": "fast"}},
+		{"bad log level", []string{"--log-level", "loud", "--listen", "127.0.0.1:0"}, nil},
+		{"bad listen", []string{"--listen", "127.0.0.1:notaport"}, nil},
+		{"extra args", []string{"serve"}, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			err := run(t.Context(), tc.args, func(k string) string { return tc.env[k] }, io.Discard, io.Discard)
+			if err == nil {
+				t.Fatal("run succeeded")
+			}
+		})
+	}
+}

@@ -1,0 +1,229 @@
+package simengine
+
+import (
+	"strconv"
+	"time"
+	"unicode/utf8"
+)
+
+const hexDigits = "0123456789abcdef"
+
+// appendJSONString appends s as a JSON string.
+func appendJSONString(b []byte, s string) []byte {
+	b = append(b, '"')
+	start := 0
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c >= 0x20 && c != '"' && c != '\\' && c < utf8.RuneSelf {
+			i++
+			continue
+		}
+		if c < utf8.RuneSelf {
+			b = append(b, s[start:i]...)
+			switch c {
+			case '"', '\\':
+				b = append(b, '\\', c)
+			case '\n':
+				b = append(b, '\\', 'n')
+			case '\r':
+				b = append(b, '\\', 'r')
+			case '\t':
+				b = append(b, '\\', 't')
+			default:
+				b = append(b, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
+			}
+			i++
+			start = i
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 {
+			b = append(b, s[start:i]...)
+			b = append(b, `\ufffd`...)
+			i += size
+			start = i
+			continue
+		}
+		if r == '\u2028' || r == '\u2029' {
+			b = append(b, s[start:i]...)
+			b = append(b, '\\', 'u', '2', '0', '2', hexDigits[r&0xf])
+			i += size
+			start = i
+			continue
+		}
+		i += size
+	}
+	b = append(b, s[start:]...)
+	return append(b, '"')
+}
+
+// envelope is the part every chunk or response of a request shares.
+type envelope struct {
+	id      string
+	created int64
+	model   string
+}
+
+func (e *Engine) newEnvelope(r *request) envelope {
+	prefix := "cmpl-"
+	if r.api == APIChat {
+		prefix = "chatcmpl-"
+	}
+	b := make([]byte, 0, len(prefix)+len(e.idPrefix)+16)
+	b = append(b, prefix...)
+	b = append(b, e.idPrefix...)
+	b = strconv.AppendUint(b, e.ids.Add(1), 16)
+	return envelope{id: string(b), created: time.Now().Unix(), model: e.cfg.Model}
+}
+
+// appendHead appends `{"id":...,"object":...,"created":...,"model":...,`.
+func (v *envelope) appendHead(b []byte, object string) []byte {
+	b = append(b, `{"id":`...)
+	b = appendJSONString(b, v.id)
+	b = append(b, `,"object":"`...)
+	b = append(b, object...)
+	b = append(b, `","created":`...)
+	b = strconv.AppendInt(b, v.created, 10)
+	b = append(b, `,"model":`...)
+	return appendJSONString(b, v.model)
+}
+
+func appendUsage(b []byte, prompt, completion int) []byte {
+	b = append(b, `{"prompt_tokens":`...)
+	b = strconv.AppendInt(b, int64(prompt), 10)
+	b = append(b, `,"completion_tokens":`...)
+	b = strconv.AppendInt(b, int64(completion), 10)
+	b = append(b, `,"total_tokens":`...)
+	b = strconv.AppendInt(b, int64(prompt+completion), 10)
+	return append(b, '}')
+}
+
+// chunkSink encodes OpenAI streaming chunks into one reused buffer.
+type chunkSink struct {
+	api          API
+	includeUsage bool
+	head         []byte // `{"id":...,"model":...,"choices":[`
+	buf          []byte
+	emit         func([]byte) error
+	onOpen       func() error
+}
+
+func (e *Engine) newChunkSink(r *request, emit func([]byte) error) *chunkSink {
+	v := e.newEnvelope(r)
+	object := "text_completion"
+	if r.api == APIChat {
+		object = "chat.completion.chunk"
+	}
+	head := v.appendHead(make([]byte, 0, 128), object)
+	head = append(head, `,"choices":[`...)
+	return &chunkSink{
+		api:          r.api,
+		includeUsage: r.includeUsage,
+		head:         head,
+		buf:          make([]byte, 0, len(head)+128),
+		emit:         emit,
+	}
+}
+
+func (s *chunkSink) open() error {
+	if s.onOpen != nil {
+		return s.onOpen()
+	}
+	return nil
+}
+
+func (s *chunkSink) end(b []byte) []byte {
+	b = append(b, ']')
+	if s.includeUsage {
+		b = append(b, `,"usage":null`...)
+	}
+	return append(b, '}')
+}
+
+func (s *chunkSink) first() error {
+	if s.api != APIChat {
+		return nil
+	}
+	b := append(s.buf[:0], s.head...)
+	b = append(b, `{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}`...)
+	s.buf = s.end(b)
+	return s.emit(s.buf)
+}
+
+func (s *chunkSink) token(_, js string) error {
+	b := append(s.buf[:0], s.head...)
+	if s.api == APIChat {
+		b = append(b, `{"index":0,"delta":{"content":`...)
+		b = append(b, js...)
+		b = append(b, `},"logprobs":null,"finish_reason":null}`...)
+	} else {
+		b = append(b, `{"index":0,"text":`...)
+		b = append(b, js...)
+		b = append(b, `,"logprobs":null,"finish_reason":null}`...)
+	}
+	s.buf = s.end(b)
+	return s.emit(s.buf)
+}
+
+func (s *chunkSink) finish(reason string, prompt, completion int) error {
+	b := append(s.buf[:0], s.head...)
+	if s.api == APIChat {
+		b = append(b, `{"index":0,"delta":{},"logprobs":null,"finish_reason":"`...)
+	} else {
+		b = append(b, `{"index":0,"text":"","logprobs":null,"finish_reason":"`...)
+	}
+	b = append(b, reason...)
+	b = append(b, `"}`...)
+	s.buf = s.end(b)
+	if err := s.emit(s.buf); err != nil {
+		return err
+	}
+	if !s.includeUsage {
+		return nil
+	}
+	b = append(s.buf[:0], s.head...)
+	b = append(b, `],"usage":`...)
+	s.buf = appendUsage(b, prompt, completion)
+	s.buf = append(s.buf, '}')
+	return s.emit(s.buf)
+}
+
+// textSink assembles a non-streaming response from the same generation.
+type textSink struct {
+	api  API
+	v    envelope
+	text []byte
+	out  []byte
+}
+
+func (e *Engine) newTextSink(r *request) *textSink {
+	return &textSink{api: r.api, v: e.newEnvelope(r)}
+}
+
+func (s *textSink) open() error  { return nil }
+func (s *textSink) first() error { return nil }
+
+func (s *textSink) token(text, _ string) error {
+	s.text = append(s.text, text...)
+	return nil
+}
+
+func (s *textSink) finish(reason string, prompt, completion int) error {
+	b := s.out[:0]
+	if s.api == APIChat {
+		b = s.v.appendHead(b, "chat.completion")
+		b = append(b, `,"choices":[{"index":0,"message":{"role":"assistant","content":`...)
+		b = appendJSONString(b, string(s.text))
+		b = append(b, `},"logprobs":null,"finish_reason":"`...)
+	} else {
+		b = s.v.appendHead(b, "text_completion")
+		b = append(b, `,"choices":[{"index":0,"text":`...)
+		b = appendJSONString(b, string(s.text))
+		b = append(b, `,"logprobs":null,"finish_reason":"`...)
+	}
+	b = append(b, reason...)
+	b = append(b, `"}],"usage":`...)
+	b = appendUsage(b, prompt, completion)
+	s.out = append(b, '}')
+	return nil
+}

@@ -1,0 +1,70 @@
+package simengine
+
+import (
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+)
+
+// FuzzStreamRequest feeds arbitrary bodies to Expect and Stream: neither may
+// panic, they must agree on what they accept, and every chunk must be JSON
+// whose deltas add up to Expect's text.
+func FuzzStreamRequest(f *testing.F) {
+	for _, tc := range expectCases {
+		f.Add(tc.api == APIChat, []byte(tc.body))
+		f.Add(tc.api == APIChat, []byte(withStream(tc.body, `"stream":true,"stream_options":{"include_usage":true}`)))
+	}
+	for _, b := range []string{
+		`{"messages":`, `[1]`, `null`, `{"prompt":[1,2]}`, `{"prompt":"a","stop":["\u0000","\n"],"max_tokens":3}`,
+		`{"messages":[{"role":"user","content":"\"\\\u2028"}],"continue_final_message":true}`,
+		`{"model":"x","prompt":"a"}`, `{"prompt":"a","n":2}`,
+	} {
+		f.Add(true, []byte(b))
+		f.Add(false, []byte(b))
+	}
+	e := newTestEngine(f, testConfig())
+	f.Fuzz(func(t *testing.T, chat bool, body []byte) {
+		api := APICompletion
+		if chat {
+			api = APIChat
+		}
+		x, xerr := Expect(api, body)
+		var text strings.Builder
+		serr := e.Stream(t.Context(), api, body, func(c []byte) error {
+			if !json.Valid(c) {
+				t.Fatalf("invalid chunk %q", c)
+			}
+			var ch chunk
+			_ = json.Unmarshal(c, &ch)
+			for _, choice := range ch.Choices {
+				if choice.Text != nil {
+					text.WriteString(*choice.Text)
+				}
+				if choice.Delta != nil && choice.Delta.Content != nil {
+					text.WriteString(*choice.Delta.Content)
+				}
+			}
+			return nil
+		})
+		if xerr != nil {
+			if _, ok := errors.AsType[*Error](xerr); !ok {
+				t.Fatalf("Expect error %T %v", xerr, xerr)
+			}
+			if serr == nil {
+				t.Fatalf("Stream accepted what Expect refused: %v", xerr)
+			}
+			return
+		}
+		if serr != nil {
+			se, ok := errors.AsType[*Error](serr)
+			if !ok || se.Code != "model_not_found" {
+				t.Fatalf("Stream refused what Expect accepted: %v", serr)
+			}
+			return
+		}
+		if text.String() != x.Text {
+			t.Fatalf("streamed %q, want %q", text.String(), x.Text)
+		}
+	})
+}

@@ -1,0 +1,174 @@
+package simengine
+
+import (
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// maxBodyBytes bounds a request body.
+const maxBodyBytes = 32 << 20
+
+// Handler serves the vLLM-compatible HTTP API:
+//
+//	POST /v1/chat/completions
+//	POST /v1/completions
+//	GET  /v1/models
+//	GET  /health
+//	GET  /metrics
+//
+// Errors are written in the OpenAI error shape.
+func (e *Engine) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/v1/chat/completions", allow(http.MethodPost, e.completions(APIChat)))
+	mux.Handle("/v1/completions", allow(http.MethodPost, e.completions(APICompletion)))
+	mux.Handle("/v1/models", allow(http.MethodGet, http.HandlerFunc(e.models)))
+	mux.Handle("/health", allow(http.MethodGet, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(http.StatusOK)
+	})))
+	mux.Handle("/metrics", allow(http.MethodGet, promhttp.HandlerFor(e.registry, promhttp.HandlerOpts{})))
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, &Error{
+			Status:  http.StatusNotFound,
+			Type:    "not_found_error",
+			Message: "no route for " + r.URL.Path,
+		})
+	})
+	return mux
+}
+
+// allow answers 405 in the OpenAI error shape for any other method (GET also
+// allows HEAD).
+func allow(method string, h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == method || (method == http.MethodGet && r.Method == http.MethodHead) {
+			h.ServeHTTP(w, r)
+			return
+		}
+		w.Header().Set("Allow", method)
+		writeError(w, &Error{
+			Status:  http.StatusMethodNotAllowed,
+			Type:    "invalid_request_error",
+			Message: "method " + r.Method + " not allowed, use " + method,
+		})
+	})
+}
+
+type errorBody struct {
+	Error errorDetail `json:"error"`
+}
+
+type errorDetail struct {
+	Message string  `json:"message"`
+	Type    string  `json:"type"`
+	Param   *string `json:"param"`
+	Code    *string `json:"code"`
+}
+
+func optional(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+func writeError(w http.ResponseWriter, e *Error) {
+	b, _ := json.Marshal(errorBody{Error: errorDetail{
+		Message: e.Message,
+		Type:    e.Type,
+		Param:   optional(e.Param),
+		Code:    optional(e.Code),
+	}})
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(b)+1))
+	w.WriteHeader(e.Status)
+	_, _ = w.Write(append(b, '\n'))
+}
+
+func (e *Engine) completions(api API) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, hr *http.Request) {
+		body, err := io.ReadAll(http.MaxBytesReader(w, hr.Body, maxBodyBytes))
+		if err != nil {
+			status := http.StatusBadRequest
+			if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
+				status = http.StatusRequestEntityTooLarge
+			}
+			writeError(w, &Error{Status: status, Type: "invalid_request_error", Message: "reading body: " + err.Error()})
+			return
+		}
+		r, rerr := e.check(api, body)
+		if rerr != nil {
+			writeError(w, rerr)
+			return
+		}
+		if r.stream {
+			e.serveStream(w, hr, r)
+			return
+		}
+		s := e.newTextSink(r)
+		if err := e.run(hr.Context(), r, s); err != nil {
+			return // the client is gone
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Length", strconv.Itoa(len(s.out)))
+		_, _ = w.Write(s.out)
+	})
+}
+
+var (
+	sseData = []byte("data: ")
+	sseEnd  = []byte("\n\n")
+	sseDone = []byte("data: [DONE]\n\n")
+)
+
+func (e *Engine) serveStream(w http.ResponseWriter, hr *http.Request, r *request) {
+	rc := http.NewResponseController(w)
+	s := e.newChunkSink(r, func(chunk []byte) error {
+		if _, err := w.Write(sseData); err != nil {
+			return err
+		}
+		if _, err := w.Write(chunk); err != nil {
+			return err
+		}
+		if _, err := w.Write(sseEnd); err != nil {
+			return err
+		}
+		return rc.Flush()
+	})
+	// Headers go out as soon as the request is accepted, so that a client
+	// knows it is queued rather than lost.
+	s.onOpen = func() error {
+		h := w.Header()
+		h.Set("Content-Type", "text/event-stream")
+		h.Set("Cache-Control", "no-cache")
+		w.WriteHeader(http.StatusOK)
+		return rc.Flush()
+	}
+	if err := e.run(hr.Context(), r, s); err != nil {
+		return
+	}
+	if _, err := w.Write(sseDone); err == nil {
+		_ = rc.Flush()
+	}
+}
+
+func (e *Engine) models(w http.ResponseWriter, _ *http.Request) {
+	type model struct {
+		ID      string `json:"id"`
+		Object  string `json:"object"`
+		Created int64  `json:"created"`
+		OwnedBy string `json:"owned_by"`
+	}
+	b, _ := json.Marshal(struct {
+		Object string  `json:"object"`
+		Data   []model `json:"data"`
+	}{"list", []model{{ID: e.cfg.Model, Object: "model", Created: time.Now().Unix(), OwnedBy: "switchyard-sim"}}})
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(b)
+}

@@ -1,0 +1,238 @@
+package simengine
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+)
+
+const (
+	// DefaultMaxTokens is the generation limit when a request sets none.
+	DefaultMaxTokens = 256
+	// MaxTokensLimit bounds max_tokens, standing in for a model's context
+	// length so that a request cannot occupy a slot for ever.
+	MaxTokensLimit = 1 << 20
+)
+
+// request is a validated OpenAI request reduced to what the simulator uses.
+type request struct {
+	api          API
+	model        string
+	prompt       string // rendered chat prompt, or the completion prompt
+	maxTokens    int
+	stops        []string
+	stream       bool
+	includeUsage bool
+}
+
+type streamOptions struct {
+	IncludeUsage bool `json:"include_usage"`
+}
+
+type chatMessage struct {
+	Role    string          `json:"role"`
+	Content json.RawMessage `json:"content"`
+}
+
+type contentPart struct {
+	Type string `json:"type"`
+	Text string `json:"text"`
+}
+
+type chatBody struct {
+	Model                string          `json:"model"`
+	Messages             []chatMessage   `json:"messages"`
+	MaxTokens            *int            `json:"max_tokens"`
+	MaxCompletionTokens  *int            `json:"max_completion_tokens"`
+	Stop                 json.RawMessage `json:"stop"`
+	N                    *int            `json:"n"`
+	Stream               bool            `json:"stream"`
+	StreamOptions        *streamOptions  `json:"stream_options"`
+	ContinueFinalMessage bool            `json:"continue_final_message"`
+}
+
+type completionBody struct {
+	Model         string          `json:"model"`
+	Prompt        json.RawMessage `json:"prompt"`
+	MaxTokens     *int            `json:"max_tokens"`
+	Stop          json.RawMessage `json:"stop"`
+	N             *int            `json:"n"`
+	Stream        bool            `json:"stream"`
+	StreamOptions *streamOptions  `json:"stream_options"`
+}
+
+// parseRequest decodes and validates body. Every error is an *Error.
+func parseRequest(api API, body []byte) (*request, *Error) {
+	switch api {
+	case APIChat:
+		return parseChat(body)
+	case APICompletion:
+		return parseCompletion(body)
+	default:
+		return nil, badRequest("", "unknown API %d", int(api))
+	}
+}
+
+func decode(body []byte, v any) *Error {
+	if err := json.Unmarshal(body, v); err != nil {
+		return badRequest("", "invalid request body: %v", err)
+	}
+	return nil
+}
+
+func parseChat(body []byte) (*request, *Error) {
+	var b chatBody
+	if err := decode(body, &b); err != nil {
+		return nil, err
+	}
+	if len(b.Messages) == 0 {
+		return nil, badRequest("messages", "messages must be a non-empty array")
+	}
+	r := &request{api: APIChat, model: b.Model, stream: b.Stream}
+	var err *Error
+	if r.prompt, err = renderChat(b.Messages, b.ContinueFinalMessage); err != nil {
+		return nil, err
+	}
+	limit, param := b.MaxCompletionTokens, "max_completion_tokens"
+	if limit == nil {
+		limit, param = b.MaxTokens, "max_tokens"
+	}
+	if err := r.common(limit, param, b.N, b.Stop, b.StreamOptions); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+func parseCompletion(body []byte) (*request, *Error) {
+	var b completionBody
+	if err := decode(body, &b); err != nil {
+		return nil, err
+	}
+	r := &request{api: APICompletion, model: b.Model, stream: b.Stream}
+	var err *Error
+	if r.prompt, err = completionPrompt(b.Prompt); err != nil {
+		return nil, err
+	}
+	if err := r.common(b.MaxTokens, "max_tokens", b.N, b.Stop, b.StreamOptions); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+func (r *request) common(maxTokens *int, param string, n *int, stop json.RawMessage, so *streamOptions) *Error {
+	r.maxTokens = DefaultMaxTokens
+	if maxTokens != nil {
+		if *maxTokens < 1 || *maxTokens > MaxTokensLimit {
+			return badRequest(param, "%s must be between 1 and %d, got %d", param, MaxTokensLimit, *maxTokens)
+		}
+		r.maxTokens = *maxTokens
+	}
+	if n != nil && *n != 1 {
+		return badRequest("n", "n must be 1 (the simulator generates one choice), got %d", *n)
+	}
+	var err *Error
+	if r.stops, err = parseStop(stop); err != nil {
+		return err
+	}
+	// A non-streaming request needs its usage to assemble the response, so
+	// in-process callers get the usage chunk for it as well.
+	r.includeUsage = !r.stream || (so != nil && so.IncludeUsage)
+	return nil
+}
+
+func isNull(raw json.RawMessage) bool {
+	raw = bytes.TrimSpace(raw)
+	return len(raw) == 0 || string(raw) == "null"
+}
+
+func completionPrompt(raw json.RawMessage) (string, *Error) {
+	if isNull(raw) {
+		return "", badRequest("prompt", "prompt is required")
+	}
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s, nil
+	}
+	var list []string
+	if json.Unmarshal(raw, &list) == nil {
+		if len(list) != 1 {
+			return "", badRequest("prompt", "prompt must be a string or an array of one string, got %d strings", len(list))
+		}
+		return list[0], nil
+	}
+	return "", badRequest("prompt", "prompt must be a string or an array of one string (token ids are not supported)")
+}
+
+func parseStop(raw json.RawMessage) ([]string, *Error) {
+	if isNull(raw) {
+		return nil, nil
+	}
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		if s == "" {
+			return nil, nil
+		}
+		return []string{s}, nil
+	}
+	var list []string
+	if json.Unmarshal(raw, &list) != nil {
+		return nil, badRequest("stop", "stop must be a string or an array of strings")
+	}
+	stops := list[:0]
+	for _, s := range list {
+		if s != "" {
+			stops = append(stops, s)
+		}
+	}
+	if len(stops) == 0 {
+		return nil, nil
+	}
+	return stops, nil
+}
+
+func messageContent(i int, raw json.RawMessage) (string, *Error) {
+	if isNull(raw) {
+		return "", nil
+	}
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s, nil
+	}
+	var parts []contentPart
+	if json.Unmarshal(raw, &parts) != nil {
+		return "", badRequest("messages", "messages[%d].content must be a string or an array of text parts", i)
+	}
+	var sb strings.Builder
+	for _, p := range parts {
+		if p.Type != "text" {
+			return "", badRequest("messages", "messages[%d].content: part type %q is not supported", i, p.Type)
+		}
+		sb.WriteString(p.Text)
+	}
+	return sb.String(), nil
+}
+
+// renderChat is the simulator's chat template (see the package comment).
+func renderChat(msgs []chatMessage, continueFinal bool) (string, *Error) {
+	var sb strings.Builder
+	last := len(msgs) - 1
+	cont := continueFinal && msgs[last].Role == "assistant"
+	for i, m := range msgs {
+		if m.Role == "" {
+			return "", badRequest("messages", "messages[%d].role is required", i)
+		}
+		content, err := messageContent(i, m.Content)
+		if err != nil {
+			return "", err
+		}
+		sb.WriteString(m.Role)
+		sb.WriteString(": ")
+		sb.WriteString(content)
+		if i == last && cont {
+			return sb.String(), nil
+		}
+		sb.WriteByte('\n')
+	}
+	sb.WriteString("assistant:")
+	return sb.String(), nil
+}
