@@ -69,3 +69,17 @@ func (t *Table) Load() *Fleet { return t.p.Load() }
 
 // Store publishes f; a Fleet must not be changed after it is stored.
 func (t *Table) Store(f *Fleet) { t.p.Store(f) }
+
+// AllModels returns the sorted names of every model in the fleet, eligible
+// or not (what a fleet view shows).
+func (f *Fleet) AllModels() []string {
+	if f == nil {
+		return nil
+	}
+	out := make([]string, 0, len(f.models))
+	for name := range f.models {
+		out = append(out, name)
+	}
+	slices.Sort(out)
+	return out
+}

@@ -1,0 +1,408 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/switchyard-ai/switchyard/subjects"
+	"github.com/switchyard-ai/switchyard/wire"
+)
+
+// Agent serves one engine for one (model, pool).
+type Agent struct {
+	cfg    Config
+	log    *slog.Logger
+	nc     *nats.Conn
+	js     jetstream.JetStream
+	engine Engine
+	subj   subjects.Builder
+	hbSubj string
+
+	state      atomic.Value // string: wire.State*
+	readySince atomic.Int64 // unix nanos
+	active     atomic.Int32
+	hbSeq      atomic.Uint32
+	load       atomic.Pointer[Load]
+	stateCh    chan struct{}
+
+	mu        sync.Mutex // guards jobs and cancelled
+	jobs      map[string]context.CancelCauseFunc
+	cancelled map[string]time.Time
+}
+
+// New returns an agent that serves engine over nc (owned by the caller).
+func New(nc *nats.Conn, engine Engine, cfg Config, opts ...Option) (*Agent, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("agent config: %w", err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("agent: jetstream: %w", err)
+	}
+	a := &Agent{
+		cfg:       cfg,
+		log:       slog.Default(),
+		nc:        nc,
+		js:        js,
+		engine:    engine,
+		subj:      subjects.Must(cfg.Prefix),
+		stateCh:   make(chan struct{}, 1),
+		jobs:      make(map[string]context.CancelCauseFunc),
+		cancelled: make(map[string]time.Time),
+	}
+	a.hbSubj, _ = a.subj.Heartbeat(cfg.Model, cfg.Pool, cfg.ID)
+	a.state.Store(wire.StateWarming)
+	for _, o := range opts {
+		o(a)
+	}
+	a.log = a.log.With("agent", cfg.ID, "model", cfg.Model, "pool", cfg.Pool)
+	return a, nil
+}
+
+// ID returns the agent's id.
+func (a *Agent) ID() string { return a.cfg.ID }
+
+// Active returns the number of jobs held now.
+func (a *Agent) Active() int { return int(a.active.Load()) }
+
+// State returns the agent's state: warming, ready or draining.
+func (a *Agent) State() string { return a.state.Load().(string) }
+
+func (a *Agent) setState(s string) {
+	if a.state.Swap(s) != s {
+		if s == wire.StateReady {
+			a.readySince.Store(time.Now().UnixNano())
+		}
+		select {
+		case a.stateCh <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Run serves until ctx ends, then drains: it announces "draining", stops
+// pulling, finishes the jobs it holds and returns nil. Jobs are not
+// cancelled by ctx; cancel them through NATS or let them finish.
+func (a *Agent) Run(ctx context.Context) error {
+	cancelSub, err := a.nc.Subscribe(a.subj.CancelAll(), a.onCancel)
+	if err != nil {
+		return fmt.Errorf("agent: subscribe cancels: %w", err)
+	}
+	defer func() { _ = cancelSub.Unsubscribe() }()
+
+	hbDone := make(chan struct{})
+	hbCtx, stopHB := context.WithCancel(context.WithoutCancel(ctx))
+	go func() {
+		defer close(hbDone)
+		a.heartbeatLoop(hbCtx)
+	}()
+	defer func() {
+		stopHB()
+		<-hbDone
+	}()
+
+	if err := a.waitHealthy(ctx); err != nil {
+		return nil // ctx ended while warming: nothing held, nothing to drain
+	}
+	cons, err := a.consumer(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	a.setState(wire.StateReady)
+	a.log.Info("agent ready", "slots", a.cfg.Slots)
+
+	var jobs sync.WaitGroup
+	var workers sync.WaitGroup
+	for i := 0; i < a.cfg.Slots; i++ {
+		workers.Add(1)
+		go func() {
+			defer workers.Done()
+			a.slot(ctx, cons, &jobs)
+		}()
+	}
+	<-ctx.Done()
+	a.setState(wire.StateDraining)
+	a.log.Info("agent draining", "active", a.Active())
+	workers.Wait()
+	jobs.Wait()
+	a.log.Info("agent drained")
+	return nil
+}
+
+func (a *Agent) waitHealthy(ctx context.Context) error {
+	hc, ok := a.engine.(HealthChecker)
+	if !ok {
+		return nil
+	}
+	for delay := 100 * time.Millisecond; ; delay = min(2*delay, 2*time.Second) {
+		hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err := hc.Health(hctx)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		a.log.Info("engine not healthy yet", "err", err)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(delay):
+		}
+	}
+}
+
+// consumer binds to the pool's shared durable consumer, creating it if this
+// is the pool's first agent, and waits for the broker's stream to exist.
+func (a *Agent) consumer(ctx context.Context) (jetstream.Consumer, error) {
+	name, err := subjects.ConsumerName(a.cfg.Model, a.cfg.Pool)
+	if err != nil {
+		return nil, err
+	}
+	filter, err := a.subj.Jobs(a.cfg.Model, a.cfg.Pool)
+	if err != nil {
+		return nil, err
+	}
+	for delay := 100 * time.Millisecond; ; delay = min(2*delay, 2*time.Second) {
+		cons, err := a.js.CreateOrUpdateConsumer(ctx, a.cfg.Stream, jetstream.ConsumerConfig{
+			Durable:       name,
+			FilterSubject: filter,
+			AckPolicy:     jetstream.AckExplicitPolicy,
+			AckWait:       a.cfg.AckWait,
+			MaxAckPending: -1,
+			// Many agents share the consumer, each with one pull request
+			// per free slot.
+			MaxWaiting: 4096,
+		})
+		if err == nil {
+			return cons, nil
+		}
+		a.log.Warn("jobs consumer not ready, retrying", "stream", a.cfg.Stream, "consumer", name, "err", err)
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(delay):
+		}
+	}
+}
+
+// slot is one unit of capacity: it pulls one job at a time, so the agent
+// never holds more jobs than it has slots.
+func (a *Agent) slot(ctx context.Context, cons jetstream.Consumer, jobs *sync.WaitGroup) {
+	for ctx.Err() == nil {
+		batch, err := cons.Fetch(1, jetstream.FetchMaxWait(a.cfg.PullWait))
+		if err != nil {
+			if ctx.Err() == nil {
+				a.log.Warn("pull failed", "err", err)
+				select {
+				case <-ctx.Done():
+				case <-time.After(500 * time.Millisecond):
+				}
+			}
+			continue
+		}
+		for msg := range batch.Messages() {
+			if ctx.Err() != nil {
+				// Draining: hand the job straight back to the pool.
+				_ = msg.Nak()
+				continue
+			}
+			jobs.Add(1)
+			a.handle(ctx, msg)
+			jobs.Done()
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && ctx.Err() == nil {
+			a.log.Debug("pull ended", "err", err)
+		}
+	}
+}
+
+// cancelledTTL is how long a cancel is remembered for jobs not yet pulled.
+const cancelledTTL = 5 * time.Minute
+
+func (a *Agent) onCancel(m *nats.Msg) {
+	id, err := a.subj.ParseCancel(m.Subject)
+	if err != nil {
+		return
+	}
+	now := time.Now()
+	a.mu.Lock()
+	cancel := a.jobs[id]
+	a.cancelled[id] = now
+	if len(a.cancelled) > 1024 {
+		for k, t := range a.cancelled {
+			if now.Sub(t) > cancelledTTL {
+				delete(a.cancelled, k)
+			}
+		}
+	}
+	a.mu.Unlock()
+	if cancel != nil {
+		cancel(errCancelled)
+	}
+}
+
+var errCancelled = errors.New("cancelled by the broker")
+
+func (a *Agent) wasCancelled(id string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	_, ok := a.cancelled[id]
+	return ok
+}
+
+// handle runs one job to its end.
+func (a *Agent) handle(ctx context.Context, msg jetstream.Msg) {
+	job := new(wire.Job)
+	if err := proto.Unmarshal(msg.Data(), job); err != nil {
+		a.log.Warn("undecodable job dropped", "err", err)
+		_ = msg.Term()
+		return
+	}
+	out := newStream(a, job)
+	if dl := job.GetDeadline(); dl != nil && time.Now().After(dl.AsTime()) {
+		_ = msg.Term()
+		out.fail(&wire.Error{Code: wire.CodeDeadlineExceeded, Message: "job deadline passed before it started"})
+		return
+	}
+	if a.wasCancelled(job.GetRequestId()) {
+		_ = msg.Term()
+		return
+	}
+	actx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	defer cancel(nil)
+	if dl := job.GetDeadline(); dl != nil {
+		var c2 context.CancelFunc
+		actx, c2 = context.WithDeadline(actx, dl.AsTime())
+		defer c2()
+	}
+	if err := msg.DoubleAck(actx); err != nil {
+		// Not confirmed: the job may already be with another agent.
+		a.log.Warn("job ack failed, dropping it", "request", job.GetRequestId(), "err", err)
+		return
+	}
+	a.mu.Lock()
+	a.jobs[job.GetRequestId()] = cancel
+	a.mu.Unlock()
+	a.active.Add(1)
+	defer func() {
+		a.active.Add(-1)
+		a.mu.Lock()
+		delete(a.jobs, job.GetRequestId())
+		a.mu.Unlock()
+	}()
+	out.send(&wire.Chunk{Kind: wire.Chunk_KIND_ACCEPTED})
+
+	body, err := streamingBody(job.GetBody())
+	if err != nil {
+		out.fail(&wire.Error{Code: wire.CodeBadRequest, Message: err.Error()})
+		return
+	}
+	req := &Request{RequestID: job.GetRequestId(), API: job.GetApi(), Body: body, Job: job}
+	err = a.engine.Stream(actx, req, out.emit)
+	switch {
+	case err == nil:
+		out.finish()
+	case context.Cause(actx) == errCancelled:
+		a.log.Debug("job cancelled", "request", job.GetRequestId())
+	case errors.Is(actx.Err(), context.DeadlineExceeded):
+		out.fail(&wire.Error{Code: wire.CodeDeadlineExceeded, Message: "request deadline exceeded in the engine"})
+	default:
+		var we *wire.Error
+		if !errors.As(err, &we) {
+			we = &wire.Error{Code: wire.CodeEngine, Message: err.Error()}
+		}
+		we.Retryable = out.tokens == 0
+		a.log.Warn("engine request failed", "request", job.GetRequestId(), "err", err)
+		out.fail(we)
+	}
+}
+
+// streamingBody sets stream and stream_options.include_usage on an OpenAI
+// request body, keeping every other field as the client sent it.
+func streamingBody(body []byte) ([]byte, error) {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(body, &m); err != nil {
+		return nil, fmt.Errorf("job body: %w", err)
+	}
+	m["stream"] = json.RawMessage("true")
+	m["stream_options"] = json.RawMessage(`{"include_usage":true}`)
+	return json.Marshal(m)
+}
+
+func (a *Agent) heartbeatLoop(ctx context.Context) {
+	t := time.NewTicker(a.cfg.Heartbeat)
+	defer t.Stop()
+	a.publishHeartbeat(ctx)
+	for {
+		select {
+		case <-ctx.Done():
+			a.publishHeartbeat(context.Background()) // the last word: draining, active 0
+			_ = a.nc.Flush()
+			return
+		case <-t.C:
+		case <-a.stateCh:
+		}
+		a.publishHeartbeat(ctx)
+	}
+}
+
+func (a *Agent) publishHeartbeat(ctx context.Context) {
+	if lr, ok := a.engine.(LoadReporter); ok && ctx.Err() == nil {
+		lctx, cancel := context.WithTimeout(ctx, a.cfg.Heartbeat/2)
+		if l, err := lr.Load(lctx); err == nil {
+			a.load.Store(&l)
+		}
+		cancel()
+	}
+	hb := a.Heartbeat()
+	data, err := wire.MarshalHeartbeat(hb)
+	if err != nil {
+		a.log.Error("heartbeat encode", "err", err)
+		return
+	}
+	if err := a.nc.Publish(a.hbSubj, data); err != nil {
+		a.log.Warn("heartbeat publish failed", "err", err)
+	}
+}
+
+// Heartbeat returns the heartbeat the agent would publish now.
+func (a *Agent) Heartbeat() *wire.Heartbeat {
+	hb := &wire.Heartbeat{
+		AgentId:   a.cfg.ID,
+		Model:     a.cfg.Model,
+		Pool:      a.cfg.Pool,
+		Engine:    a.cfg.Engine,
+		Transport: a.cfg.Transport,
+		State:     a.State(),
+		Slots:     uint32(a.cfg.Slots),
+		Active:    uint32(max(0, a.Active())),
+		Interval:  durationpb.New(a.cfg.Heartbeat),
+		Seq:       a.hbSeq.Add(1),
+		Version:   a.cfg.Version,
+		SentAt:    timestamppb.Now(),
+	}
+	if rs := a.readySince.Load(); rs != 0 {
+		hb.ReadySince = timestamppb.New(time.Unix(0, rs))
+	}
+	if l := a.load.Load(); l != nil {
+		hb.EngineRunning = proto.Uint32(uint32(l.Running))
+		hb.EngineWaiting = proto.Uint32(uint32(l.Waiting))
+		hb.KvCacheUsage = proto.Float64(l.KVCacheUsage)
+	}
+	return hb
+}

@@ -1,0 +1,44 @@
+package agent
+
+import (
+	"context"
+
+	"github.com/switchyard-ai/switchyard/wire"
+)
+
+// Engine is what the agent needs from an inference engine adapter.
+type Engine interface {
+	// Stream runs one request and calls emit with each OpenAI streaming
+	// chunk JSON the engine produces (without the [DONE] sentinel). The
+	// request body always asks for a stream with usage. emit's slice may be
+	// reused after it returns. A refusal by the engine is a *wire.Error.
+	Stream(ctx context.Context, req *Request, emit func(chunk []byte) error) error
+}
+
+// Request is one job as an engine adapter sees it.
+type Request struct {
+	RequestID string
+	API       wire.API
+	// Body is the client's OpenAI request with "stream": true and
+	// "stream_options": {"include_usage": true} set by the agent.
+	Body []byte
+	Job  *wire.Job
+}
+
+// Load is what an engine reports about its own queue.
+type Load struct {
+	Running, Waiting int
+	KVCacheUsage     float64
+}
+
+// LoadReporter is implemented by engines that can report their load; the
+// agent puts it in heartbeats.
+type LoadReporter interface {
+	Load(ctx context.Context) (Load, error)
+}
+
+// HealthChecker is implemented by engines that can tell when they are ready
+// to serve. The agent stays "warming" until Health returns nil.
+type HealthChecker interface {
+	Health(ctx context.Context) error
+}

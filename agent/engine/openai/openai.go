@@ -1,0 +1,350 @@
+// Package openai is the agent's adapter for any OpenAI-compatible engine
+// (vLLM, SGLang, TGI, llama.cpp server...): it posts the job's request to
+// /v1/chat/completions or /v1/completions and reads the SSE stream.
+package openai
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/switchyard-ai/switchyard/agent"
+	"github.com/switchyard-ai/switchyard/wire"
+)
+
+var (
+	_ agent.Engine        = (*Adapter)(nil)
+	_ agent.HealthChecker = (*Adapter)(nil)
+	_ agent.LoadReporter  = (*Adapter)(nil)
+)
+
+// Adapter talks to one engine over HTTP.
+type Adapter struct {
+	base   string
+	client *http.Client
+	apiKey string
+}
+
+// Option configures an Adapter.
+type Option func(*Adapter)
+
+// WithAPIKey sends "Authorization: Bearer key" to the engine.
+func WithAPIKey(key string) Option { return func(a *Adapter) { a.apiKey = key } }
+
+// WithHTTPClient replaces the HTTP client.
+func WithHTTPClient(c *http.Client) Option { return func(a *Adapter) { a.client = c } }
+
+// New returns an adapter for the engine at baseURL (e.g.
+// http://127.0.0.1:8000), keeping up to conns idle connections to it.
+func New(baseURL string, conns int, opts ...Option) (*Adapter, error) {
+	if !strings.HasPrefix(baseURL, "http://") && !strings.HasPrefix(baseURL, "https://") {
+		return nil, fmt.Errorf("openai engine: url %q: want http:// or https://", baseURL)
+	}
+	tr := &http.Transport{
+		Proxy:               nil, // the engine is beside the agent; never via a proxy
+		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:        conns + 4,
+		MaxIdleConnsPerHost: conns + 4,
+		IdleConnTimeout:     90 * time.Second,
+		DisableCompression:  true, // SSE must not sit in a gzip buffer
+		ForceAttemptHTTP2:   false,
+	}
+	a := &Adapter{base: strings.TrimRight(baseURL, "/"), client: &http.Client{Transport: tr}}
+	for _, o := range opts {
+		o(a)
+	}
+	return a, nil
+}
+
+func (a *Adapter) newRequest(ctx context.Context, method, path string, body []byte) (*http.Request, error) {
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, a.base+path, rd)
+	if err != nil {
+		return nil, err
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if a.apiKey != "" {
+		req.Header.Set("Authorization", "Bearer "+a.apiKey)
+	}
+	return req, nil
+}
+
+// Path returns the endpoint path of an API kind.
+func Path(api wire.API) (string, error) {
+	switch api {
+	case wire.API_API_CHAT:
+		return "/v1/chat/completions", nil
+	case wire.API_API_COMPLETION:
+		return "/v1/completions", nil
+	}
+	return "", &wire.Error{Code: wire.CodeBadRequest, Message: fmt.Sprintf("unsupported api %v", api)}
+}
+
+// Stream posts the request and relays each SSE data event.
+func (a *Adapter) Stream(ctx context.Context, r *agent.Request, emit func([]byte) error) error {
+	path, err := Path(r.API)
+	if err != nil {
+		return err
+	}
+	return a.Post(ctx, path, r.Body, emit)
+}
+
+// Post sends body to path and relays the SSE data events of the answer; it
+// is exported for the PD adapters, which post variants of the request.
+func (a *Adapter) Post(ctx context.Context, path string, body []byte, emit func([]byte) error) error {
+	req, err := a.newRequest(ctx, http.MethodPost, path, body)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Accept", "text/event-stream")
+	resp, err := a.client.Do(req)
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return &wire.Error{Code: wire.CodeEngineDown, Message: err.Error()}
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return statusError(resp)
+	}
+	if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "text/event-stream") {
+		// A server that ignored stream=true: relay its one JSON object.
+		data, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+		if err != nil {
+			return &wire.Error{Code: wire.CodeEngine, Message: err.Error()}
+		}
+		return emit(data)
+	}
+	return ReadSSE(resp.Body, emit)
+}
+
+// ReadSSE calls emit with the data of each server-sent event until
+// "data: [DONE]" or the end of the body. An error event (an object with an
+// "error" member, as vLLM sends mid-stream) ends the stream with that error.
+func ReadSSE(body io.Reader, emit func([]byte) error) error {
+	br := bufio.NewReaderSize(body, 64<<10)
+	var data []byte
+	for {
+		line, err := br.ReadSlice('\n')
+		if errors.Is(err, bufio.ErrBufferFull) {
+			// A long line (a big chunk): gather it whole.
+			full := append([]byte(nil), line...)
+			for errors.Is(err, bufio.ErrBufferFull) {
+				line, err = br.ReadSlice('\n')
+				full = append(full, line...)
+			}
+			line = full
+		}
+		if len(line) == 0 && err != nil {
+			if errors.Is(err, io.EOF) {
+				return &wire.Error{Code: wire.CodeEngine, Message: "engine closed the stream before [DONE]"}
+			}
+			return &wire.Error{Code: wire.CodeEngine, Message: "reading engine stream: " + err.Error()}
+		}
+		line = bytes.TrimRight(line, "\r\n")
+		switch {
+		case len(line) == 0:
+			// End of an event.
+			if len(data) > 0 {
+				if bytes.Equal(data, []byte("[DONE]")) {
+					return nil
+				}
+				if e := eventError(data); e != nil {
+					return e
+				}
+				if err := emit(data); err != nil {
+					return err
+				}
+				data = data[:0]
+			}
+		case bytes.HasPrefix(line, []byte("data:")):
+			v := bytes.TrimPrefix(line[5:], []byte(" "))
+			if len(data) > 0 {
+				data = append(data, '\n')
+			}
+			data = append(data, v...)
+		default:
+			// event:, id:, retry: and comments carry nothing we relay.
+		}
+		if err != nil {
+			if errors.Is(err, io.EOF) && len(data) > 0 && bytes.Equal(data, []byte("[DONE]")) {
+				return nil
+			}
+			if errors.Is(err, io.EOF) {
+				return &wire.Error{Code: wire.CodeEngine, Message: "engine closed the stream before [DONE]"}
+			}
+			return &wire.Error{Code: wire.CodeEngine, Message: "reading engine stream: " + err.Error()}
+		}
+	}
+}
+
+func eventError(data []byte) *wire.Error {
+	if !bytes.Contains(data, []byte(`"error"`)) {
+		return nil
+	}
+	var e struct {
+		Error *struct {
+			Message string          `json:"message"`
+			Type    string          `json:"type"`
+			Code    json.RawMessage `json:"code"`
+		} `json:"error"`
+	}
+	if json.Unmarshal(data, &e) != nil || e.Error == nil {
+		return nil
+	}
+	return &wire.Error{Code: wire.CodeEngine, Message: e.Error.Message}
+}
+
+func statusError(resp *http.Response) error {
+	data, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	msg := strings.TrimSpace(string(data))
+	var e struct {
+		Error struct {
+			Message string `json:"message"`
+		} `json:"error"`
+		Message string `json:"message"`
+	}
+	if json.Unmarshal(data, &e) == nil {
+		if e.Error.Message != "" {
+			msg = e.Error.Message
+		} else if e.Message != "" {
+			msg = e.Message
+		}
+	}
+	code := wire.CodeEngine
+	if resp.StatusCode >= 400 && resp.StatusCode < 500 && resp.StatusCode != http.StatusTooManyRequests {
+		code = wire.CodeBadRequest
+	}
+	return &wire.Error{Code: code, Message: fmt.Sprintf("engine answered %d: %s", resp.StatusCode, msg), HttpStatus: uint32(resp.StatusCode)}
+}
+
+// Health asks the engine's /health (vLLM and SGLang both serve it).
+func (a *Adapter) Health(ctx context.Context) error {
+	req, err := a.newRequest(ctx, http.MethodGet, "/health", nil)
+	if err != nil {
+		return err
+	}
+	resp, err := a.client.Do(req)
+	if err != nil {
+		return err
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("engine health: %s", resp.Status)
+	}
+	return nil
+}
+
+// Models lists the engine's served models (/v1/models).
+func (a *Adapter) Models(ctx context.Context) ([]string, error) {
+	req, err := a.newRequest(ctx, http.MethodGet, "/v1/models", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := a.client.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, statusError(resp)
+	}
+	var list struct {
+		Data []struct {
+			ID string `json:"id"`
+		} `json:"data"`
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 16<<20)).Decode(&list); err != nil {
+		return nil, fmt.Errorf("engine models: %w", err)
+	}
+	out := make([]string, 0, len(list.Data))
+	for _, m := range list.Data {
+		out = append(out, m.ID)
+	}
+	return out, nil
+}
+
+// Load scrapes the engine's Prometheus /metrics for vLLM's gauges
+// (vllm:num_requests_running, vllm:num_requests_waiting,
+// vllm:kv_cache_usage_perc) and SGLang's (sglang:num_running_reqs,
+// sglang:num_queue_reqs, sglang:token_usage).
+func (a *Adapter) Load(ctx context.Context) (agent.Load, error) {
+	req, err := a.newRequest(ctx, http.MethodGet, "/metrics", nil)
+	if err != nil {
+		return agent.Load{}, err
+	}
+	resp, err := a.client.Do(req)
+	if err != nil {
+		return agent.Load{}, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
+		return agent.Load{}, fmt.Errorf("engine metrics: %s", resp.Status)
+	}
+	return ParseLoad(io.LimitReader(resp.Body, 8<<20))
+}
+
+// ParseLoad reads the load gauges from a Prometheus text exposition, summing
+// series of the same gauge (one per model or engine rank).
+func ParseLoad(r io.Reader) (agent.Load, error) {
+	var l agent.Load
+	found := false
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		name, rest := line, ""
+		if i := strings.IndexAny(line, "{ "); i >= 0 {
+			name, rest = line[:i], line[i:]
+		}
+		if j := strings.LastIndexByte(rest, '}'); j >= 0 {
+			rest = rest[j+1:]
+		}
+		fields := strings.Fields(rest) // value, then an optional timestamp
+		if len(fields) == 0 {
+			continue
+		}
+		v, err := strconv.ParseFloat(fields[0], 64)
+		if err != nil {
+			continue
+		}
+		switch name {
+		case "vllm:num_requests_running", "sglang:num_running_reqs":
+			l.Running += int(v)
+			found = true
+		case "vllm:num_requests_waiting", "sglang:num_queue_reqs":
+			l.Waiting += int(v)
+			found = true
+		case "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage":
+			l.KVCacheUsage = max(l.KVCacheUsage, v)
+			found = true
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return l, err
+	}
+	if !found {
+		return l, errors.New("engine metrics: no load gauges")
+	}
+	return l, nil
+}

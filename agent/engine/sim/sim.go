@@ -1,0 +1,51 @@
+// Package sim is the agent's in-process engine: the simulator of package
+// simengine called directly, without HTTP, for demos and tests.
+package sim
+
+import (
+	"context"
+	"errors"
+	"net/http"
+
+	"github.com/switchyard-ai/switchyard/agent"
+	"github.com/switchyard-ai/switchyard/simengine"
+	"github.com/switchyard-ai/switchyard/wire"
+)
+
+var (
+	_ agent.Engine       = (*Adapter)(nil)
+	_ agent.LoadReporter = (*Adapter)(nil)
+)
+
+// Adapter runs jobs on an in-process simulated engine.
+type Adapter struct{ e *simengine.Engine }
+
+// New wraps e.
+func New(e *simengine.Engine) *Adapter { return &Adapter{e: e} }
+
+// Engine returns the simulator, for tests that inspect it.
+func (a *Adapter) Engine() *simengine.Engine { return a.e }
+
+// Stream runs the request on the simulator.
+func (a *Adapter) Stream(ctx context.Context, r *agent.Request, emit func([]byte) error) error {
+	api := simengine.APIChat
+	if r.API == wire.API_API_COMPLETION {
+		api = simengine.APICompletion
+	}
+	err := a.e.Stream(ctx, api, r.Body, emit)
+	var se *simengine.Error
+	if errors.As(err, &se) {
+		code := wire.CodeEngine
+		if se.Status >= 400 && se.Status < 500 && se.Status != http.StatusTooManyRequests {
+			code = wire.CodeBadRequest
+		}
+		return &wire.Error{Code: code, Message: se.Message, HttpStatus: uint32(se.Status)}
+	}
+	return err
+}
+
+// Load reports the simulator's queue.
+func (a *Adapter) Load(context.Context) (agent.Load, error) {
+	l := a.e.Load()
+	return agent.Load{Running: l.Running, Waiting: l.Waiting, KVCacheUsage: l.KVUsage}, nil
+}

@@ -1,0 +1,305 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/switchyard-ai/switchyard/dispatch"
+	"github.com/switchyard-ai/switchyard/subjects"
+	"github.com/switchyard-ai/switchyard/wire"
+)
+
+// Broker routes requests to agents over NATS. Create it with New, start it
+// with Run, and submit requests with Submit once Run is going.
+type Broker struct {
+	cfg  Config
+	log  *slog.Logger
+	rand func() uint64
+	now  func() time.Time
+	nc   *nats.Conn
+	js   jetstream.JetStream
+	subj subjects.Builder
+
+	table   dispatch.Table
+	started atomic.Int64 // unix nanos when Run subscribed; 0 before
+
+	mu     sync.Mutex // guards agents and known
+	agents map[agentKey]*agentEntry
+	known  map[string]time.Time // model -> last heartbeat of any agent
+	dirty  chan struct{}
+
+	calls   sync.Map // request id -> *Call
+	nextReq atomic.Uint64
+
+	jobSubj sync.Map // jobsKey -> subject, built once per (model, pool)
+	metrics *Metrics
+}
+
+type agentKey struct{ model, id string }
+
+type agentEntry struct {
+	agent dispatch.Agent
+	hb    *wire.Heartbeat
+}
+
+type jobsKey struct{ model, pool string }
+
+// New returns a broker using nc, which the caller owns and closes.
+func New(nc *nats.Conn, cfg Config, opts ...Option) (*Broker, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("broker config: %w", err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("broker: jetstream: %w", err)
+	}
+	b := &Broker{
+		cfg:    cfg,
+		log:    slog.Default(),
+		rand:   rand.Uint64,
+		now:    time.Now,
+		nc:     nc,
+		js:     js,
+		subj:   subjects.Must(cfg.Prefix),
+		agents: make(map[agentKey]*agentEntry),
+		known:  make(map[string]time.Time),
+		dirty:  make(chan struct{}, 1),
+	}
+	for _, o := range opts {
+		o(b)
+	}
+	if b.metrics == nil {
+		b.metrics = NewMetrics()
+	}
+	b.table.Store(dispatch.NewFleet(nil, b.now(), cfg.Dispatch))
+	return b, nil
+}
+
+// ID returns the broker's id.
+func (b *Broker) ID() string { return b.cfg.ID }
+
+// Config returns the configuration in force, defaults applied.
+func (b *Broker) Config() Config { return b.cfg }
+
+// EnsureStream creates or updates the jobs stream. It is idempotent, so every
+// broker of a fleet calls it at start.
+func (b *Broker) EnsureStream(ctx context.Context) error {
+	maxAge := b.cfg.RequestTimeout + time.Minute
+	_, err := b.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:                 b.cfg.Stream,
+		Description:          "Switchyard jobs, one subject per model and pool",
+		Subjects:             []string{b.subj.JobsAll()},
+		Retention:            jetstream.WorkQueuePolicy,
+		Discard:              jetstream.DiscardNew,
+		DiscardNewPerSubject: true,
+		MaxMsgsPerSubject:    int64(b.cfg.QueueMax),
+		MaxAge:               maxAge,
+		Storage:              jetstream.FileStorage,
+		Replicas:             b.cfg.Replicas,
+	})
+	if err != nil {
+		return fmt.Errorf("broker: stream %s: %w", b.cfg.Stream, err)
+	}
+	return nil
+}
+
+// Run subscribes to heartbeats and replies, keeps the capacity table fresh,
+// and returns when ctx ends. The stream is created first, retrying while
+// NATS is unreachable.
+func (b *Broker) Run(ctx context.Context) error {
+	for {
+		err := b.EnsureStream(ctx)
+		if err == nil {
+			break
+		}
+		b.log.Warn("jobs stream not ready, retrying", "err", err)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(time.Second):
+		}
+	}
+	replyAll, err := b.subj.ReplyAll(b.cfg.ID)
+	if err != nil {
+		return err
+	}
+	replySub, err := b.nc.Subscribe(replyAll, b.onReply)
+	if err != nil {
+		return fmt.Errorf("broker: subscribe %s: %w", replyAll, err)
+	}
+	defer func() { _ = replySub.Unsubscribe() }()
+	// Replies are the token path: let them queue deep rather than be dropped
+	// as a slow consumer; per-request bounds are enforced in Call.
+	_ = replySub.SetPendingLimits(1<<20, 1<<30)
+	hbSub, err := b.nc.Subscribe(b.subj.HeartbeatsAll(), b.onHeartbeat)
+	if err != nil {
+		return fmt.Errorf("broker: subscribe heartbeats: %w", err)
+	}
+	defer func() { _ = hbSub.Unsubscribe() }()
+	if err := b.nc.Flush(); err != nil {
+		return fmt.Errorf("broker: flush: %w", err)
+	}
+	b.started.Store(b.now().UnixNano())
+	b.log.Info("broker running", "id", b.cfg.ID, "stream", b.cfg.Stream, "prefix", b.cfg.Prefix)
+
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		case <-b.dirty:
+			// Coalesce bursts of heartbeats into one rebuild.
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+		b.rebuild()
+	}
+}
+
+// Ready reports whether the broker can take requests: connected to NATS and
+// listening long enough to have heard every agent's heartbeat once.
+func (b *Broker) Ready() error {
+	if !b.nc.IsConnected() {
+		return ErrNotConnected
+	}
+	st := b.started.Load()
+	if st == 0 {
+		return errors.New("broker not started")
+	}
+	if b.now().Sub(time.Unix(0, st)) < b.cfg.HeartbeatInterval {
+		return errors.New("capacity table still filling")
+	}
+	return nil
+}
+
+// Connected reports whether NATS is reachable now.
+func (b *Broker) Connected() bool { return b.nc.IsConnected() }
+
+func (b *Broker) onHeartbeat(m *nats.Msg) {
+	key, err := b.subj.ParseHeartbeat(m.Subject)
+	if err != nil {
+		b.log.Debug("bad heartbeat subject", "subject", m.Subject, "err", err)
+		return
+	}
+	hb, err := wire.UnmarshalHeartbeat(m.Data)
+	if err != nil {
+		b.log.Debug("bad heartbeat", "subject", m.Subject, "err", err)
+		return
+	}
+	pool, err := dispatch.ParsePool(key.Pool)
+	if err != nil {
+		return
+	}
+	state, err := dispatch.ParseState(hb.GetState())
+	if err != nil {
+		b.log.Debug("bad heartbeat state", "subject", m.Subject, "state", hb.GetState())
+		return
+	}
+	now := b.now()
+	a := dispatch.Agent{
+		ID:       key.Agent,
+		Pool:     pool,
+		State:    state,
+		Slots:    int(hb.GetSlots()),
+		Active:   int(hb.GetActive()),
+		LastSeen: now,
+		Interval: hb.GetInterval().AsDuration(),
+	}
+	if hb.GetReadySince() != nil {
+		a.ReadySince = hb.GetReadySince().AsTime()
+	}
+	b.mu.Lock()
+	k := agentKey{key.Model, key.Agent}
+	prev := b.agents[k]
+	b.agents[k] = &agentEntry{agent: a, hb: hb}
+	b.known[key.Model] = now
+	b.mu.Unlock()
+	if prev == nil || prev.agent.State != a.State || prev.agent.Pool != a.Pool || prev.agent.Slots != a.Slots || prev.agent.Active != a.Active {
+		select {
+		case b.dirty <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// forgetAfter is how long an agent stays in the table (as not eligible)
+// after its last heartbeat, and a model stays known (404 versus 503).
+const forgetAfter = 5 * time.Minute
+
+func (b *Broker) rebuild() {
+	now := b.now()
+	byModel := make(map[string][]dispatch.Agent)
+	b.mu.Lock()
+	for k, e := range b.agents {
+		if now.Sub(e.agent.LastSeen) > forgetAfter {
+			delete(b.agents, k)
+			continue
+		}
+		byModel[k.model] = append(byModel[k.model], e.agent)
+	}
+	for m, t := range b.known {
+		if now.Sub(t) > forgetAfter {
+			delete(b.known, m)
+		}
+	}
+	b.mu.Unlock()
+	b.table.Store(dispatch.NewFleet(byModel, now, b.cfg.Dispatch))
+}
+
+// Fleet returns the current capacity snapshot.
+func (b *Broker) Fleet() *dispatch.Fleet { return b.table.Load() }
+
+// Heartbeats returns a copy of the last heartbeat of every agent in the
+// table, for the fleet view.
+func (b *Broker) Heartbeats() []*wire.Heartbeat {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := make([]*wire.Heartbeat, 0, len(b.agents))
+	for _, e := range b.agents {
+		out = append(out, e.hb)
+	}
+	return out
+}
+
+// Models returns the models that have at least one live agent.
+func (b *Broker) Models() []string { return b.table.Load().Models() }
+
+func (b *Broker) knownModel(model string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	_, ok := b.known[model]
+	return ok
+}
+
+func (b *Broker) jobsSubject(model, pool string) (string, error) {
+	k := jobsKey{model, pool}
+	if s, ok := b.jobSubj.Load(k); ok {
+		return s.(string), nil
+	}
+	s, err := b.subj.Jobs(model, pool)
+	if err != nil {
+		return "", err
+	}
+	b.jobSubj.Store(k, s)
+	return s, nil
+}
+
+func (b *Broker) newRequestID() string {
+	return b.cfg.ID + "-" + strconv.FormatUint(b.nextReq.Add(1), 36)
+}

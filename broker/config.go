@@ -1,0 +1,132 @@
+package broker
+
+import (
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/switchyard-ai/switchyard/dispatch"
+	"github.com/switchyard-ai/switchyard/subjects"
+)
+
+// Defaults of Config.
+const (
+	DefaultStream            = "SWITCHYARD_JOBS"
+	DefaultQueueMax          = 1024
+	DefaultHeartbeatInterval = time.Second
+	DefaultRequestTimeout    = 10 * time.Minute
+	DefaultChunkBuffer       = 512
+	DefaultStallTimeout      = 30 * time.Second
+)
+
+// Config is what a broker needs; zero fields take the defaults above.
+type Config struct {
+	// ID names this broker in reply subjects; it must be unique among the
+	// brokers of one NATS. Default: random.
+	ID string
+	// Prefix of every subject (default "sy").
+	Prefix string
+	// Stream is the JetStream stream holding jobs.
+	Stream string
+	// Replicas of the jobs stream: 1 on a single server, 3 on a cluster.
+	Replicas int
+	// QueueMax bounds the jobs waiting per (model, pool); beyond it Submit
+	// fails with ErrQueueFull.
+	QueueMax int
+	// HeartbeatInterval is the agents' interval; the broker is ready once it
+	// has listened for one.
+	HeartbeatInterval time.Duration
+	// RequestTimeout is the deadline of a request that brings none.
+	RequestTimeout time.Duration
+	// ChunkBuffer bounds the chunks held for one slow reader.
+	ChunkBuffer int
+	// StallTimeout ends a request whose agent sends nothing for this long.
+	StallTimeout time.Duration
+	// Dispatch configures the routing decision.
+	Dispatch dispatch.Config
+}
+
+func (c *Config) setDefaults() {
+	if c.ID == "" {
+		c.ID = randomID(8)
+	}
+	if c.Prefix == "" {
+		c.Prefix = subjects.DefaultPrefix
+	}
+	if c.Stream == "" {
+		c.Stream = DefaultStream
+	}
+	if c.Replicas == 0 {
+		c.Replicas = 1
+	}
+	if c.QueueMax == 0 {
+		c.QueueMax = DefaultQueueMax
+	}
+	if c.HeartbeatInterval == 0 {
+		c.HeartbeatInterval = DefaultHeartbeatInterval
+	}
+	if c.RequestTimeout == 0 {
+		c.RequestTimeout = DefaultRequestTimeout
+	}
+	if c.ChunkBuffer == 0 {
+		c.ChunkBuffer = DefaultChunkBuffer
+	}
+	if c.StallTimeout == 0 {
+		c.StallTimeout = DefaultStallTimeout
+	}
+}
+
+// Validate reports what is wrong with c after defaults are applied.
+func (c Config) Validate() error {
+	c.setDefaults()
+	var errs []error
+	if _, err := subjects.New(c.Prefix); err != nil {
+		errs = append(errs, err)
+	}
+	if _, err := subjects.Must(subjects.DefaultPrefix).Reply(c.ID, "x"); err != nil {
+		errs = append(errs, fmt.Errorf("broker id %q: only letters, digits, '-' and '_'", c.ID))
+	}
+	if c.Replicas < 1 || c.Replicas > 5 {
+		errs = append(errs, fmt.Errorf("replicas %d: want 1 to 5", c.Replicas))
+	}
+	if c.QueueMax < 1 {
+		errs = append(errs, fmt.Errorf("queue max %d: want at least 1", c.QueueMax))
+	}
+	if c.HeartbeatInterval < 0 || c.RequestTimeout < 0 || c.StallTimeout < 0 {
+		errs = append(errs, errors.New("durations must not be negative"))
+	}
+	if c.ChunkBuffer < 1 {
+		errs = append(errs, fmt.Errorf("chunk buffer %d: want at least 1", c.ChunkBuffer))
+	}
+	if err := c.Dispatch.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// Option sets a rarely needed knob.
+type Option func(*Broker)
+
+// WithLogger sets the logger (default: slog.Default()).
+func WithLogger(l *slog.Logger) Option { return func(b *Broker) { b.log = l } }
+
+// WithRand sets the source of the dispatch decision's randomness, so tests
+// can make routing deterministic.
+func WithRand(r func() uint64) Option { return func(b *Broker) { b.rand = r } }
+
+// WithClock sets the clock used for freshness and deadlines.
+func WithClock(now func() time.Time) Option { return func(b *Broker) { b.now = now } }
+
+const idAlphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
+
+func randomID(n int) string {
+	buf := make([]byte, n)
+	_, _ = rand.Read(buf)
+	for i := range buf {
+		buf[i] = idAlphabet[int(buf[i])%len(idAlphabet)]
+	}
+	return string(buf)
+}
+

@@ -1,0 +1,31 @@
+package broker
+
+import "errors"
+
+// Errors of Submit and Call.Next. Ingress packages map them to HTTP and gRPC
+// statuses; they are wrapped with the model or request id.
+var (
+	// ErrUnknownModel: no agent has ever served the model (HTTP 404).
+	ErrUnknownModel = errors.New("unknown model")
+	// ErrNoModel: the request names no model and more than one is served (400).
+	ErrNoModel = errors.New("model required")
+	// ErrNoCapacity: the model is known but no live agent can take the job (503).
+	ErrNoCapacity = errors.New("no live agent for model")
+	// ErrUnsupported: the request needs a route that has no capacity (e.g. a
+	// parameter PD cannot serve and no regular agent exists).
+	ErrUnsupported = errors.New("request not supported by the live agents")
+	// ErrQueueFull: the pool's job queue is at its bound (429 with Retry-After).
+	ErrQueueFull = errors.New("job queue full")
+	// ErrNotConnected: NATS is unreachable right now (503).
+	ErrNotConnected = errors.New("not connected to NATS")
+	// ErrTimeout: the request's deadline passed before it finished (504).
+	ErrTimeout = errors.New("request deadline exceeded")
+	// ErrStalled: the agent stopped sending chunks or heartbeats.
+	ErrStalled = errors.New("agent stalled")
+	// ErrStreamBroken: a chunk was missing from the reply stream.
+	ErrStreamBroken = errors.New("reply stream broken")
+	// ErrSlowReader: the client did not keep up and its buffer filled.
+	ErrSlowReader = errors.New("client too slow")
+	// ErrClosed: the broker is shutting down.
+	ErrClosed = errors.New("broker closed")
+)

@@ -1,0 +1,72 @@
+package broker
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metrics are the broker's Prometheus collectors. Labels are bounded: model
+// ids come from heartbeats of agents, never from clients (a request for an
+// unknown model is rejected before any metric sees its name).
+type Metrics struct {
+	requests     *prometheus.CounterVec
+	inflight     prometheus.Gauge
+	ttft         *prometheus.HistogramVec
+	itl          *prometheus.HistogramVec
+	e2e          *prometheus.HistogramVec
+	outputTokens *prometheus.CounterVec
+	rejections   *prometheus.CounterVec
+}
+
+// Latency buckets for LLM serving, in seconds: TTFT spans milliseconds
+// (a warm cache) to tens of seconds (a long prompt behind a queue).
+var (
+	ttftBuckets = []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
+	itlBuckets  = []float64{.0005, .001, .0025, .005, .01, .02, .04, .08, .16, .32, .64, 1.28}
+	e2eBuckets  = []float64{.05, .1, .25, .5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320, 600}
+)
+
+// NewMetrics returns unregistered collectors; Register adds them to a registry.
+func NewMetrics() *Metrics {
+	return &Metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_requests_total", Help: "Requests that ended, by model, route and outcome.",
+		}, []string{"model", "route", "outcome"}),
+		inflight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "switchyard_requests_in_flight", Help: "Requests submitted and not yet ended.",
+		}),
+		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "switchyard_time_to_first_token_seconds", Help: "Time from submission to the first token.", Buckets: ttftBuckets,
+		}, []string{"model", "route"}),
+		itl: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "switchyard_inter_token_latency_seconds", Help: "Time between consecutive token chunks.", Buckets: itlBuckets,
+		}, []string{"model", "route"}),
+		e2e: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "switchyard_request_duration_seconds", Help: "Time from submission to the end of the request.", Buckets: e2eBuckets,
+		}, []string{"model", "route"}),
+		outputTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_output_tokens_total", Help: "Completion tokens relayed to clients.",
+		}, []string{"model", "route"}),
+		rejections: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_rejections_total", Help: "Requests refused before dispatch, by reason.",
+		}, []string{"reason"}),
+	}
+}
+
+// Register adds every collector to r.
+func (m *Metrics) Register(r prometheus.Registerer) error {
+	for _, c := range []prometheus.Collector{m.requests, m.inflight, m.ttft, m.itl, m.e2e, m.outputTokens, m.rejections} {
+		if err := r.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Reject counts a request refused before dispatch.
+func (m *Metrics) Reject(reason string) { m.rejections.WithLabelValues(reason).Inc() }
+
+// WithMetrics makes the broker record into m.
+func WithMetrics(m *Metrics) Option { return func(b *Broker) { b.metrics = m } }
+
+// Metrics returns the broker's collectors.
+func (b *Broker) Metrics() *Metrics { return b.metrics }

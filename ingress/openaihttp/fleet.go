@@ -1,0 +1,88 @@
+package openaihttp
+
+import (
+	"net/http"
+	"sort"
+	"time"
+
+)
+
+type fleetAgent struct {
+	ID             string    `json:"id"`
+	Model          string    `json:"model"`
+	Pool           string    `json:"pool"`
+	State          string    `json:"state"`
+	Engine         string    `json:"engine,omitempty"`
+	Transport      string    `json:"transport,omitempty"`
+	Slots          int       `json:"slots"`
+	Active         int       `json:"active"`
+	EffectiveSlots float64   `json:"effective_slots"`
+	Eligible       bool      `json:"eligible"`
+	Reason         string    `json:"reason,omitempty"`
+	ReadySince     time.Time `json:"ready_since,omitzero"`
+	LastHeartbeat  time.Time `json:"last_heartbeat"`
+}
+
+type fleetPool struct {
+	Pool           string  `json:"pool"`
+	Agents         int     `json:"agents"`
+	Eligible       int     `json:"eligible"`
+	Slots          int     `json:"slots"`
+	EffectiveSlots float64 `json:"effective_slots"`
+	Active         int     `json:"active"`
+	Free           float64 `json:"free"`
+}
+
+type fleetModel struct {
+	Model   string             `json:"model"`
+	Mode    string             `json:"mode"`
+	Weights map[string]float64 `json:"weights"`
+	Pools   []fleetPool        `json:"pools"`
+}
+
+type fleetView struct {
+	At     time.Time    `json:"at"`
+	Models []fleetModel `json:"models"`
+	Agents []fleetAgent `json:"agents"`
+}
+
+// fleet serves GET /v1/fleet: the capacity table as the dispatcher sees it.
+func (s *Server) fleet(w http.ResponseWriter, r *http.Request) {
+	f := s.backend.Fleet()
+	hbs := s.backend.Heartbeats()
+	engines := make(map[[2]string][2]string, len(hbs))
+	for _, hb := range hbs {
+		engines[[2]string{hb.GetModel(), hb.GetAgentId()}] = [2]string{hb.GetEngine(), hb.GetTransport()}
+	}
+	view := fleetView{At: time.Now().UTC(), Models: []fleetModel{}, Agents: []fleetAgent{}}
+	for _, name := range f.AllModels() {
+		m, _ := f.Model(name)
+		reg, pd := m.Weights()
+		fm := fleetModel{Model: name, Mode: m.Mode().String(), Weights: map[string]float64{"regular": reg, "pd": pd}}
+		for _, ps := range m.Pools() {
+			fm.Pools = append(fm.Pools, fleetPool{Pool: ps.Pool.String(), Agents: ps.Agents, Eligible: ps.Eligible, Slots: ps.Slots, EffectiveSlots: ps.EffectiveSlots, Active: ps.Active, Free: ps.Free})
+		}
+		view.Models = append(view.Models, fm)
+		for _, a := range m.Agents() {
+			e := engines[[2]string{name, a.ID}]
+			view.Agents = append(view.Agents, fleetAgent{
+				ID: a.ID, Model: name, Pool: a.Pool.String(), State: a.State.String(),
+				Engine: e[0], Transport: e[1], Slots: a.Slots, Active: a.Active,
+				EffectiveSlots: a.EffectiveSlots, Eligible: a.Eligible, Reason: a.Reason,
+				ReadySince: a.ReadySince.UTC(), LastHeartbeat: a.LastSeen.UTC(),
+			})
+		}
+	}
+	sort.Slice(view.Agents, func(i, j int) bool {
+		a, b := view.Agents[i], view.Agents[j]
+		if a.Model != b.Model {
+			return a.Model < b.Model
+		}
+		if a.Pool != b.Pool {
+			return a.Pool < b.Pool
+		}
+		return a.ID < b.ID
+	})
+	writeJSON(w, http.StatusOK, view)
+}
+

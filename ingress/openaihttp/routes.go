@@ -1,0 +1,31 @@
+package openaihttp
+
+import "net/http"
+
+// routes lists every HTTP route of the broker in one place.
+func (s *Server) routes() {
+	s.handle("/v1/chat/completions", http.MethodPost, s.completions(chatAPI))
+	s.handle("/v1/completions", http.MethodPost, s.completions(completionAPI))
+	s.handle("/v1/models", http.MethodGet, s.models)
+	s.handle("/v1/fleet", http.MethodGet, s.fleet)
+	s.handle("/healthz", http.MethodGet, s.healthz)
+	s.handle("/readyz", http.MethodGet, s.readyz)
+	if s.cfg.Metrics != nil {
+		s.handle("/metrics", http.MethodGet, s.cfg.Metrics.ServeHTTP)
+	}
+	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, &apiError{Status: http.StatusNotFound, Message: "no route " + r.Method + " " + r.URL.Path, Type: "invalid_request_error", Code: strp("not_found")})
+	})
+}
+
+// handle registers h for exactly one method; others get 405 in OpenAI's shape.
+func (s *Server) handle(path, method string, h http.HandlerFunc) {
+	s.mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != method && !(method == http.MethodGet && r.Method == http.MethodHead) {
+			w.Header().Set("Allow", method)
+			writeError(w, &apiError{Status: http.StatusMethodNotAllowed, Message: r.Method + " not allowed on " + path + "; use " + method, Type: "invalid_request_error", Code: strp("method_not_allowed")})
+			return
+		}
+		h(w, r)
+	})
+}

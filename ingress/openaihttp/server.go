@@ -1,0 +1,360 @@
+package openaihttp
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/switchyard-ai/switchyard/broker"
+	"github.com/switchyard-ai/switchyard/dispatch"
+	"github.com/switchyard-ai/switchyard/wire"
+)
+
+// Backend is what the ingress needs from the broker.
+type Backend interface {
+	Submit(ctx context.Context, req broker.Request) (*broker.Call, error)
+	Models() []string
+	Ready() error
+	Fleet() *dispatch.Fleet
+	Heartbeats() []*wire.Heartbeat
+}
+
+// DefaultMaxBody is the largest request body accepted. The broker's embedded
+// NATS server allows 8 MiB messages, which leaves room for the job envelope
+// and, on migration, the text already generated.
+const DefaultMaxBody = 4 << 20
+
+// Config configures the HTTP ingress.
+type Config struct {
+	MaxBody int64
+	// Metrics serves /metrics when set.
+	Metrics http.Handler
+}
+
+// Server is the HTTP ingress. It is an http.Handler.
+type Server struct {
+	cfg     Config
+	backend Backend
+	log     *slog.Logger
+	mux     *http.ServeMux
+	reqSeq  func() string
+}
+
+// Option configures a Server.
+type Option func(*Server)
+
+// WithLogger sets the logger.
+func WithLogger(l *slog.Logger) Option { return func(s *Server) { s.log = l } }
+
+// New returns the ingress for backend.
+func New(backend Backend, cfg Config, opts ...Option) *Server {
+	if cfg.MaxBody <= 0 {
+		cfg.MaxBody = DefaultMaxBody
+	}
+	s := &Server{cfg: cfg, backend: backend, log: slog.Default(), mux: http.NewServeMux()}
+	for _, o := range opts {
+		o(s)
+	}
+	s.routes()
+	return s
+}
+
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+type apiKind struct {
+	api    wire.API
+	object string // object of a non-streaming response
+}
+
+var (
+	chatAPI       = apiKind{wire.API_API_CHAT, "chat.completion"}
+	completionAPI = apiKind{wire.API_API_COMPLETION, "text_completion"}
+)
+
+// requestID returns the client's x-request-id when it is sane, else a new one.
+func requestID(r *http.Request) string {
+	id := r.Header.Get("X-Request-Id")
+	if id == "" || len(id) > 128 {
+		return newID()
+	}
+	for i := 0; i < len(id); i++ {
+		if id[i] < 0x21 || id[i] > 0x7e {
+			return newID()
+		}
+	}
+	return id
+}
+
+func (s *Server) completions(kind apiKind) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		rid := requestID(r)
+		w.Header().Set("X-Request-Id", rid)
+		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBody))
+		if err != nil {
+			var mbe *http.MaxBytesError
+			if errors.As(err, &mbe) {
+				writeError(w, &apiError{Status: http.StatusRequestEntityTooLarge, Message: fmt.Sprintf("request body larger than %d bytes", s.cfg.MaxBody), Type: "invalid_request_error", Code: strp("body_too_large")})
+				return
+			}
+			writeError(w, invalid("reading request body: "+err.Error(), "", "bad_body"))
+			return
+		}
+		p, perr := parseRequest(kind.api, body)
+		if perr != nil {
+			writeError(w, perr)
+			return
+		}
+		call, err := s.backend.Submit(r.Context(), broker.Request{
+			Model:           p.Model,
+			API:             kind.api,
+			Stream:          p.Stream,
+			Body:            body,
+			ClientRequestID: rid,
+			Need:            p.Need,
+			Trace:           traceContext(r),
+		})
+		if err != nil {
+			writeError(w, fromBroker(err))
+			return
+		}
+		defer call.Close()
+		w.Header().Set("X-Switchyard-Route", call.Route.String())
+		if p.Stream {
+			s.stream(w, r, call, p)
+			return
+		}
+		s.assemble(w, r, call, kind)
+	}
+}
+
+func traceContext(r *http.Request) map[string]string {
+	tp := r.Header.Get("Traceparent")
+	if tp == "" {
+		return nil
+	}
+	m := map[string]string{"traceparent": tp}
+	if ts := r.Header.Get("Tracestate"); ts != "" {
+		m["tracestate"] = ts
+	}
+	return m
+}
+
+func agentHeader(c *wire.Chunk) string {
+	if p := c.GetPrefillAgent(); p != "" {
+		return p + "," + c.GetAgentId()
+	}
+	return c.GetAgentId()
+}
+
+// stream relays chunks as SSE. Headers are held back until the first token
+// so that a failure before any output is still a proper HTTP error.
+func (s *Server) stream(w http.ResponseWriter, r *http.Request, call *broker.Call, p *parsed) {
+	rc := http.NewResponseController(w)
+	ctx := r.Context()
+	started := false
+	start := func() {
+		h := w.Header()
+		h.Set("Content-Type", "text/event-stream")
+		h.Set("Cache-Control", "no-cache")
+		h.Set("X-Accel-Buffering", "no")
+		w.WriteHeader(http.StatusOK)
+		started = true
+	}
+	buf := make([]byte, 0, 1024)
+	write := func(data []byte) error {
+		buf = append(buf[:0], "data: "...)
+		buf = append(buf, data...)
+		buf = append(buf, "\n\n"...)
+		if _, err := w.Write(buf); err != nil {
+			return err
+		}
+		return rc.Flush()
+	}
+	fail := func(e *apiError) {
+		if !started {
+			writeError(w, e)
+			return
+		}
+		_ = write(errorEvent(e))
+	}
+	for {
+		c, err := call.Next(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				call.SetOutcome(broker.OutcomeCancelled)
+				return
+			}
+			call.SetOutcome(broker.OutcomeError)
+			fail(fromBroker(err))
+			return
+		}
+		switch c.GetKind() {
+		case wire.Chunk_KIND_ACCEPTED:
+			w.Header().Set("X-Switchyard-Agent", agentHeader(c))
+		case wire.Chunk_KIND_TOKEN:
+			if !started {
+				start()
+			}
+			if err := write(c.GetRaw()); err != nil {
+				call.SetOutcome(broker.OutcomeCancelled)
+				return
+			}
+		case wire.Chunk_KIND_FINAL:
+			if !started {
+				start()
+			}
+			if p.IncludeUsage && len(c.GetRaw()) > 0 {
+				_ = write(c.GetRaw())
+			}
+			_ = write([]byte("[DONE]"))
+			return
+		case wire.Chunk_KIND_ERROR:
+			fail(fromWire(c.GetError()))
+			return
+		}
+	}
+}
+
+// chunkHead is the identity of an engine chunk, reused in the assembled
+// response.
+type chunkHead struct {
+	ID      string `json:"id"`
+	Created int64  `json:"created"`
+	Model   string `json:"model"`
+}
+
+type usage struct {
+	PromptTokens     uint32 `json:"prompt_tokens"`
+	CompletionTokens uint32 `json:"completion_tokens"`
+	TotalTokens      uint32 `json:"total_tokens"`
+}
+
+// assemble collects a whole stream into one OpenAI response.
+func (s *Server) assemble(w http.ResponseWriter, r *http.Request, call *broker.Call, kind apiKind) {
+	var (
+		text   strings.Builder
+		head   chunkHead
+		finish string
+	)
+	for {
+		c, err := call.Next(r.Context())
+		if err != nil {
+			if r.Context().Err() != nil {
+				call.SetOutcome(broker.OutcomeCancelled)
+				return
+			}
+			call.SetOutcome(broker.OutcomeError)
+			writeError(w, fromBroker(err))
+			return
+		}
+		switch c.GetKind() {
+		case wire.Chunk_KIND_ACCEPTED:
+			w.Header().Set("X-Switchyard-Agent", agentHeader(c))
+		case wire.Chunk_KIND_TOKEN:
+			if head.ID == "" {
+				_ = json.Unmarshal(c.GetRaw(), &head)
+			}
+			text.WriteString(c.GetDeltaText())
+			if f := c.GetFinishReason(); f != "" {
+				finish = f
+			}
+		case wire.Chunk_KIND_ERROR:
+			writeError(w, fromWire(c.GetError()))
+			return
+		case wire.Chunk_KIND_FINAL:
+			if f := c.GetFinishReason(); f != "" {
+				finish = f
+			}
+			if head.ID == "" {
+				head.ID = newID()
+				head.Created = time.Now().Unix()
+				head.Model = call.Model
+			}
+			var u usage
+			if cu := c.GetUsage(); cu != nil {
+				u = usage{cu.GetPromptTokens(), cu.GetCompletionTokens(), cu.GetTotalTokens()}
+			}
+			writeJSON(w, http.StatusOK, response(kind, head, text.String(), finish, u))
+			return
+		}
+	}
+}
+
+func response(kind apiKind, head chunkHead, text, finish string, u usage) any {
+	type chatChoice struct {
+		Index   int `json:"index"`
+		Message struct {
+			Role    string `json:"role"`
+			Content string `json:"content"`
+		} `json:"message"`
+		Logprobs     any    `json:"logprobs"`
+		FinishReason string `json:"finish_reason"`
+	}
+	type textChoice struct {
+		Index        int    `json:"index"`
+		Text         string `json:"text"`
+		Logprobs     any    `json:"logprobs"`
+		FinishReason string `json:"finish_reason"`
+	}
+	type resp struct {
+		ID      string `json:"id"`
+		Object  string `json:"object"`
+		Created int64  `json:"created"`
+		Model   string `json:"model"`
+		Choices any    `json:"choices"`
+		Usage   usage  `json:"usage"`
+	}
+	out := resp{ID: head.ID, Object: kind.object, Created: head.Created, Model: head.Model, Usage: u}
+	if kind.api == wire.API_API_CHAT {
+		c := chatChoice{FinishReason: finish}
+		c.Message.Role = "assistant"
+		c.Message.Content = text
+		out.Choices = []chatChoice{c}
+	} else {
+		out.Choices = []textChoice{{Text: text, FinishReason: finish}}
+	}
+	return out
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func (s *Server) models(w http.ResponseWriter, r *http.Request) {
+	type model struct {
+		ID      string `json:"id"`
+		Object  string `json:"object"`
+		Created int64  `json:"created"`
+		OwnedBy string `json:"owned_by"`
+	}
+	data := []model{}
+	for _, m := range s.backend.Models() {
+		data = append(data, model{ID: m, Object: "model", OwnedBy: "switchyard"})
+	}
+	writeJSON(w, http.StatusOK, struct {
+		Object string  `json:"object"`
+		Data   []model `json:"data"`
+	}{"list", data})
+}
+
+func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "text/plain")
+	_, _ = io.WriteString(w, "ok\n")
+}
+
+func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
+	if err := s.backend.Ready(); err != nil {
+		writeError(w, &apiError{Status: http.StatusServiceUnavailable, Message: "not ready: " + err.Error(), Type: "server_error", Code: strp("not_ready"), RetryAfter: 1})
+		return
+	}
+	w.Header().Set("Content-Type", "text/plain")
+	_, _ = io.WriteString(w, "ready\n")
+}
