@@ -12,9 +12,12 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/switchyard-ai/switchyard/internal/brokercmd"
 )
 
 func main() {
@@ -24,4 +27,8 @@ func main() {
 		fmt.Fprintln(os.Stderr, "broker:", err)
 		os.Exit(1)
 	}
+}
+
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	return brokercmd.Run(ctx, args, getenv, stdout, stderr)
 }

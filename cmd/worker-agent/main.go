@@ -8,9 +8,12 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/switchyard-ai/switchyard/internal/agentcmd"
 )
 
 func main() {
@@ -20,4 +23,8 @@ func main() {
 		fmt.Fprintln(os.Stderr, "worker-agent:", err)
 		os.Exit(1)
 	}
+}
+
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	return agentcmd.Run(ctx, args, getenv, stdout, stderr)
 }

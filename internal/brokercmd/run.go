@@ -1,4 +1,5 @@
-package main
+// Package brokercmd is the broker command; cmd/broker is its main.
+package brokercmd
 
 import (
 	"context"
@@ -129,7 +130,9 @@ func demoSpec(s string) (map[string]int, error) {
 	return out, nil
 }
 
-func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+// Run is the broker command: flags from args, environment through getenv.
+// It returns when ctx ends and everything it started has stopped.
+func Run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	o, err := parseFlags(args, getenv, stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return nil

@@ -1,4 +1,5 @@
-package main
+// Package agentcmd is the worker-agent command; cmd/worker-agent is its main.
+package agentcmd
 
 import (
 	"context"
@@ -65,7 +66,9 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*o
 	return o, nil
 }
 
-func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+// Run is the worker-agent command. It returns when ctx ends and the agent
+// has drained.
+func Run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	o, err := parseFlags(args, getenv, stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return nil
