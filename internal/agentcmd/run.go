@@ -145,7 +145,10 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err := a.Run(ctx); err != nil {
 		return err
 	}
-	return nc.Drain()
+	if err := nc.FlushTimeout(2 * time.Second); err != nil {
+		log.Warn("NATS flush at exit", "err", err)
+	}
+	return nil
 }
 
 // firstModel asks the engine what it serves, waiting for it to come up.

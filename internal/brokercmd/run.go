@@ -215,9 +215,14 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	brokerCtx, stopBroker := context.WithCancel(context.WithoutCancel(ctx))
 	brokerDone := make(chan error, 1)
 	go func() { brokerDone <- b.Run(brokerCtx) }()
+	// The broker stops after the HTTP server and the demo agents (defers run
+	// last-in first-out), then pending publishes (cancels) are flushed.
 	defer func() {
 		stopBroker()
 		<-brokerDone
+		if err := nc.FlushTimeout(2 * time.Second); err != nil {
+			log.Warn("NATS flush at exit", "err", err)
+		}
 	}()
 	if err := b.EnsureStream(ctx); err != nil {
 		return err
@@ -289,12 +294,6 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err := srv.Shutdown(graceCtx); err != nil {
 		log.Warn("streams cut at the end of the grace period", "err", err)
 		_ = srv.Close()
-	}
-	agents.Wait()
-	stopBroker()
-	<-brokerDone
-	if err := nc.Drain(); err != nil {
-		log.Warn("NATS drain", "err", err)
 	}
 	return nil
 }
