@@ -129,4 +129,3 @@ func randomID(n int) string {
 	}
 	return string(buf)
 }
-

@@ -165,7 +165,7 @@ func (s *chunkSink) token(_, js string) error {
 	return s.emit(s.buf)
 }
 
-func (s *chunkSink) finish(reason string, prompt, completion int) error {
+func (s *chunkSink) finish(reason string, prompt, completion int, extra []byte) error {
 	b := append(s.buf[:0], s.head...)
 	if s.api == APIChat {
 		b = append(b, `{"index":0,"delta":{},"logprobs":null,"finish_reason":"`...)
@@ -174,17 +174,21 @@ func (s *chunkSink) finish(reason string, prompt, completion int) error {
 	}
 	b = append(b, reason...)
 	b = append(b, `"}`...)
+	if !s.includeUsage {
+		b = append(b, ']')
+		b = append(b, extra...)
+		s.buf = append(b, '}')
+		return s.emit(s.buf)
+	}
 	s.buf = s.end(b)
 	if err := s.emit(s.buf); err != nil {
 		return err
 	}
-	if !s.includeUsage {
-		return nil
-	}
 	b = append(s.buf[:0], s.head...)
 	b = append(b, `],"usage":`...)
-	s.buf = appendUsage(b, prompt, completion)
-	s.buf = append(s.buf, '}')
+	b = appendUsage(b, prompt, completion)
+	b = append(b, extra...)
+	s.buf = append(b, '}')
 	return s.emit(s.buf)
 }
 
@@ -208,7 +212,7 @@ func (s *textSink) token(text, _ string) error {
 	return nil
 }
 
-func (s *textSink) finish(reason string, prompt, completion int) error {
+func (s *textSink) finish(reason string, prompt, completion int, extra []byte) error {
 	b := s.out[:0]
 	if s.api == APIChat {
 		b = s.v.appendHead(b, "chat.completion")
@@ -224,6 +228,7 @@ func (s *textSink) finish(reason string, prompt, completion int) error {
 	b = append(b, reason...)
 	b = append(b, `"}],"usage":`...)
 	b = appendUsage(b, prompt, completion)
+	b = append(b, extra...)
 	s.out = append(b, '}')
 	return nil
 }

@@ -7,6 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -27,7 +30,30 @@ type Config struct {
 	// Slots is how many sequences run at once; further requests wait in a
 	// FIFO queue.
 	Slots int
+
+	// Role is RoleRegular (also the zero value), RolePrefill or RoleDecode;
+	// see the package comment, "Prefill/decode disaggregation".
+	Role Role
+	// PDProtocol is the hand-off protocol of a prefill or decode engine.
+	PDProtocol PDProtocol
+	// BootstrapHost is the host a prefill engine's side channel listens on
+	// and advertises (default 127.0.0.1).
+	BootstrapHost string
+	// BootstrapPort is the side channel's port; 0 picks a free one, which
+	// [Engine.BootstrapPort] then reports.
+	BootstrapPort int
+	// BootstrapTimeout bounds how long a decode engine waits to reach its
+	// prefill engine, or, with SGLang, for the bootstrap room to appear
+	// (default 5s).
+	BootstrapTimeout time.Duration
 }
+
+// Defaults of the PD settings.
+const (
+	DefaultBootstrapHost    = "127.0.0.1"
+	DefaultBootstrapPort    = 8998 // SGLang's --disaggregation-bootstrap-port
+	DefaultBootstrapTimeout = 5 * time.Second
+)
 
 // DefaultConfig returns the defaults of cmd/sim-engine.
 func DefaultConfig() Config {
@@ -36,6 +62,12 @@ func DefaultConfig() Config {
 		TTFT:  20 * time.Millisecond,
 		ITL:   10 * time.Millisecond,
 		Slots: 8,
+
+		Role:             RoleRegular,
+		PDProtocol:       PDVLLM,
+		BootstrapHost:    DefaultBootstrapHost,
+		BootstrapPort:    DefaultBootstrapPort,
+		BootstrapTimeout: DefaultBootstrapTimeout,
 	}
 }
 
@@ -50,6 +82,23 @@ func (c Config) Validate() error {
 	}
 	if c.Slots < 1 {
 		errs = append(errs, fmt.Errorf("%w: slots must be at least 1, got %d", ErrInvalidConfig, c.Slots))
+	}
+	switch c.Role {
+	case "", RoleRegular:
+	case RolePrefill, RoleDecode:
+		if c.PDProtocol != PDVLLM && c.PDProtocol != PDSGLang {
+			errs = append(errs, fmt.Errorf("%w: role %s needs pd protocol %q or %q, got %q",
+				ErrInvalidConfig, c.Role, PDVLLM, PDSGLang, c.PDProtocol))
+		}
+	default:
+		errs = append(errs, fmt.Errorf("%w: role must be %q, %q or %q, got %q",
+			ErrInvalidConfig, RoleRegular, RolePrefill, RoleDecode, c.Role))
+	}
+	if c.BootstrapPort < 0 || c.BootstrapPort > 65535 {
+		errs = append(errs, fmt.Errorf("%w: bootstrap port must be in [0, 65535], got %d", ErrInvalidConfig, c.BootstrapPort))
+	}
+	if c.BootstrapTimeout < 0 {
+		errs = append(errs, fmt.Errorf("%w: bootstrap timeout must not be negative", ErrInvalidConfig))
 	}
 	return errors.Join(errs...)
 }
@@ -74,13 +123,23 @@ type Load struct {
 }
 
 // Engine is one simulated model server. It is safe for concurrent use.
+//
+// Lock order: Engine.mu and bootstrap.mu are never held together.
 type Engine struct {
-	cfg      Config
-	log      *slog.Logger
-	registry *prometheus.Registry
-	idPrefix string
-	ids      atomic.Uint64
-	aborted  atomic.Int64
+	cfg        Config
+	log        *slog.Logger
+	registry   *prometheus.Registry
+	idPrefix   string
+	ids        atomic.Uint64
+	aborted    atomic.Int64
+	kvFailures atomic.Int64
+
+	engineID   string
+	bootstrap  *bootstrap    // prefill role only
+	client     *http.Client  // decode role only
+	handoffTTL time.Duration // how long a prefill keeps an unclaimed hand-off
+	closeOnce  sync.Once
+	closeErr   error
 
 	// mu guards the slot accounting; it is never held while calling out.
 	mu      sync.Mutex
@@ -93,24 +152,104 @@ type waiter struct {
 	granted bool // under Engine.mu
 }
 
-// New returns an engine for cfg.
+// New returns an engine for cfg. A prefill engine's side channel is
+// listening when New returns; [Engine.Close] stops it.
 func New(cfg Config, opts ...Option) (*Engine, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	if cfg.Role == "" {
+		cfg.Role = RoleRegular
+	}
+	if cfg.Role == RoleRegular {
+		cfg.PDProtocol = ""
+	}
+	if cfg.BootstrapHost == "" {
+		cfg.BootstrapHost = DefaultBootstrapHost
+	}
+	if cfg.BootstrapTimeout == 0 {
+		cfg.BootstrapTimeout = DefaultBootstrapTimeout
+	}
 	var p [6]byte
 	_, _ = rand.Read(p[:])
+	var id [16]byte
+	_, _ = rand.Read(id[:])
 	e := &Engine{
-		cfg:      cfg,
-		log:      slog.New(slog.DiscardHandler),
-		idPrefix: hex.EncodeToString(p[:]),
+		cfg:        cfg,
+		log:        slog.New(slog.DiscardHandler),
+		idPrefix:   hex.EncodeToString(p[:]),
+		engineID:   "sim-" + hex.EncodeToString(id[:]),
+		handoffTTL: defaultHandoffTTL,
 	}
 	for _, o := range opts {
 		o(e)
 	}
+	switch cfg.Role {
+	case RolePrefill:
+		b, err := startBootstrap(e)
+		if err != nil {
+			return nil, err
+		}
+		e.bootstrap = b
+	case RoleDecode:
+		e.client = &http.Client{Transport: &http.Transport{
+			Proxy:               nil, // the side channel is never proxied
+			MaxIdleConnsPerHost: 64,
+			IdleConnTimeout:     90 * time.Second,
+		}}
+	}
 	e.registry = newRegistry(e)
 	return e, nil
 }
+
+// Close stops a prefill engine's side channel, failing the hand-offs that
+// decode engines are waiting on, and releases a decode engine's
+// connections. Requests in flight are not interrupted. Close is idempotent.
+func (e *Engine) Close() error {
+	e.closeOnce.Do(func() {
+		if e.bootstrap != nil {
+			e.closeErr = e.bootstrap.close()
+		}
+		if e.client != nil {
+			e.client.CloseIdleConnections()
+		}
+	})
+	return e.closeErr
+}
+
+// Role returns the engine's role (RoleRegular when unset).
+func (e *Engine) Role() Role { return e.cfg.Role }
+
+// PDProtocol returns the hand-off protocol, or "" for a regular engine.
+func (e *Engine) PDProtocol() PDProtocol { return e.cfg.PDProtocol }
+
+// EngineID is the vLLM remote_engine_id a prefill engine advertises.
+func (e *Engine) EngineID() string { return e.engineID }
+
+// BootstrapAddr returns host:port of a prefill engine's side channel, with
+// the port actually bound, or "" for other roles.
+func (e *Engine) BootstrapAddr() string {
+	if e.bootstrap == nil {
+		return ""
+	}
+	return net.JoinHostPort(e.cfg.BootstrapHost, strconv.Itoa(e.bootstrap.port))
+}
+
+// BootstrapHost returns the advertised side-channel host.
+func (e *Engine) BootstrapHost() string { return e.cfg.BootstrapHost }
+
+// BootstrapPort returns the side channel's bound port, or 0 for engines
+// other than prefill.
+func (e *Engine) BootstrapPort() int {
+	if e.bootstrap == nil {
+		return 0
+	}
+	return e.bootstrap.port
+}
+
+// KVTransferFailures returns how many decode requests failed because their
+// prefill hand-off could not be completed.
+func (e *Engine) KVTransferFailures() int64 { return e.kvFailures.Load() }
 
 // Model returns the served model name.
 func (e *Engine) Model() string { return e.cfg.Model }
@@ -184,6 +323,11 @@ func (e *Engine) check(api API, body []byte) (*request, *Error) {
 	if r.model != "" && r.model != e.cfg.Model {
 		return nil, modelNotFound(r.model)
 	}
+	if e.cfg.Role != RoleRegular {
+		if err := e.checkPD(r); err != nil {
+			return nil, err
+		}
+	}
 	return r, nil
 }
 
@@ -195,7 +339,9 @@ type sink interface {
 	// first is called at the first token time, before any token.
 	first() error
 	token(text, json string) error
-	finish(reason string, promptTokens, completionTokens int) error
+	// finish ends the generation; extra, when not empty, is top-level
+	// fields (",\"name\":value...") for the last chunk or the response.
+	finish(reason string, promptTokens, completionTokens int, extra []byte) error
 }
 
 // Stream runs one request and calls emit with each OpenAI streaming chunk:
@@ -207,7 +353,9 @@ type sink interface {
 // caller needs the usage to assemble a response. The chunk passed to emit is
 // only valid until emit returns; its buffer is reused. An error from emit
 // aborts the request and is returned. A request the engine refuses returns an
-// *Error before any emit.
+// *Error before any emit, and so does a decode whose hand-off fails (that
+// one matches [ErrKVTransfer]). A vLLM prefill's kv_transfer_params come as
+// a top-level field of the usage chunk.
 func (e *Engine) Stream(ctx context.Context, api API, body []byte, emit func(chunk []byte) error) error {
 	r, err := e.check(api, body)
 	if err != nil {
@@ -218,8 +366,16 @@ func (e *Engine) Stream(ctx context.Context, api API, body []byte, emit func(chu
 }
 
 // run is the one implementation behind Stream and the HTTP handler.
-func (e *Engine) run(ctx context.Context, r *request, s sink) error {
+func (e *Engine) run(ctx context.Context, r *request, s sink) (err error) {
 	o := r.outcome()
+	if r.pd != nil && r.pd.role == RolePrefill {
+		if err := e.beginPrefill(r); err != nil {
+			return err
+		}
+		// A prefill that ends before its KV is ready fails its hand-off, so
+		// that a waiting decode fails at once rather than at its timeout.
+		defer func() { e.endPrefill(r, err) }()
+	}
 	if err := s.open(); err != nil {
 		return e.abort(r, err)
 	}
@@ -235,8 +391,23 @@ func (e *Engine) run(ctx context.Context, r *request, s sink) error {
 	defer p.stop()
 	start := time.Now()
 	ttft := e.cfg.TTFT + time.Duration(o.promptTokens)*e.cfg.PrefillPerToken
+	if r.pd != nil && r.pd.role == RoleDecode {
+		// The KV arrives from the prefill engine, so no prefill cost: the
+		// first token comes one ITL after the transfer.
+		if err := e.receiveKV(ctx, r); err != nil {
+			if ctx.Err() != nil {
+				return e.abort(r, ctx.Err())
+			}
+			e.kvFailures.Add(1)
+			return err
+		}
+		start, ttft = time.Now(), e.cfg.ITL
+	}
 	if err := p.wait(ctx, start, ttft); err != nil {
 		return e.abort(r, err)
+	}
+	if r.pd != nil && r.pd.role == RolePrefill {
+		e.prefilled(r, o.promptTokens)
 	}
 	if err := s.first(); err != nil {
 		return e.abort(r, err)
@@ -263,7 +434,11 @@ func (e *Engine) run(ctx context.Context, r *request, s sink) error {
 			return e.abort(r, err)
 		}
 	}
-	if err := s.finish(o.finish, o.promptTokens, o.tokens); err != nil {
+	var extra []byte
+	if r.pd != nil {
+		extra = r.pd.extra
+	}
+	if err := s.finish(o.finish, o.promptTokens, o.tokens, extra); err != nil {
 		return e.abort(r, err)
 	}
 	return nil

@@ -9,6 +9,12 @@ import (
 // ErrInvalidConfig is wrapped by [Config.Validate] errors.
 var ErrInvalidConfig = errors.New("simengine: invalid config")
 
+// ErrKVTransfer is wrapped by the *Error of a decode request whose prefill
+// hand-off failed: the prefill engine was unreachable, did not know the
+// hand-off (never made, expired, already used, or failed), or prefilled
+// another prompt; or, with SGLang, the room did not appear in time.
+var ErrKVTransfer = errors.New("simengine: KV transfer failed")
+
 // Error is a request the engine refuses, in the OpenAI error shape. The HTTP
 // handler writes it as {"error":{"message","type","param","code"}} with
 // Status; empty Param and Code are written as null.
@@ -18,10 +24,26 @@ type Error struct {
 	Message string
 	Param   string
 	Code    string
+
+	err error // a sentinel the error matches, or nil
 }
 
 func (e *Error) Error() string {
 	return fmt.Sprintf("simengine: %d %s: %s", e.Status, e.Type, e.Message)
+}
+
+// Unwrap returns the sentinel the error matches, such as [ErrKVTransfer].
+func (e *Error) Unwrap() error { return e.err }
+
+// kvTransferError is a decode request's failed hand-off.
+func kvTransferError(format string, args ...any) *Error {
+	return &Error{
+		Status:  http.StatusInternalServerError,
+		Type:    "server_error",
+		Message: "KV transfer failed: " + fmt.Sprintf(format, args...),
+		Code:    CodeKVTransferFailed,
+		err:     ErrKVTransfer,
+	}
 }
 
 func badRequest(param, format string, args ...any) *Error {

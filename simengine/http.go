@@ -77,13 +77,18 @@ func optional(s string) *string {
 	return &s
 }
 
-func writeError(w http.ResponseWriter, e *Error) {
+func errorJSON(e *Error) []byte {
 	b, _ := json.Marshal(errorBody{Error: errorDetail{
 		Message: e.Message,
 		Type:    e.Type,
 		Param:   optional(e.Param),
 		Code:    optional(e.Code),
 	}})
+	return b
+}
+
+func writeError(w http.ResponseWriter, e *Error) {
+	b := errorJSON(e)
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
 	h.Set("Content-Length", strconv.Itoa(len(b)+1))
@@ -113,7 +118,10 @@ func (e *Engine) completions(api API) http.Handler {
 		}
 		s := e.newTextSink(r)
 		if err := e.run(hr.Context(), r, s); err != nil {
-			return // the client is gone
+			if re, ok := errors.AsType[*Error](err); ok {
+				writeError(w, re) // a refused room or a failed hand-off
+			}
+			return // otherwise the client is gone
 		}
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Content-Length", strconv.Itoa(len(s.out)))
@@ -143,7 +151,9 @@ func (e *Engine) serveStream(w http.ResponseWriter, hr *http.Request, r *request
 	})
 	// Headers go out as soon as the request is accepted, so that a client
 	// knows it is queued rather than lost.
+	opened := false
 	s.onOpen = func() error {
+		opened = true
 		h := w.Header()
 		h.Set("Content-Type", "text/event-stream")
 		h.Set("Cache-Control", "no-cache")
@@ -151,7 +161,21 @@ func (e *Engine) serveStream(w http.ResponseWriter, hr *http.Request, r *request
 		return rc.Flush()
 	}
 	if err := e.run(hr.Context(), r, s); err != nil {
-		return
+		re, ok := errors.AsType[*Error](err)
+		if !ok {
+			return // the client is gone
+		}
+		if !opened {
+			writeError(w, re)
+			return
+		}
+		// As vLLM does once a stream has started: an error event, then
+		// [DONE].
+		if _, err := w.Write(sseData); err != nil {
+			return
+		}
+		_, _ = w.Write(errorJSON(re))
+		_, _ = w.Write(sseEnd)
 	}
 	if _, err := w.Write(sseDone); err == nil {
 		_ = rc.Flush()

@@ -26,6 +26,11 @@ func newRegistry(e *Engine) *prometheus.Registry {
 			Help:        "Requests ended early by cancellation or a failed write.",
 			ConstLabels: labels,
 		}, func() float64 { return float64(e.Aborted()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "switchyard_sim_kv_transfer_failures_total",
+			Help:        "Decode requests failed because their prefill hand-off failed.",
+			ConstLabels: labels,
+		}, func() float64 { return float64(e.KVTransferFailures()) }),
 	)
 	return reg
 }

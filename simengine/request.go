@@ -23,6 +23,19 @@ type request struct {
 	stops        []string
 	stream       bool
 	includeUsage bool
+
+	// pdRaw is kept undecoded so that a regular engine ignores it as it
+	// ignores any unknown field; PD engines decode it in checkPD.
+	pdRaw pdFields
+	pd    *pdLeg // nil on a regular engine
+}
+
+// pdFields are the request fields of the PD hand-off protocols.
+type pdFields struct {
+	KVTransferParams json.RawMessage `json:"kv_transfer_params"`
+	BootstrapHost    json.RawMessage `json:"bootstrap_host"`
+	BootstrapPort    json.RawMessage `json:"bootstrap_port"`
+	BootstrapRoom    json.RawMessage `json:"bootstrap_room"`
 }
 
 type streamOptions struct {
@@ -49,6 +62,7 @@ type chatBody struct {
 	Stream               bool            `json:"stream"`
 	StreamOptions        *streamOptions  `json:"stream_options"`
 	ContinueFinalMessage bool            `json:"continue_final_message"`
+	pdFields
 }
 
 type completionBody struct {
@@ -59,6 +73,7 @@ type completionBody struct {
 	N             *int            `json:"n"`
 	Stream        bool            `json:"stream"`
 	StreamOptions *streamOptions  `json:"stream_options"`
+	pdFields
 }
 
 // parseRequest decodes and validates body. Every error is an *Error.
@@ -88,7 +103,7 @@ func parseChat(body []byte) (*request, *Error) {
 	if len(b.Messages) == 0 {
 		return nil, badRequest("messages", "messages must be a non-empty array")
 	}
-	r := &request{api: APIChat, model: b.Model, stream: b.Stream}
+	r := &request{api: APIChat, model: b.Model, stream: b.Stream, pdRaw: b.pdFields}
 	var err *Error
 	if r.prompt, err = renderChat(b.Messages, b.ContinueFinalMessage); err != nil {
 		return nil, err
@@ -108,7 +123,7 @@ func parseCompletion(body []byte) (*request, *Error) {
 	if err := decode(body, &b); err != nil {
 		return nil, err
 	}
-	r := &request{api: APICompletion, model: b.Model, stream: b.Stream}
+	r := &request{api: APICompletion, model: b.Model, stream: b.Stream, pdRaw: b.pdFields}
 	var err *Error
 	if r.prompt, err = completionPrompt(b.Prompt); err != nil {
 		return nil, err

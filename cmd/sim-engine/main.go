@@ -44,6 +44,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	fs.DurationVar(&cfg.PrefillPerToken, "prefill-per-token", def.PrefillPerToken, "latency added before the first token per prompt token")
 	fs.DurationVar(&cfg.ITL, "itl", def.ITL, "delay between tokens")
 	fs.IntVar(&cfg.Slots, "slots", def.Slots, "concurrent sequences; more requests wait in a FIFO queue")
+	role := fs.String("role", string(def.Role), "PD role: regular, prefill or decode")
+	protocol := fs.String("pd-protocol", string(def.PDProtocol), "PD hand-off protocol of a prefill or decode engine: vllm or sglang")
+	fs.StringVar(&cfg.BootstrapHost, "bootstrap-host", def.BootstrapHost, "host a prefill engine's bootstrap side channel listens on and advertises")
+	fs.IntVar(&cfg.BootstrapPort, "bootstrap-port", def.BootstrapPort, "port of a prefill engine's bootstrap side channel (0: any free port)")
+	fs.DurationVar(&cfg.BootstrapTimeout, "bootstrap-timeout", def.BootstrapTimeout, "how long a decode engine waits to reach its prefill (SGLang: for the room to appear)")
 
 	if err := applyEnv(fs, getenv); err != nil {
 		return err
@@ -62,11 +67,17 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return fmt.Errorf("-log-level: %w", err)
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	cfg.Role, cfg.PDProtocol = simengine.Role(*role), simengine.PDProtocol(*protocol)
 
 	eng, err := simengine.New(cfg, simengine.WithLogger(log))
 	if err != nil {
 		return err
 	}
+	defer func() {
+		if err := eng.Close(); err != nil {
+			log.Warn("closing the bootstrap server", "error", err)
+		}
+	}()
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
 		return err
@@ -76,9 +87,18 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
-	// The bound address is logged so that a caller passing port 0 learns it.
-	log.Info("listening", "addr", ln.Addr().String(), "model", cfg.Model,
-		"ttft", cfg.TTFT, "prefill_per_token", cfg.PrefillPerToken, "itl", cfg.ITL, "slots", cfg.Slots)
+	// The bound addresses are logged so that a caller passing port 0 learns
+	// them.
+	attrs := []any{"addr", ln.Addr().String(), "model", cfg.Model,
+		"ttft", cfg.TTFT, "prefill_per_token", cfg.PrefillPerToken, "itl", cfg.ITL, "slots", cfg.Slots,
+		"role", eng.Role()}
+	if eng.Role() != simengine.RoleRegular {
+		attrs = append(attrs, "pd_protocol", eng.PDProtocol())
+	}
+	if a := eng.BootstrapAddr(); a != "" {
+		attrs = append(attrs, "bootstrap_addr", a, "engine_id", eng.EngineID())
+	}
+	log.Info("listening", attrs...)
 
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()

@@ -17,6 +17,13 @@ import (
 // startRun starts run and returns the address it logged.
 func startRun(t *testing.T, ctx context.Context, args []string, env map[string]string) (string, <-chan error) {
 	t.Helper()
+	attrs, done := startRunAttrs(t, ctx, args, env)
+	return attrs["addr"], done
+}
+
+// startRunAttrs starts run and returns the attributes of its listening line.
+func startRunAttrs(t *testing.T, ctx context.Context, args []string, env map[string]string) (map[string]string, <-chan error) {
+	t.Helper()
 	pr, pw := io.Pipe()
 	done := make(chan error, 1)
 	go func() {
@@ -24,31 +31,33 @@ func startRun(t *testing.T, ctx context.Context, args []string, env map[string]s
 		pw.CloseWithError(fmt.Errorf("run returned: %v", err))
 		done <- err
 	}()
-	addr := make(chan string, 1)
+	line := make(chan map[string]string, 1)
 	go func() {
 		sc := bufio.NewScanner(pr)
 		for sc.Scan() {
-			line := sc.Text()
-			if strings.Contains(line, "msg=listening") {
-				for f := range strings.FieldsSeq(line) {
-					if a, ok := strings.CutPrefix(f, "addr="); ok {
-						addr <- a
+			if strings.Contains(sc.Text(), "msg=listening") {
+				attrs := map[string]string{}
+				for f := range strings.FieldsSeq(sc.Text()) {
+					if k, v, ok := strings.Cut(f, "="); ok {
+						attrs[k] = v
 					}
 				}
+				line <- attrs
+				break
 			}
 		}
-		close(addr)
+		close(line)
 	}()
 	select {
-	case a, ok := <-addr:
+	case attrs, ok := <-line:
 		if !ok {
 			t.Fatalf("run ended before listening: %v", <-done)
 		}
 		go func() { _, _ = io.Copy(io.Discard, pr) }()
-		return a, done
+		return attrs, done
 	case <-time.After(10 * time.Second):
 		t.Fatal("no listening line")
-		return "", nil
+		return nil, nil
 	}
 }
 
@@ -105,6 +114,10 @@ func TestRunErrors(t *testing.T) {
 		{"bad log level", []string{"--log-level", "loud", "--listen", "127.0.0.1:0"}, nil},
 		{"bad listen", []string{"--listen", "127.0.0.1:notaport"}, nil},
 		{"extra args", []string{"serve"}, nil},
+		{"bad role", []string{"--role", "both", "--listen", "127.0.0.1:0"}, nil},
+		{"bad pd protocol", []string{"--role", "decode", "--pd-protocol", "nixl", "--listen", "127.0.0.1:0"}, nil},
+		{"bad bootstrap port", []string{"--role", "prefill", "--bootstrap-port", "-1", "--listen", "127.0.0.1:0"}, nil},
+		{"bad bootstrap timeout env", []string{"--listen", "127.0.0.1:0"}, map[string]string{"SIM_ENGINE_BOOTSTRAP_TIMEOUT": "soon"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -113,5 +126,58 @@ func TestRunErrors(t *testing.T) {
 				t.Fatal("run succeeded")
 			}
 		})
+	}
+}
+
+func TestRunPrefillRole(t *testing.T) {
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	attrs, done := startRunAttrs(t, ctx, []string{
+		"--listen", "127.0.0.1:0", "--ttft", "0", "--itl", "0",
+		"--role", "prefill", "--pd-protocol", "sglang", "--bootstrap-port", "0",
+	}, map[string]string{"SIM_ENGINE_BOOTSTRAP_TIMEOUT": "200ms"})
+	if attrs["role"] != "prefill" || attrs["pd_protocol"] != "sglang" || attrs["engine_id"] == "" {
+		t.Fatalf("listening line %v", attrs)
+	}
+	bs := attrs["bootstrap_addr"]
+	host, port, ok := strings.Cut(bs, ":")
+	if !ok || host != "127.0.0.1" || port == "0" || port == "" {
+		t.Fatalf("bootstrap_addr %q", bs)
+	}
+	httpGet := func(url string) (int, error) {
+		req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, url, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return 0, err
+		}
+		resp.Body.Close()
+		return resp.StatusCode, nil
+	}
+	if code, err := httpGet("http://" + bs + "/health"); err != nil || code != http.StatusOK {
+		t.Fatalf("bootstrap /health: %d %v", code, err)
+	}
+	postStatus := func(body string) int {
+		req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, "http://"+attrs["addr"]+"/v1/completions", strings.NewReader(body))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if code := postStatus(`{"prompt":"hi"}`); code != http.StatusBadRequest {
+		t.Fatalf("request without bootstrap fields: %d", code)
+	}
+	if code := postStatus(`{"prompt":"hi","bootstrap_host":"127.0.0.1","bootstrap_port":` + port + `,"bootstrap_room":9223372036854775807}`); code != http.StatusOK {
+		t.Fatalf("prefill leg: %d", code)
+	}
+
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	if _, err := httpGet("http://" + bs + "/health"); err == nil {
+		t.Fatal("bootstrap server still up after run returned")
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"net/http"
 	"sort"
 	"time"
-
 )
 
 type fleetAgent struct {
@@ -85,4 +84,3 @@ func (s *Server) fleet(w http.ResponseWriter, r *http.Request) {
 	})
 	writeJSON(w, http.StatusOK, view)
 }
-
