@@ -42,3 +42,19 @@ type LoadReporter interface {
 type HealthChecker interface {
 	Health(ctx context.Context) error
 }
+
+// Prefiller is implemented by adapters that serve the prefill role of the
+// PD pipeline. Prefill runs the prefill leg of req and calls handoff exactly
+// once with the data the decode leg needs, at the moment the protocol
+// allows: SGLang before (or while) the prefill runs, since the decode engine
+// waits on the bootstrap room; vLLM after the prefill returns its
+// kv_transfer_params. The agent publishes the decode job from handoff. An
+// error after handoff makes the agent fail the request (the broker cancels
+// the decode leg).
+type Prefiller interface {
+	Prefill(ctx context.Context, req *Request, handoff func(*wire.PDHandoff) error) error
+}
+
+// The decode role needs no interface of its own: the agent calls Stream with
+// req.Job.Pd set to the hand-off, and a PD-capable adapter adds the fields
+// its engine needs (bootstrap_* or kv_transfer_params) to the request.

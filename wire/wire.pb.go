@@ -132,6 +132,54 @@ func (Chunk_Kind) EnumDescriptor() ([]byte, []int) {
 	return file_wire_proto_rawDescGZIP(), []int{5, 0}
 }
 
+// Stage tells the prefill leg's messages (accepted, error) from the decode
+// leg's, which carry the sequence numbers.
+type Chunk_Stage int32
+
+const (
+	Chunk_STAGE_MAIN    Chunk_Stage = 0 // regular jobs and the decode leg
+	Chunk_STAGE_PREFILL Chunk_Stage = 1 // the prefill leg of a PD job
+)
+
+// Enum value maps for Chunk_Stage.
+var (
+	Chunk_Stage_name = map[int32]string{
+		0: "STAGE_MAIN",
+		1: "STAGE_PREFILL",
+	}
+	Chunk_Stage_value = map[string]int32{
+		"STAGE_MAIN":    0,
+		"STAGE_PREFILL": 1,
+	}
+)
+
+func (x Chunk_Stage) Enum() *Chunk_Stage {
+	p := new(Chunk_Stage)
+	*p = x
+	return p
+}
+
+func (x Chunk_Stage) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Chunk_Stage) Descriptor() protoreflect.EnumDescriptor {
+	return file_wire_proto_enumTypes[2].Descriptor()
+}
+
+func (Chunk_Stage) Type() protoreflect.EnumType {
+	return &file_wire_proto_enumTypes[2]
+}
+
+func (x Chunk_Stage) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Chunk_Stage.Descriptor instead.
+func (Chunk_Stage) EnumDescriptor() ([]byte, []int) {
+	return file_wire_proto_rawDescGZIP(), []int{5, 1}
+}
+
 // Job is one attempt at one client request, as published on
 // sy.jobs.<model>.<pool>.
 type Job struct {
@@ -559,6 +607,7 @@ type Chunk struct {
 	Usage         *Usage                 `protobuf:"bytes,9,opt,name=usage,proto3" json:"usage,omitempty"`
 	Error         *Error                 `protobuf:"bytes,10,opt,name=error,proto3" json:"error,omitempty"`
 	PrefillAgent  string                 `protobuf:"bytes,11,opt,name=prefill_agent,json=prefillAgent,proto3" json:"prefill_agent,omitempty"` // for PD, in the accepted chunk of the decode stage
+	Stage         Chunk_Stage            `protobuf:"varint,12,opt,name=stage,proto3,enum=switchyard.wire.v1.Chunk_Stage" json:"stage,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -668,6 +717,13 @@ func (x *Chunk) GetPrefillAgent() string {
 		return x.PrefillAgent
 	}
 	return ""
+}
+
+func (x *Chunk) GetStage() Chunk_Stage {
+	if x != nil {
+		return x.Stage
+	}
+	return Chunk_STAGE_MAIN
 }
 
 // Heartbeat is an agent's advertisement, published every interval on
@@ -905,7 +961,7 @@ const file_wire_proto_rawDesc = "" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12\x1f\n" +
 	"\vhttp_status\x18\x03 \x01(\rR\n" +
 	"httpStatus\x12\x1c\n" +
-	"\tretryable\x18\x04 \x01(\bR\tretryable\"\xdf\x03\n" +
+	"\tretryable\x18\x04 \x01(\bR\tretryable\"\xc2\x04\n" +
 	"\x05Chunk\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x18\n" +
@@ -920,7 +976,8 @@ const file_wire_proto_rawDesc = "" +
 	"\x05usage\x18\t \x01(\v2\x19.switchyard.wire.v1.UsageR\x05usage\x12/\n" +
 	"\x05error\x18\n" +
 	" \x01(\v2\x19.switchyard.wire.v1.ErrorR\x05error\x12#\n" +
-	"\rprefill_agent\x18\v \x01(\tR\fprefillAgent\"_\n" +
+	"\rprefill_agent\x18\v \x01(\tR\fprefillAgent\x125\n" +
+	"\x05stage\x18\f \x01(\x0e2\x1f.switchyard.wire.v1.Chunk.StageR\x05stage\"_\n" +
 	"\x04Kind\x12\x14\n" +
 	"\x10KIND_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rKIND_ACCEPTED\x10\x01\x12\x0e\n" +
@@ -929,7 +986,11 @@ const file_wire_proto_rawDesc = "" +
 	"\n" +
 	"KIND_FINAL\x10\x03\x12\x0e\n" +
 	"\n" +
-	"KIND_ERROR\x10\x04\"\xca\x05\n" +
+	"KIND_ERROR\x10\x04\"*\n" +
+	"\x05Stage\x12\x0e\n" +
+	"\n" +
+	"STAGE_MAIN\x10\x00\x12\x11\n" +
+	"\rSTAGE_PREFILL\x10\x01\"\xca\x05\n" +
 	"\tHeartbeat\x12\x19\n" +
 	"\bagent_id\x18\x01 \x01(\tR\aagentId\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x12\x12\n" +
@@ -973,39 +1034,41 @@ func file_wire_proto_rawDescGZIP() []byte {
 	return file_wire_proto_rawDescData
 }
 
-var file_wire_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_wire_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
 var file_wire_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_wire_proto_goTypes = []any{
 	(API)(0),                      // 0: switchyard.wire.v1.API
 	(Chunk_Kind)(0),               // 1: switchyard.wire.v1.Chunk.Kind
-	(*Job)(nil),                   // 2: switchyard.wire.v1.Job
-	(*PDHandoff)(nil),             // 3: switchyard.wire.v1.PDHandoff
-	(*Continuation)(nil),          // 4: switchyard.wire.v1.Continuation
-	(*Usage)(nil),                 // 5: switchyard.wire.v1.Usage
-	(*Error)(nil),                 // 6: switchyard.wire.v1.Error
-	(*Chunk)(nil),                 // 7: switchyard.wire.v1.Chunk
-	(*Heartbeat)(nil),             // 8: switchyard.wire.v1.Heartbeat
-	nil,                           // 9: switchyard.wire.v1.Job.TraceEntry
-	(*timestamppb.Timestamp)(nil), // 10: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 11: google.protobuf.Duration
+	(Chunk_Stage)(0),              // 2: switchyard.wire.v1.Chunk.Stage
+	(*Job)(nil),                   // 3: switchyard.wire.v1.Job
+	(*PDHandoff)(nil),             // 4: switchyard.wire.v1.PDHandoff
+	(*Continuation)(nil),          // 5: switchyard.wire.v1.Continuation
+	(*Usage)(nil),                 // 6: switchyard.wire.v1.Usage
+	(*Error)(nil),                 // 7: switchyard.wire.v1.Error
+	(*Chunk)(nil),                 // 8: switchyard.wire.v1.Chunk
+	(*Heartbeat)(nil),             // 9: switchyard.wire.v1.Heartbeat
+	nil,                           // 10: switchyard.wire.v1.Job.TraceEntry
+	(*timestamppb.Timestamp)(nil), // 11: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 12: google.protobuf.Duration
 }
 var file_wire_proto_depIdxs = []int32{
 	0,  // 0: switchyard.wire.v1.Job.api:type_name -> switchyard.wire.v1.API
-	10, // 1: switchyard.wire.v1.Job.deadline:type_name -> google.protobuf.Timestamp
-	9,  // 2: switchyard.wire.v1.Job.trace:type_name -> switchyard.wire.v1.Job.TraceEntry
-	3,  // 3: switchyard.wire.v1.Job.pd:type_name -> switchyard.wire.v1.PDHandoff
-	4,  // 4: switchyard.wire.v1.Job.continuation:type_name -> switchyard.wire.v1.Continuation
+	11, // 1: switchyard.wire.v1.Job.deadline:type_name -> google.protobuf.Timestamp
+	10, // 2: switchyard.wire.v1.Job.trace:type_name -> switchyard.wire.v1.Job.TraceEntry
+	4,  // 3: switchyard.wire.v1.Job.pd:type_name -> switchyard.wire.v1.PDHandoff
+	5,  // 4: switchyard.wire.v1.Job.continuation:type_name -> switchyard.wire.v1.Continuation
 	1,  // 5: switchyard.wire.v1.Chunk.kind:type_name -> switchyard.wire.v1.Chunk.Kind
-	5,  // 6: switchyard.wire.v1.Chunk.usage:type_name -> switchyard.wire.v1.Usage
-	6,  // 7: switchyard.wire.v1.Chunk.error:type_name -> switchyard.wire.v1.Error
-	10, // 8: switchyard.wire.v1.Heartbeat.ready_since:type_name -> google.protobuf.Timestamp
-	11, // 9: switchyard.wire.v1.Heartbeat.interval:type_name -> google.protobuf.Duration
-	10, // 10: switchyard.wire.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
-	11, // [11:11] is the sub-list for method output_type
-	11, // [11:11] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	6,  // 6: switchyard.wire.v1.Chunk.usage:type_name -> switchyard.wire.v1.Usage
+	7,  // 7: switchyard.wire.v1.Chunk.error:type_name -> switchyard.wire.v1.Error
+	2,  // 8: switchyard.wire.v1.Chunk.stage:type_name -> switchyard.wire.v1.Chunk.Stage
+	11, // 9: switchyard.wire.v1.Heartbeat.ready_since:type_name -> google.protobuf.Timestamp
+	12, // 10: switchyard.wire.v1.Heartbeat.interval:type_name -> google.protobuf.Duration
+	11, // 11: switchyard.wire.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
+	12, // [12:12] is the sub-list for method output_type
+	12, // [12:12] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_wire_proto_init() }
@@ -1019,7 +1082,7 @@ func file_wire_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_wire_proto_rawDesc), len(file_wire_proto_rawDesc)),
-			NumEnums:      2,
+			NumEnums:      3,
 			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   0,
