@@ -29,6 +29,8 @@ type Agent struct {
 	engine Engine
 	subj   subjects.Builder
 	hbSubj string
+	// decodeSubj is built on first use by the (single-model) prefill agent.
+	decodeSubj string
 
 	state      atomic.Value // string: wire.State*
 	readySince atomic.Int64 // unix nanos
@@ -305,14 +307,17 @@ func (a *Agent) handle(ctx context.Context, msg jetstream.Msg) {
 		delete(a.jobs, job.GetRequestId())
 		a.mu.Unlock()
 	}()
-	out.send(&wire.Chunk{Kind: wire.Chunk_KIND_ACCEPTED})
-
 	body, err := streamingBody(job.GetBody())
 	if err != nil {
 		out.fail(&wire.Error{Code: wire.CodeBadRequest, Message: err.Error()})
 		return
 	}
 	req := &Request{RequestID: job.GetRequestId(), API: job.GetApi(), Body: body, Job: job}
+	if a.cfg.Pool == subjects.PoolPrefill {
+		a.prefill(actx, req, out)
+		return
+	}
+	out.send(&wire.Chunk{Kind: wire.Chunk_KIND_ACCEPTED, PrefillAgent: job.GetPd().GetPrefillAgent()})
 	err = a.engine.Stream(actx, req, out.emit)
 	switch {
 	case err == nil:
@@ -330,6 +335,69 @@ func (a *Agent) handle(ctx context.Context, msg jetstream.Msg) {
 		a.log.Warn("engine request failed", "request", job.GetRequestId(), "err", err)
 		out.fail(we)
 	}
+}
+
+// prefill runs the prefill leg of a PD job and publishes its decode job.
+// It reports on the reply subject only in the prefill stage: accepted, and
+// an error if the leg fails; the decode agent owns the token stream.
+func (a *Agent) prefill(ctx context.Context, req *Request, out *stream) {
+	out.stage = wire.Chunk_STAGE_PREFILL
+	out.send(&wire.Chunk{Kind: wire.Chunk_KIND_ACCEPTED})
+	pf, ok := a.engine.(Prefiller)
+	if !ok {
+		out.fail(&wire.Error{Code: wire.CodeInternal, Message: "agent " + a.cfg.ID + " has no prefill-capable engine"})
+		return
+	}
+	handedOff := false
+	handoff := func(h *wire.PDHandoff) error {
+		if handedOff {
+			return errors.New("agent: handoff called twice")
+		}
+		handedOff = true
+		return a.publishDecode(ctx, req.Job, h)
+	}
+	err := pf.Prefill(ctx, req, handoff)
+	if err == nil && !handedOff {
+		err = errors.New("prefill finished without a hand-off")
+	}
+	switch {
+	case err == nil:
+		out.ended = true
+	case context.Cause(ctx) == errCancelled:
+		a.log.Debug("prefill cancelled", "request", req.RequestID)
+	default:
+		var we *wire.Error
+		if !errors.As(err, &we) {
+			we = &wire.Error{Code: wire.CodeEngine, Message: "prefill leg: " + err.Error()}
+		}
+		we.Retryable = !handedOff
+		a.log.Warn("prefill leg failed", "request", req.RequestID, "err", err)
+		out.fail(we)
+	}
+}
+
+// publishDecode sends the decode leg of job to the model's decode queue.
+func (a *Agent) publishDecode(ctx context.Context, job *wire.Job, h *wire.PDHandoff) error {
+	dj := proto.Clone(job).(*wire.Job)
+	h = proto.Clone(h).(*wire.PDHandoff)
+	h.PrefillAgent = a.cfg.ID
+	if h.Protocol == "" {
+		h.Protocol = a.cfg.PDProtocol
+	}
+	dj.Pd = h
+	data, err := proto.Marshal(dj)
+	if err != nil {
+		return err
+	}
+	if a.decodeSubj == "" {
+		if a.decodeSubj, err = a.subj.Jobs(a.cfg.Model, subjects.PoolDecode); err != nil {
+			return err
+		}
+	}
+	if _, err := a.js.Publish(ctx, a.decodeSubj, data); err != nil {
+		return &wire.Error{Code: wire.CodeEngineDown, Message: "publishing the decode job: " + err.Error()}
+	}
+	return nil
 }
 
 // streamingBody sets stream and stream_options.include_usage on an OpenAI
@@ -395,6 +463,13 @@ func (a *Agent) Heartbeat() *wire.Heartbeat {
 		Seq:       a.hbSeq.Add(1),
 		Version:   a.cfg.Version,
 		SentAt:    timestamppb.Now(),
+	}
+	if a.cfg.Pool != subjects.PoolRegular {
+		hb.PdProtocol = a.cfg.PDProtocol
+	}
+	if a.cfg.Pool == subjects.PoolPrefill && a.cfg.BootstrapPort != 0 {
+		hb.BootstrapHost = a.cfg.BootstrapHost
+		hb.BootstrapPort = uint32(a.cfg.BootstrapPort)
 	}
 	if rs := a.readySince.Load(); rs != 0 {
 		hb.ReadySince = timestamppb.New(time.Unix(0, rs))

@@ -40,6 +40,11 @@ type Config struct {
 	Version   string
 	AckWait   time.Duration
 	PullWait  time.Duration
+	// PDProtocol ("vllm" or "sglang") is advertised by prefill and decode
+	// agents; BootstrapHost and BootstrapPort by SGLang prefill agents.
+	PDProtocol    string
+	BootstrapHost string
+	BootstrapPort int
 }
 
 func (c *Config) setDefaults() {
@@ -90,6 +95,9 @@ func (c Config) Validate() error {
 		if _, err := b.Heartbeat(c.Model, c.Pool, c.ID); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	if c.Pool != subjects.PoolRegular && c.PDProtocol != "vllm" && c.PDProtocol != "sglang" {
+		errs = append(errs, fmt.Errorf("pool %s: pd protocol %q: want vllm or sglang", c.Pool, c.PDProtocol))
 	}
 	if c.Slots < 1 {
 		errs = append(errs, fmt.Errorf("slots %d: want at least 1", c.Slots))

@@ -21,6 +21,7 @@ type stream struct {
 	finishReason string
 	tokens       int
 	ended        bool
+	stage        wire.Chunk_Stage
 }
 
 func newStream(a *Agent, job *wire.Job) *stream {
@@ -32,6 +33,7 @@ func (s *stream) send(c *wire.Chunk) error {
 	c.Attempt = s.job.GetAttempt()
 	c.Seq = s.seq
 	c.AgentId = s.a.cfg.ID
+	c.Stage = s.stage
 	s.seq++
 	var err error
 	s.buf, err = proto.MarshalOptions{}.MarshalAppend(s.buf[:0], c)

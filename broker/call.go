@@ -89,7 +89,7 @@ func (b *Broker) Submit(ctx context.Context, req Request) (*Call, error) {
 	route, err := m.Decide(req.Need, b.rand())
 	switch {
 	case errors.Is(err, dispatch.ErrUnsupported):
-		return nil, fmt.Errorf("%w: model %q: %w", ErrUnsupported, model, err)
+		return nil, fmt.Errorf("%w: %v", ErrUnsupported, err)
 	case err != nil:
 		return nil, fmt.Errorf("%w %q: %w", ErrNoCapacity, model, err)
 	}
@@ -184,6 +184,14 @@ func (b *Broker) onReply(m *nats.Msg) {
 	}
 	if chunk.GetAttempt() != c.attempt {
 		return // an abandoned attempt
+	}
+	if chunk.GetStage() == wire.Chunk_STAGE_PREFILL {
+		// The prefill leg speaks only to say it started or failed; its
+		// failure ends the request (Close then cancels the decode leg).
+		if chunk.GetKind() == wire.Chunk_KIND_ERROR {
+			c.fail(fmt.Errorf("request %s: prefill leg on %s: %w", c.ID, chunk.GetAgentId(), chunk.GetError()))
+		}
+		return
 	}
 	switch seq := chunk.GetSeq(); {
 	case seq < c.nextSeq:
@@ -297,7 +305,10 @@ func (c *Call) Close() {
 	m.requests.WithLabelValues(c.Model, c.Route.String(), outcome).Inc()
 	m.e2e.WithLabelValues(c.Model, c.Route.String()).Observe(time.Since(c.Started).Seconds())
 	m.outputTokens.WithLabelValues(c.Model, c.Route.String()).Add(float64(c.tokens))
-	if c.ended.Load() {
+	// A request that ended well needs no cancel; any other end may leave a
+	// leg running (the prefill of a PD request whose decode failed, or the
+	// engine request of a client that went away).
+	if c.ended.Load() && outcome == OutcomeOK {
 		return
 	}
 	if subj, err := c.b.subj.Cancel(c.ID); err == nil {

@@ -7,12 +7,14 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/url"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
 	"github.com/switchyard-ai/switchyard/agent"
 	"github.com/switchyard-ai/switchyard/agent/engine/openai"
+	"github.com/switchyard-ai/switchyard/agent/engine/pd"
 	"github.com/switchyard-ai/switchyard/agent/engine/sim"
 	"github.com/switchyard-ai/switchyard/internal/cli"
 	"github.com/switchyard-ai/switchyard/simengine"
@@ -32,6 +34,9 @@ type options struct {
 	prefix    string
 	simTTFT   time.Duration
 	simITL    time.Duration
+	pdProto   string
+	bsHost    string
+	bsPort    int
 	logFormat string
 	logLevel  string
 }
@@ -41,10 +46,13 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*o
 	fs := flag.NewFlagSet("worker-agent", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&o.natsURL, "nats-url", nats.DefaultURL, "NATS server URLs, comma-separated (the broker's embedded server or a cluster)")
-	fs.StringVar(&o.engine, "engine", "openai", "engine adapter: openai (any OpenAI-compatible server) or sim (in-process simulator)")
+	fs.StringVar(&o.engine, "engine", "openai", "engine adapter: openai (any OpenAI-compatible server), vllm, sglang (OpenAI API plus their PD hand-off), or sim (in-process simulator)")
 	fs.StringVar(&o.engineURL, "engine-url", "http://127.0.0.1:8000", "engine base URL (openai adapter)")
 	fs.StringVar(&o.engineKey, "engine-api-key", "", "API key sent to the engine as a Bearer token")
-	fs.StringVar(&o.role, "role", subjects.PoolRegular, "pool this agent serves: regular")
+	fs.StringVar(&o.role, "role", subjects.PoolRegular, "pool this agent serves: regular, prefill or decode")
+	fs.StringVar(&o.pdProto, "pd-protocol", "", "PD hand-off for --engine sim (vllm or sglang); vllm and sglang engines imply theirs")
+	fs.StringVar(&o.bsHost, "bootstrap-host", "", "SGLang prefill: host of the engine's bootstrap server as decode engines reach it (default: the engine URL's host)")
+	fs.IntVar(&o.bsPort, "bootstrap-port", 8998, "SGLang prefill: the engine's bootstrap port (--disaggregation-bootstrap-port)")
 	fs.StringVar(&o.model, "model", "", "model id to serve (default: the engine's first model from /v1/models)")
 	fs.IntVar(&o.slots, "slots", agent.DefaultSlots, "jobs held at once (the engine's useful concurrency)")
 	fs.DurationVar(&o.heartbeat, "heartbeat", agent.DefaultHeartbeat, "heartbeat interval")
@@ -80,44 +88,13 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err != nil {
 		return err
 	}
-	if o.role != subjects.PoolRegular {
-		return fmt.Errorf("role %q: this build serves regular", o.role)
+	if _, err := subjects.ConsumerName("m", o.role); err != nil {
+		return fmt.Errorf("role %q: want regular, prefill or decode", o.role)
 	}
-	var (
-		eng       agent.Engine
-		transport string
-	)
-	switch o.engine {
-	case "sim":
-		model := o.model
-		if model == "" {
-			model = "sim-model"
-		}
-		o.model = model
-		se, err := simengine.New(simengine.Config{Model: model, TTFT: o.simTTFT, ITL: o.simITL, Slots: o.slots})
-		if err != nil {
-			return err
-		}
-		eng, transport = sim.New(se), "inproc"
-	case "openai":
-		var aopts []openai.Option
-		if o.engineKey != "" {
-			aopts = append(aopts, openai.WithAPIKey(o.engineKey))
-		}
-		oa, err := openai.New(o.engineURL, o.slots, aopts...)
-		if err != nil {
-			return err
-		}
-		if o.model == "" {
-			if o.model, err = firstModel(ctx, oa); err != nil {
-				return err
-			}
-		}
-		eng, transport = oa, "http"
-	default:
-		return fmt.Errorf("engine %q: want openai or sim", o.engine)
+	eng, transport, err := buildEngine(ctx, o)
+	if err != nil {
+		return err
 	}
-
 	nc, err := nats.Connect(o.natsURL,
 		nats.Name("switchyard-agent"),
 		nats.MaxReconnects(-1),
@@ -137,6 +114,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	a, err := agent.New(nc, eng, agent.Config{
 		ID: o.id, Model: o.model, Pool: o.role, Slots: o.slots, Heartbeat: o.heartbeat,
 		Prefix: o.prefix, Engine: o.engine, Transport: transport,
+		PDProtocol: o.pdProto, BootstrapHost: o.bsHost, BootstrapPort: o.bsPort,
 	}, agent.WithLogger(log))
 	if err != nil {
 		return err
@@ -169,4 +147,81 @@ func firstModel(ctx context.Context, oa *openai.Adapter) (string, error) {
 		case <-time.After(delay):
 		}
 	}
+}
+
+// buildEngine makes the adapter that --engine names, wrapped with the PD
+// protocol when the agent serves a prefill or decode pool.
+func buildEngine(ctx context.Context, o *options) (agent.Engine, string, error) {
+	pdRole := o.role != subjects.PoolRegular
+	switch o.engine {
+	case "vllm", "sglang":
+		o.pdProto = o.engine
+	case "sim", "openai":
+	default:
+		return nil, "", fmt.Errorf("engine %q: want openai, vllm, sglang or sim", o.engine)
+	}
+	if o.engine == "openai" && pdRole {
+		return nil, "", fmt.Errorf("role %s needs --engine vllm, sglang or sim: plain OpenAI servers have no PD hand-off", o.role)
+	}
+	if !pdRole {
+		o.pdProto = ""
+	} else if o.pdProto != pd.VLLM && o.pdProto != pd.SGLang {
+		return nil, "", fmt.Errorf("role %s: --pd-protocol %q: want vllm or sglang", o.role, o.pdProto)
+	}
+	var (
+		inner     agent.Engine
+		transport string
+	)
+	if o.engine == "sim" {
+		if o.model == "" {
+			o.model = "sim-model"
+		}
+		cfg := simengine.Config{Model: o.model, TTFT: o.simTTFT, ITL: o.simITL, Slots: o.slots}
+		if pdRole {
+			cfg.Role, cfg.PDProtocol, cfg.BootstrapPort = simengine.Role(o.role), simengine.PDProtocol(o.pdProto), 0
+		}
+		se, err := simengine.New(cfg)
+		if err != nil {
+			return nil, "", err
+		}
+		if o.role == subjects.PoolPrefill && o.pdProto == pd.SGLang {
+			o.bsHost, o.bsPort = se.BootstrapHost(), se.BootstrapPort()
+		}
+		go func() {
+			<-ctx.Done()
+			_ = se.Close()
+		}()
+		inner, transport = sim.New(se), "inproc"
+	} else {
+		var aopts []openai.Option
+		if o.engineKey != "" {
+			aopts = append(aopts, openai.WithAPIKey(o.engineKey))
+		}
+		oa, err := openai.New(o.engineURL, o.slots, aopts...)
+		if err != nil {
+			return nil, "", err
+		}
+		if o.model == "" {
+			if o.model, err = firstModel(ctx, oa); err != nil {
+				return nil, "", err
+			}
+		}
+		if o.bsHost == "" {
+			if u, err := url.Parse(o.engineURL); err == nil {
+				o.bsHost = u.Hostname()
+			}
+		}
+		inner, transport = oa, "http"
+	}
+	if !pdRole {
+		return inner, transport, nil
+	}
+	if o.role != subjects.PoolPrefill || o.pdProto != pd.SGLang {
+		o.bsPort = 0
+	}
+	wrapped, err := pd.New(inner, o.pdProto, pd.WithBootstrap(o.bsHost, o.bsPort))
+	if err != nil {
+		return nil, "", err
+	}
+	return wrapped, transport, nil
 }

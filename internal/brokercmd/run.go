@@ -23,13 +23,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/switchyard-ai/switchyard/agent"
-	"github.com/switchyard-ai/switchyard/agent/engine/sim"
 	"github.com/switchyard-ai/switchyard/broker"
 	"github.com/switchyard-ai/switchyard/dispatch"
 	"github.com/switchyard-ai/switchyard/ingress/openaihttp"
+	"github.com/switchyard-ai/switchyard/internal/agentcmd"
 	"github.com/switchyard-ai/switchyard/internal/cli"
-	"github.com/switchyard-ai/switchyard/simengine"
 	"github.com/switchyard-ai/switchyard/subjects"
 )
 
@@ -62,6 +60,7 @@ type options struct {
 	demoITL       time.Duration
 	demoSlots     int
 	demoModel     string
+	demoPD        string
 	logFormat     string
 	logLevel      string
 }
@@ -87,8 +86,9 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*o
 	fs.StringVar(&o.mode, "dispatch-mode", "capacity", "route weights: capacity, paired or count")
 	fs.DurationVar(&o.slowStart, "slow-start", dispatch.DefaultSlowStart, "ramp of a new agent's slots from the floor to full (0 disables)")
 	fs.BoolVar(&o.demo, "demo", false, "also run simulated agents in-process")
-	fs.StringVar(&o.demoAgents, "demo-agents", "regular=2", "demo agents per pool, e.g. regular=2 (comma-separated pool=count)")
+	fs.StringVar(&o.demoAgents, "demo-agents", "regular=2", "demo agents per pool, e.g. regular=2,prefill=1,decode=1")
 	fs.StringVar(&o.demoModel, "demo-model", "sim-model", "model the demo agents serve")
+	fs.StringVar(&o.demoPD, "demo-pd-protocol", "vllm", "PD hand-off of demo prefill and decode agents: vllm or sglang")
 	fs.DurationVar(&o.demoTTFT, "demo-ttft", 20*time.Millisecond, "demo engines' base time to first token")
 	fs.DurationVar(&o.demoITL, "demo-itl", 10*time.Millisecond, "demo engines' inter-token latency")
 	fs.IntVar(&o.demoSlots, "demo-slots", 8, "demo agents' slots")
@@ -228,36 +228,26 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return err
 	}
 
-	// Demo agents drain when ctx ends, like real agents on SIGTERM.
+	// Demo agents are the real worker-agent command with the in-process
+	// simulator; they drain when ctx ends, as real agents do on SIGTERM.
 	var agents sync.WaitGroup
 	defer agents.Wait()
 	agentsCtx, stopAgents := context.WithCancel(ctx)
 	defer stopAgents()
 	for _, pool := range []string{subjects.PoolRegular, subjects.PoolPrefill, subjects.PoolDecode} {
 		for i := 0; i < demo[pool]; i++ {
-			id := fmt.Sprintf("demo-%s-%d", pool, i+1)
-			eng, err := simengine.New(simengine.Config{Model: o.demoModel, TTFT: o.demoTTFT, ITL: o.demoITL, Slots: o.demoSlots})
-			if err != nil {
-				return err
-			}
-			anc, err := connect("switchyard-" + id)
-			if err != nil {
-				return err
-			}
-			a, err := agent.New(anc, sim.New(eng), agent.Config{
-				ID: id, Model: o.demoModel, Pool: pool, Slots: o.demoSlots, Heartbeat: o.hbInterval,
-				Prefix: o.prefix, Engine: "sim", Transport: "inproc",
-			}, agent.WithLogger(log))
-			if err != nil {
-				anc.Close()
-				return err
+			args := []string{
+				"--nats-url", natsURL, "--engine", "sim", "--role", pool, "--pd-protocol", o.demoPD,
+				"--id", fmt.Sprintf("demo-%s-%d", pool, i+1), "--model", o.demoModel,
+				"--slots", strconv.Itoa(o.demoSlots), "--heartbeat", o.hbInterval.String(),
+				"--prefix", o.prefix, "--sim-ttft", o.demoTTFT.String(), "--sim-itl", o.demoITL.String(),
+				"--log-format", o.logFormat, "--log-level", o.logLevel,
 			}
 			agents.Add(1)
 			go func() {
 				defer agents.Done()
-				defer anc.Close()
-				if err := a.Run(agentsCtx); err != nil {
-					log.Error("demo agent", "agent", id, "err", err)
+				if err := agentcmd.Run(agentsCtx, args, func(string) string { return "" }, io.Discard, stderr); err != nil {
+					log.Error("demo agent", "args", args, "err", err)
 				}
 			}()
 		}

@@ -1,0 +1,212 @@
+// Package pd adds the prefill/decode protocols of vLLM and SGLang to an
+// engine transport (the OpenAI HTTP adapter or the in-process simulator):
+// it rewrites each leg's request with the hand-off fields its engine needs.
+//
+// vLLM (NixlConnector and friends): the prefill leg runs with max_tokens 1,
+// no streaming and kv_transfer_params.do_remote_decode=true; its answer
+// carries kv_transfer_params, which the decode leg sends unchanged.
+//
+// SGLang: both legs carry bootstrap_host, bootstrap_port and bootstrap_room;
+// the prefill agent picks the room, hands off first and runs its leg at the
+// same time as the decode, whose engine pulls the KV cache from the
+// prefill's bootstrap server.
+package pd
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+
+	"github.com/switchyard-ai/switchyard/agent"
+	"github.com/switchyard-ai/switchyard/wire"
+)
+
+// Protocols.
+const (
+	VLLM   = "vllm"
+	SGLang = "sglang"
+)
+
+var (
+	_ agent.Engine    = (*Adapter)(nil)
+	_ agent.Prefiller = (*Adapter)(nil)
+)
+
+// Adapter wraps a transport with one PD protocol.
+type Adapter struct {
+	inner    agent.Engine
+	protocol string
+	host     string
+	port     int
+	rand     func() uint64
+}
+
+// Option configures an Adapter.
+type Option func(*Adapter)
+
+// WithBootstrap sets the SGLang prefill engine's bootstrap server, which
+// the decode engine connects to.
+func WithBootstrap(host string, port int) Option {
+	return func(a *Adapter) { a.host, a.port = host, port }
+}
+
+// WithRand replaces the source of bootstrap rooms.
+func WithRand(r func() uint64) Option { return func(a *Adapter) { a.rand = r } }
+
+// New wraps inner with protocol (VLLM or SGLang).
+func New(inner agent.Engine, protocol string, opts ...Option) (*Adapter, error) {
+	if protocol != VLLM && protocol != SGLang {
+		return nil, fmt.Errorf("pd: protocol %q: want vllm or sglang", protocol)
+	}
+	a := &Adapter{inner: inner, protocol: protocol, rand: rand.Uint64}
+	for _, o := range opts {
+		o(a)
+	}
+	if protocol == SGLang && a.port < 0 {
+		return nil, fmt.Errorf("pd: bootstrap port %d", a.port)
+	}
+	return a, nil
+}
+
+// Protocol returns the adapter's protocol.
+func (a *Adapter) Protocol() string { return a.protocol }
+
+// Health passes through to the transport when it can tell.
+func (a *Adapter) Health(ctx context.Context) error {
+	if h, ok := a.inner.(agent.HealthChecker); ok {
+		return h.Health(ctx)
+	}
+	return nil
+}
+
+// Load passes through to the transport when it can tell.
+func (a *Adapter) Load(ctx context.Context) (agent.Load, error) {
+	if l, ok := a.inner.(agent.LoadReporter); ok {
+		return l.Load(ctx)
+	}
+	return agent.Load{}, errors.New("pd: transport reports no load")
+}
+
+// Stream serves a regular job unchanged and a decode job with its hand-off.
+func (a *Adapter) Stream(ctx context.Context, r *agent.Request, emit func([]byte) error) error {
+	h := r.Job.GetPd()
+	if h == nil {
+		return a.inner.Stream(ctx, r, emit)
+	}
+	var set map[string]json.RawMessage
+	switch a.protocol {
+	case VLLM:
+		if len(h.GetKvTransferParamsJson()) == 0 {
+			return &wire.Error{Code: wire.CodeBadRequest, Message: "decode job without kv_transfer_params from a vLLM prefill"}
+		}
+		set = map[string]json.RawMessage{"kv_transfer_params": h.GetKvTransferParamsJson()}
+	case SGLang:
+		if h.GetBootstrapHost() == "" {
+			return &wire.Error{Code: wire.CodeBadRequest, Message: "decode job without SGLang bootstrap fields"}
+		}
+		set = bootstrapFields(h)
+	}
+	body, err := SetFields(r.Body, set)
+	if err != nil {
+		return err
+	}
+	leg := *r
+	leg.Body = body
+	return a.inner.Stream(ctx, &leg, emit)
+}
+
+func bootstrapFields(h *wire.PDHandoff) map[string]json.RawMessage {
+	host, _ := json.Marshal(h.GetBootstrapHost())
+	return map[string]json.RawMessage{
+		"bootstrap_host": host,
+		"bootstrap_port": json.RawMessage(strconv.FormatUint(uint64(h.GetBootstrapPort()), 10)),
+		// A JSON integer, never a float: rooms use all 63 bits.
+		"bootstrap_room": json.RawMessage(strconv.FormatUint(h.GetBootstrapRoom(), 10)),
+	}
+}
+
+// Prefill runs the prefill leg and hands off as the protocol requires.
+func (a *Adapter) Prefill(ctx context.Context, r *agent.Request, handoff func(*wire.PDHandoff) error) error {
+	switch a.protocol {
+	case SGLang:
+		return a.prefillSGLang(ctx, r, handoff)
+	default:
+		return a.prefillVLLM(ctx, r, handoff)
+	}
+}
+
+func (a *Adapter) prefillSGLang(ctx context.Context, r *agent.Request, handoff func(*wire.PDHandoff) error) error {
+	h := &wire.PDHandoff{
+		Protocol:      SGLang,
+		BootstrapHost: a.host,
+		BootstrapPort: uint32(a.port),
+		BootstrapRoom: a.rand() >> 1, // [0, 2^63-1], as SGLang's router draws it
+	}
+	body, err := SetFields(r.Body, bootstrapFields(h))
+	if err != nil {
+		return err
+	}
+	// Hand off first: the decode engine waits on the room, so the two legs
+	// overlap instead of adding up.
+	if err := handoff(h); err != nil {
+		return err
+	}
+	leg := *r
+	leg.Body = body
+	// The prefill engine's own output is not the client's; drain it.
+	return a.inner.Stream(ctx, &leg, func([]byte) error { return nil })
+}
+
+// vllmPrefillParams asks the prefill engine to keep the KV cache for a
+// remote decode.
+var vllmPrefillParams = json.RawMessage(`{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}`)
+
+func (a *Adapter) prefillVLLM(ctx context.Context, r *agent.Request, handoff func(*wire.PDHandoff) error) error {
+	set := map[string]json.RawMessage{
+		"kv_transfer_params": vllmPrefillParams,
+		"max_tokens":         json.RawMessage("1"),
+		"stream":             json.RawMessage("false"),
+	}
+	body, err := SetFields(r.Body, set, "stream_options", "max_completion_tokens")
+	if err != nil {
+		return err
+	}
+	leg := *r
+	leg.Body = body
+	var params json.RawMessage
+	err = a.inner.Stream(ctx, &leg, func(data []byte) error {
+		var resp struct {
+			KV json.RawMessage `json:"kv_transfer_params"`
+		}
+		if json.Unmarshal(data, &resp) == nil && len(resp.KV) > 0 && string(resp.KV) != "null" {
+			params = append(json.RawMessage(nil), resp.KV...)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if params == nil {
+		return &wire.Error{Code: wire.CodeEngine, Message: "vLLM prefill answered without kv_transfer_params (is the engine started with a KV connector and kv_role kv_producer or kv_both?)"}
+	}
+	return handoff(&wire.PDHandoff{Protocol: VLLM, KvTransferParamsJson: params})
+}
+
+// SetFields returns body with the given top-level members set and the del
+// members removed; every other member is kept as sent.
+func SetFields(body []byte, set map[string]json.RawMessage, del ...string) ([]byte, error) {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(body, &m); err != nil {
+		return nil, &wire.Error{Code: wire.CodeBadRequest, Message: "request body: " + err.Error()}
+	}
+	for _, k := range del {
+		delete(m, k)
+	}
+	for k, v := range set {
+		m[k] = v
+	}
+	return json.Marshal(m)
+}
