@@ -43,6 +43,8 @@ type Broker struct {
 
 	jobSubj sync.Map // jobsKey -> subject, built once per (model, pool)
 	metrics *Metrics
+	routes  sync.Map // model -> *routeStats
+	depth   atomic.Pointer[map[string]map[string]int]
 }
 
 type agentKey struct{ model, id string }
@@ -153,6 +155,18 @@ func (b *Broker) Run(ctx context.Context) error {
 	b.started.Store(b.now().UnixNano())
 	b.log.Info("broker running", "id", b.cfg.ID, "stream", b.cfg.Stream, "prefix", b.cfg.Prefix)
 
+	go func() {
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		for {
+			b.pollDepth(ctx)
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}()
 	tick := time.NewTicker(250 * time.Millisecond)
 	defer tick.Stop()
 	for {

@@ -146,6 +146,7 @@ func (b *Broker) Submit(ctx context.Context, req Request) (*Call, error) {
 		return nil, publishError(subject, err)
 	}
 	b.metrics.inflight.Inc()
+	b.countRoute(model, route)
 	return c, nil
 }
 

@@ -36,7 +36,19 @@ type fleetModel struct {
 	Model   string             `json:"model"`
 	Mode    string             `json:"mode"`
 	Weights map[string]float64 `json:"weights"`
-	Pools   []fleetPool        `json:"pools"`
+	// Share is each route's fraction of the weight: where the next request
+	// goes, in probability.
+	Share  map[string]float64 `json:"share"`
+	Pools  []fleetPool        `json:"pools"`
+	Recent fleetRecent        `json:"recent"`
+	Queue  map[string]int     `json:"queue"`
+}
+
+// fleetRecent is the route split of the requests started recently.
+type fleetRecent struct {
+	WindowSeconds float64 `json:"window_seconds"`
+	Regular       int64   `json:"regular"`
+	PD            int64   `json:"pd"`
 }
 
 type fleetView struct {
@@ -44,6 +56,9 @@ type fleetView struct {
 	Models []fleetModel `json:"models"`
 	Agents []fleetAgent `json:"agents"`
 }
+
+// recentWindow is the span of the fleet view's recent route split.
+const recentWindow = 10 * time.Second
 
 // fleet serves GET /v1/fleet: the capacity table as the dispatcher sees it.
 func (s *Server) fleet(w http.ResponseWriter, r *http.Request) {
@@ -54,10 +69,20 @@ func (s *Server) fleet(w http.ResponseWriter, r *http.Request) {
 		engines[[2]string{hb.GetModel(), hb.GetAgentId()}] = [2]string{hb.GetEngine(), hb.GetTransport()}
 	}
 	view := fleetView{At: time.Now().UTC(), Models: []fleetModel{}, Agents: []fleetAgent{}}
+	depth := s.backend.QueueDepth()
 	for _, name := range f.AllModels() {
 		m, _ := f.Model(name)
 		reg, pd := m.Weights()
-		fm := fleetModel{Model: name, Mode: m.Mode().String(), Weights: map[string]float64{"regular": reg, "pd": pd}}
+		fm := fleetModel{Model: name, Mode: m.Mode().String(), Weights: map[string]float64{"regular": reg, "pd": pd}, Share: map[string]float64{"regular": 0, "pd": 0}}
+		if sum := reg + pd; sum > 0 {
+			fm.Share["regular"], fm.Share["pd"] = reg/sum, pd/sum
+		}
+		rr := s.backend.RecentRoutes(name, recentWindow)
+		fm.Recent = fleetRecent{WindowSeconds: rr.Window.Seconds(), Regular: rr.Regular, PD: rr.PD}
+		fm.Queue = map[string]int{"regular": 0, "prefill": 0, "decode": 0}
+		for pool, n := range depth[name] {
+			fm.Queue[pool] = n
+		}
 		for _, ps := range m.Pools() {
 			fm.Pools = append(fm.Pools, fleetPool{Pool: ps.Pool.String(), Agents: ps.Agents, Eligible: ps.Eligible, Slots: ps.Slots, EffectiveSlots: ps.EffectiveSlots, Active: ps.Active, Free: ps.Free})
 		}

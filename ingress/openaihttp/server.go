@@ -23,6 +23,8 @@ type Backend interface {
 	Ready() error
 	Fleet() *dispatch.Fleet
 	Heartbeats() []*wire.Heartbeat
+	RecentRoutes(model string, window time.Duration) broker.Recent
+	QueueDepth() map[string]map[string]int
 }
 
 // DefaultMaxBody is the largest request body accepted. The broker's embedded

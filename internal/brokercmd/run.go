@@ -212,6 +212,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err != nil {
 		return err
 	}
+	reg.MustRegister(b.Collector())
 	brokerCtx, stopBroker := context.WithCancel(context.WithoutCancel(ctx))
 	brokerDone := make(chan error, 1)
 	go func() { brokerDone <- b.Run(brokerCtx) }()

@@ -1,0 +1,71 @@
+package broker
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/switchyard-ai/switchyard/dispatch"
+)
+
+// fleetCollector exposes the capacity table at scrape time, so the gauges
+// are exactly what dispatch decides on, with no bookkeeping per heartbeat.
+type fleetCollector struct {
+	b                                *Broker
+	weight, agents, slots, eff, free *prometheus.Desc
+	active, queue                    *prometheus.Desc
+}
+
+// Collector returns a Prometheus collector of the broker's fleet: route
+// weights, agents by pool and state, slots, and queue depth.
+func (b *Broker) Collector() prometheus.Collector {
+	mp := []string{"model", "pool"}
+	return &fleetCollector{
+		b:      b,
+		weight: prometheus.NewDesc("switchyard_route_weight", "Current dispatch weight of each route.", []string{"model", "route"}, nil),
+		agents: prometheus.NewDesc("switchyard_agents", "Agents in the capacity table by pool and state (stale: heartbeats missed).", []string{"model", "pool", "state"}, nil),
+		slots:  prometheus.NewDesc("switchyard_pool_slots", "Slots advertised by the pool's eligible agents.", mp, nil),
+		eff:    prometheus.NewDesc("switchyard_pool_effective_slots", "Slots after slow start, as dispatch counts them.", mp, nil),
+		free:   prometheus.NewDesc("switchyard_pool_free_slots", "Effective slots not in use.", mp, nil),
+		active: prometheus.NewDesc("switchyard_pool_active_jobs", "Jobs the pool's agents hold.", mp, nil),
+		queue:  prometheus.NewDesc("switchyard_queue_depth", "Jobs waiting in the pool's queue.", mp, nil),
+	}
+}
+
+func (c *fleetCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.weight, c.agents, c.slots, c.eff, c.free, c.active, c.queue} {
+		ch <- d
+	}
+}
+
+func (c *fleetCollector) Collect(ch chan<- prometheus.Metric) {
+	f := c.b.Fleet()
+	g := prometheus.GaugeValue
+	for _, name := range f.AllModels() {
+		m, _ := f.Model(name)
+		reg, pd := m.Weights()
+		ch <- prometheus.MustNewConstMetric(c.weight, g, reg, name, dispatch.RouteRegular.String())
+		ch <- prometheus.MustNewConstMetric(c.weight, g, pd, name, dispatch.RoutePD.String())
+		for _, p := range m.Pools() {
+			pool := p.Pool.String()
+			ch <- prometheus.MustNewConstMetric(c.slots, g, float64(p.Slots), name, pool)
+			ch <- prometheus.MustNewConstMetric(c.eff, g, p.EffectiveSlots, name, pool)
+			ch <- prometheus.MustNewConstMetric(c.free, g, p.Free, name, pool)
+			ch <- prometheus.MustNewConstMetric(c.active, g, float64(p.Active), name, pool)
+		}
+		counts := map[[2]string]int{}
+		for _, a := range m.Agents() {
+			state := a.State.String()
+			if a.Reason == dispatch.ReasonStale {
+				state = "stale"
+			}
+			counts[[2]string{a.Pool.String(), state}]++
+		}
+		for k, n := range counts {
+			ch <- prometheus.MustNewConstMetric(c.agents, g, float64(n), name, k[0], k[1])
+		}
+	}
+	for model, pools := range c.b.QueueDepth() {
+		for pool, n := range pools {
+			ch <- prometheus.MustNewConstMetric(c.queue, g, float64(n), model, pool)
+		}
+	}
+}
