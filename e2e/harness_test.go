@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/openai/openai-go/v3/option"
+
 	"github.com/switchyard-ai/switchyard/internal/agentcmd"
 	"github.com/switchyard-ai/switchyard/internal/brokercmd"
 	"github.com/switchyard-ai/switchyard/simengine"
@@ -62,6 +64,8 @@ type engine struct {
 	current atomic.Int32
 	peak    atomic.Int32
 	served  atomic.Int32
+	// Stop kills the engine: its listener and connections close at once.
+	Stop func()
 }
 
 func startEngine(t testing.TB, cfg simengine.Config) *engine {
@@ -91,7 +95,8 @@ func startEngine(t testing.TB, cfg simengine.Config) *engine {
 	}
 	srv := &http.Server{Handler: counting}
 	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(func() { _ = srv.Close() })
+	e.Stop = func() { _ = srv.Close(); _ = se.Close() }
+	t.Cleanup(e.Stop)
 	e.URL = "http://" + ln.Addr().String()
 	return e
 }
@@ -248,3 +253,9 @@ func waitEligible(t testing.TB, base string, ids ...string) {
 		return nil
 	})
 }
+
+func simengineConfig(model string) simengine.Config {
+	return simengine.Config{Model: model, TTFT: time.Millisecond, ITL: time.Millisecond, Slots: 4}
+}
+
+func withResponse(dst **http.Response) option.RequestOption { return option.WithResponseInto(dst) }
