@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -32,16 +34,17 @@ type Agent struct {
 	// decodeSubj is built on first use by the (single-model) prefill agent.
 	decodeSubj string
 
-	state      atomic.Value // string: wire.State*
-	readySince atomic.Int64 // unix nanos
-	active     atomic.Int32
-	hbSeq      atomic.Uint32
-	load       atomic.Pointer[Load]
-	stateCh    chan struct{}
+	state       atomic.Value // string: wire.State*
+	readySince  atomic.Int64 // unix nanos
+	active      atomic.Int32
+	hbSeq       atomic.Uint32
+	load        atomic.Pointer[Load]
+	lastHandoff atomic.Int64 // unix nanos of the last decode job published
+	stateCh     chan struct{}
 
 	mu        sync.Mutex // guards jobs and cancelled
-	jobs      map[string]context.CancelCauseFunc
-	cancelled map[string]time.Time
+	jobs      map[string]heldJob
+	cancelled map[string]cancelMark
 }
 
 // New returns an agent that serves engine over nc (owned by the caller).
@@ -62,8 +65,8 @@ func New(nc *nats.Conn, engine Engine, cfg Config, opts ...Option) (*Agent, erro
 		engine:    engine,
 		subj:      subjects.Must(cfg.Prefix),
 		stateCh:   make(chan struct{}, 1),
-		jobs:      make(map[string]context.CancelCauseFunc),
-		cancelled: make(map[string]time.Time),
+		jobs:      make(map[string]heldJob),
+		cancelled: make(map[string]cancelMark),
 	}
 	a.hbSubj, _ = a.subj.Heartbeat(cfg.Model, cfg.Pool, cfg.ID)
 	a.state.Store(wire.StateWarming)
@@ -143,6 +146,14 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.log.Info("agent draining", "active", a.Active())
 	workers.Wait()
 	jobs.Wait()
+	// A prefill engine keeps each hand-off (KV cache, bootstrap room) for
+	// its decode leg; stay up until the last one has had time to be taken.
+	if last := a.lastHandoff.Load(); last != 0 {
+		if wait := time.Until(time.Unix(0, last).Add(a.cfg.HandoffGrace)); wait > 0 {
+			a.log.Info("waiting for decode legs to take the last hand-offs", "wait", wait)
+			time.Sleep(wait)
+		}
+	}
 	a.log.Info("agent drained")
 	return nil
 }
@@ -236,35 +247,59 @@ func (a *Agent) slot(ctx context.Context, cons jetstream.Consumer, jobs *sync.Wa
 // cancelledTTL is how long a cancel is remembered for jobs not yet pulled.
 const cancelledTTL = 5 * time.Minute
 
+// onCancel handles sy.cancel.<request>. The payload, when present, is the
+// highest attempt to cancel (decimal): the broker cancels an abandoned
+// attempt without touching the retry that replaces it. No payload cancels
+// every attempt.
 func (a *Agent) onCancel(m *nats.Msg) {
 	id, err := a.subj.ParseCancel(m.Subject)
 	if err != nil {
 		return
 	}
+	upTo := uint32(math.MaxUint32)
+	if len(m.Data) > 0 {
+		n, err := strconv.ParseUint(string(m.Data), 10, 32)
+		if err != nil {
+			return
+		}
+		upTo = uint32(n)
+	}
 	now := time.Now()
 	a.mu.Lock()
-	cancel := a.jobs[id]
-	a.cancelled[id] = now
+	j, held := a.jobs[id]
+	if c, ok := a.cancelled[id]; !ok || upTo > c.upTo {
+		a.cancelled[id] = cancelMark{upTo: upTo, at: now}
+	}
 	if len(a.cancelled) > 1024 {
-		for k, t := range a.cancelled {
-			if now.Sub(t) > cancelledTTL {
+		for k, c := range a.cancelled {
+			if now.Sub(c.at) > cancelledTTL {
 				delete(a.cancelled, k)
 			}
 		}
 	}
 	a.mu.Unlock()
-	if cancel != nil {
-		cancel(errCancelled)
+	if held && j.attempt <= upTo {
+		j.cancel(errCancelled)
 	}
 }
 
 var errCancelled = errors.New("cancelled by the broker")
 
-func (a *Agent) wasCancelled(id string) bool {
+type cancelMark struct {
+	upTo uint32
+	at   time.Time
+}
+
+type heldJob struct {
+	attempt uint32
+	cancel  context.CancelCauseFunc
+}
+
+func (a *Agent) wasCancelled(id string, attempt uint32) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	_, ok := a.cancelled[id]
-	return ok
+	c, ok := a.cancelled[id]
+	return ok && attempt <= c.upTo
 }
 
 // handle runs one job to its end.
@@ -281,7 +316,7 @@ func (a *Agent) handle(ctx context.Context, msg jetstream.Msg) {
 		out.fail(&wire.Error{Code: wire.CodeDeadlineExceeded, Message: "job deadline passed before it started"})
 		return
 	}
-	if a.wasCancelled(job.GetRequestId()) {
+	if a.wasCancelled(job.GetRequestId(), job.GetAttempt()) {
 		_ = msg.Term()
 		return
 	}
@@ -298,7 +333,7 @@ func (a *Agent) handle(ctx context.Context, msg jetstream.Msg) {
 		return
 	}
 	a.mu.Lock()
-	a.jobs[job.GetRequestId()] = cancel
+	a.jobs[job.GetRequestId()] = heldJob{attempt: job.GetAttempt(), cancel: cancel}
 	a.mu.Unlock()
 	a.active.Add(1)
 	defer func() {
@@ -331,7 +366,9 @@ func (a *Agent) handle(ctx context.Context, msg jetstream.Msg) {
 		if !errors.As(err, &we) {
 			we = &wire.Error{Code: wire.CodeEngine, Message: err.Error()}
 		}
-		we.Retryable = out.tokens == 0
+		// Safe to run again elsewhere only if the client saw nothing and the
+		// engine did not judge the request itself bad.
+		we.Retryable = out.tokens == 0 && we.Code != wire.CodeBadRequest
 		a.log.Warn("engine request failed", "request", job.GetRequestId(), "err", err)
 		out.fail(we)
 	}
@@ -354,6 +391,7 @@ func (a *Agent) prefill(ctx context.Context, req *Request, out *stream) {
 			return errors.New("agent: handoff called twice")
 		}
 		handedOff = true
+		a.lastHandoff.Store(time.Now().UnixNano())
 		return a.publishDecode(ctx, req.Job, h)
 	}
 	err := pf.Prefill(ctx, req, handoff)
@@ -370,7 +408,7 @@ func (a *Agent) prefill(ctx context.Context, req *Request, out *stream) {
 		if !errors.As(err, &we) {
 			we = &wire.Error{Code: wire.CodeEngine, Message: "prefill leg: " + err.Error()}
 		}
-		we.Retryable = !handedOff
+		we.Retryable = !handedOff && we.Code != wire.CodeBadRequest
 		a.log.Warn("prefill leg failed", "request", req.RequestID, "err", err)
 		out.fail(we)
 	}

@@ -24,6 +24,9 @@ const (
 	// DefaultPullWait bounds one pull request; a draining agent stops
 	// within this.
 	DefaultPullWait = 2 * time.Second
+	// DefaultHandoffGrace covers a decode agent's pull and its engine's KV
+	// fetch after the prefill agent published the decode job.
+	DefaultHandoffGrace = 3 * time.Second
 )
 
 // Config is what an agent needs; zero fields take the defaults.
@@ -45,6 +48,9 @@ type Config struct {
 	PDProtocol    string
 	BootstrapHost string
 	BootstrapPort int
+	// HandoffGrace is how long a draining prefill agent stays after its last
+	// hand-off, so the decode leg can still take the KV cache.
+	HandoffGrace time.Duration
 }
 
 func (c *Config) setDefaults() {
@@ -75,6 +81,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.PullWait == 0 {
 		c.PullWait = DefaultPullWait
+	}
+	if c.HandoffGrace == 0 {
+		c.HandoffGrace = DefaultHandoffGrace
 	}
 	if c.Version == "" {
 		c.Version = "dev"

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -34,6 +35,11 @@ type Request struct {
 // Call is one request in flight. The ingress reads its chunks with Next and
 // must Close it when done, which cancels the engine request if it has not
 // finished.
+//
+// Until the first token reaches the client, the call retries on its own: an
+// attempt that fails with a retryable error, whose agent dies, or that sits
+// in a queue no live agent serves, is abandoned (cancelled by attempt
+// number, so late chunks are dropped) and dispatched again.
 type Call struct {
 	ID       string
 	Model    string
@@ -42,10 +48,13 @@ type Call struct {
 	Started  time.Time
 
 	b       *Broker
+	req     Request
+	replyTo string
 	ch      chan *wire.Chunk
-	attempt uint32
-	nextSeq uint64 // touched only by the reply subscription's goroutine
 
+	mu       sync.Mutex // guards attempt and nextSeq (reply goroutine vs reader)
+	attempt  uint32
+	nextSeq  uint64
 	failOnce sync.Once
 	failed   chan struct{}
 	failErr  error
@@ -55,6 +64,9 @@ type Call struct {
 
 	// Owned by the reading goroutine.
 	deadline, stall *time.Timer
+	attemptStart    time.Time
+	agent           string // the agent that accepted the current attempt
+	retries         int
 	firstToken      time.Time
 	lastToken       time.Time
 	tokens          int
@@ -79,29 +91,11 @@ func (b *Broker) Submit(ctx context.Context, req Request) (*Call, error) {
 		}
 		model = models[0]
 	}
-	m, ok := fleet.Model(model)
-	if !ok {
+	if _, ok := fleet.Model(model); !ok {
 		if b.knownModel(model) {
 			return nil, fmt.Errorf("%w %q", ErrNoCapacity, model)
 		}
 		return nil, fmt.Errorf("%w %q: served models: %s", ErrUnknownModel, model, strings.Join(fleet.Models(), ", "))
-	}
-	route, err := m.Decide(req.Need, b.rand())
-	switch {
-	case errors.Is(err, dispatch.ErrUnsupported):
-		return nil, fmt.Errorf("%w: %v", ErrUnsupported, err)
-	case err != nil:
-		return nil, fmt.Errorf("%w %q: %w", ErrNoCapacity, model, err)
-	}
-	pool := subjects.PoolRegular
-	var pd *wire.PDHandoff
-	if route == dispatch.RoutePD {
-		pool = subjects.PoolPrefill
-		pd = &wire.PDHandoff{}
-	}
-	subject, err := b.jobsSubject(model, pool)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrUnknownModel, err)
 	}
 	now := b.now()
 	deadline := req.Deadline
@@ -111,43 +105,127 @@ func (b *Broker) Submit(ctx context.Context, req Request) (*Call, error) {
 	c := &Call{
 		ID:       b.newRequestID(),
 		Model:    model,
-		Route:    route,
 		Deadline: deadline,
 		Started:  now,
 		b:        b,
+		req:      req,
 		ch:       make(chan *wire.Chunk, b.cfg.ChunkBuffer),
 		failed:   make(chan struct{}),
 	}
-	reply, err := b.subj.Reply(b.cfg.ID, c.ID)
-	if err != nil {
+	var err error
+	if c.replyTo, err = b.subj.Reply(b.cfg.ID, c.ID); err != nil {
 		return nil, err
 	}
+	// Register before publishing: an agent may answer before Publish returns.
+	b.calls.Store(c.ID, c)
+	if err := c.dispatch(ctx); err != nil {
+		b.calls.Delete(c.ID)
+		return nil, err
+	}
+	b.metrics.inflight.Inc()
+	return c, nil
+}
+
+// dispatch decides the route of the current attempt and publishes its job.
+func (c *Call) dispatch(ctx context.Context) error {
+	b := c.b
+	m, ok := b.table.Load().Model(c.Model)
+	if !ok {
+		return fmt.Errorf("%w %q", ErrNoCapacity, c.Model)
+	}
+	route, err := m.Decide(c.req.Need, b.rand())
+	switch {
+	case errors.Is(err, dispatch.ErrUnsupported):
+		return fmt.Errorf("%w: %v", ErrUnsupported, err)
+	case err != nil:
+		return fmt.Errorf("%w %q: %w", ErrNoCapacity, c.Model, err)
+	}
+	pool := subjects.PoolRegular
+	var pd *wire.PDHandoff
+	if route == dispatch.RoutePD {
+		pool = subjects.PoolPrefill
+		pd = &wire.PDHandoff{}
+	}
+	subject, err := b.jobsSubject(c.Model, pool)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrUnknownModel, err)
+	}
+	c.mu.Lock()
+	attempt := c.attempt
+	c.mu.Unlock()
 	job := &wire.Job{
 		RequestId:       c.ID,
-		Model:           model,
-		Api:             req.API,
-		Stream:          req.Stream,
-		Body:            req.Body,
-		ReplySubject:    reply,
-		Deadline:        timestamppb.New(deadline),
-		Trace:           req.Trace,
-		ClientRequestId: req.ClientRequestID,
+		Attempt:         attempt,
+		Model:           c.Model,
+		Api:             c.req.API,
+		Stream:          c.req.Stream,
+		Body:            c.req.Body,
+		ReplySubject:    c.replyTo,
+		Deadline:        timestamppb.New(c.Deadline),
+		Trace:           c.req.Trace,
+		ClientRequestId: c.req.ClientRequestID,
 		BrokerId:        b.cfg.ID,
 		Pd:              pd,
 	}
 	data, err := proto.Marshal(job)
 	if err != nil {
-		return nil, fmt.Errorf("broker: encode job: %w", err)
+		return fmt.Errorf("broker: encode job: %w", err)
 	}
-	// Register before publishing: an agent may answer before Publish returns.
-	b.calls.Store(c.ID, c)
+	c.Route = route
+	c.attemptStart = b.now()
+	c.agent = ""
 	if _, err := b.js.Publish(ctx, subject, data); err != nil {
-		b.calls.Delete(c.ID)
-		return nil, publishError(subject, err)
+		return publishError(subject, err)
 	}
-	b.metrics.inflight.Inc()
-	b.countRoute(model, route)
-	return c, nil
+	b.countRoute(c.Model, route)
+	return nil
+}
+
+// retry abandons the current attempt and dispatches the next one. It is
+// called by the reader before any token reached the client.
+func (c *Call) retry(ctx context.Context, why error) error {
+	if c.retries >= c.b.cfg.RetryLimit {
+		return fmt.Errorf("request %s: %d retries: %w", c.ID, c.retries, why)
+	}
+	c.retries++
+	c.mu.Lock()
+	old := c.attempt
+	c.attempt++
+	c.nextSeq = 0
+	c.mu.Unlock()
+	c.cancelAttempt(old)
+	c.b.metrics.retries.WithLabelValues(retryReason(why)).Inc()
+	c.b.log.Info("retrying request", "request", c.ID, "attempt", old+1, "reason", why)
+	if err := c.dispatch(ctx); err != nil {
+		return fmt.Errorf("request %s: retry after %v: %w", c.ID, why, err)
+	}
+	return nil
+}
+
+func retryReason(err error) string {
+	switch {
+	case errors.Is(err, errNotTaken):
+		return "not_taken"
+	case errors.Is(err, errAgentLost):
+		return "agent_lost"
+	}
+	return "attempt_failed"
+}
+
+var (
+	errNotTaken  = errors.New("no live agent took the job")
+	errAgentLost = errors.New("agent lost before the first token")
+)
+
+// cancelAttempt tells agents to drop attempts up to and including attempt.
+func (c *Call) cancelAttempt(attempt uint32) {
+	subj, err := c.b.subj.Cancel(c.ID)
+	if err != nil {
+		return
+	}
+	if err := c.b.nc.Publish(subj, strconv.AppendUint(nil, uint64(attempt), 10)); err != nil {
+		c.b.log.Warn("cancel not published", "request", c.ID, "err", err)
+	}
 }
 
 // JetStream's code for a store failure, which a per-subject bound with
@@ -183,25 +261,27 @@ func (b *Broker) onReply(m *nats.Msg) {
 		c.fail(fmt.Errorf("%w: request %s: undecodable chunk: %v", ErrStreamBroken, c.ID, err))
 		return
 	}
+	c.mu.Lock()
 	if chunk.GetAttempt() != c.attempt {
+		c.mu.Unlock()
 		return // an abandoned attempt
 	}
-	if chunk.GetStage() == wire.Chunk_STAGE_PREFILL {
-		// The prefill leg speaks only to say it started or failed; its
-		// failure ends the request (Close then cancels the decode leg).
-		if chunk.GetKind() == wire.Chunk_KIND_ERROR {
-			c.fail(fmt.Errorf("request %s: prefill leg on %s: %w", c.ID, chunk.GetAgentId(), chunk.GetError()))
+	// The prefill leg speaks only to say it started or failed, outside the
+	// decode leg's sequence.
+	if chunk.GetStage() != wire.Chunk_STAGE_PREFILL {
+		switch seq := chunk.GetSeq(); {
+		case seq < c.nextSeq:
+			c.mu.Unlock()
+			return // duplicate
+		case seq > c.nextSeq:
+			want := c.nextSeq
+			c.mu.Unlock()
+			c.fail(fmt.Errorf("%w: request %s: chunk %d missing (got %d)", ErrStreamBroken, c.ID, want, seq))
+			return
 		}
-		return
+		c.nextSeq++
 	}
-	switch seq := chunk.GetSeq(); {
-	case seq < c.nextSeq:
-		return // duplicate
-	case seq > c.nextSeq:
-		c.fail(fmt.Errorf("%w: request %s: chunk %d missing (got %d)", ErrStreamBroken, c.ID, c.nextSeq, seq))
-		return
-	}
-	c.nextSeq++
+	c.mu.Unlock()
 	select {
 	case c.ch <- chunk:
 	default:
@@ -219,14 +299,9 @@ func (c *Call) fail(err error) {
 // Next returns the next chunk in sequence order: accepted, tokens, then one
 // final or error chunk. It returns an error when ctx ends, the deadline
 // passes, the agent stalls or the stream breaks; after a final or error
-// chunk it must not be called again.
+// chunk it must not be called again. Before the first token it retries
+// failed or stuck attempts itself.
 func (c *Call) Next(ctx context.Context) (*wire.Chunk, error) {
-	// Chunks already buffered win over a failure noticed later.
-	select {
-	case ch := <-c.ch:
-		return c.deliver(ch), nil
-	default:
-	}
 	// One goroutine reads a call, so its timers are reused across chunks.
 	if c.deadline == nil {
 		c.deadline = time.NewTimer(time.Until(c.Deadline))
@@ -234,18 +309,92 @@ func (c *Call) Next(ctx context.Context) (*wire.Chunk, error) {
 	} else {
 		c.stall.Reset(c.b.cfg.StallTimeout)
 	}
-	select {
-	case ch := <-c.ch:
-		return c.deliver(ch), nil
-	case <-c.failed:
-		return nil, c.failErr
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	case <-c.deadline.C:
-		return nil, fmt.Errorf("%w: request %s", ErrTimeout, c.ID)
-	case <-c.stall.C:
-		return nil, fmt.Errorf("%w: request %s: nothing for %s", ErrStalled, c.ID, c.b.cfg.StallTimeout)
+	var watch <-chan time.Time
+	if c.firstToken.IsZero() {
+		t := time.NewTicker(c.b.cfg.WatchInterval)
+		defer t.Stop()
+		watch = t.C
 	}
+	for {
+		// Chunks already buffered win over a failure noticed later.
+		var ch *wire.Chunk
+		select {
+		case ch = <-c.ch:
+		default:
+			select {
+			case ch = <-c.ch:
+			case <-c.failed:
+				return nil, c.failErr
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-c.deadline.C:
+				return nil, fmt.Errorf("%w: request %s", ErrTimeout, c.ID)
+			case <-c.stall.C:
+				return nil, fmt.Errorf("%w: request %s: nothing for %s", ErrStalled, c.ID, c.b.cfg.StallTimeout)
+			case <-watch:
+				if why := c.stuck(); why != nil {
+					if err := c.retry(ctx, why); err != nil {
+						return nil, err
+					}
+					c.stall.Reset(c.b.cfg.StallTimeout)
+				}
+				continue
+			}
+		}
+		c.mu.Lock()
+		current := ch.GetAttempt() == c.attempt
+		c.mu.Unlock()
+		if !current {
+			continue // queued before the attempt was abandoned
+		}
+		if ch.GetKind() == wire.Chunk_KIND_ACCEPTED && ch.GetStage() != wire.Chunk_STAGE_PREFILL {
+			c.agent = ch.GetAgentId()
+		}
+		if ch.GetKind() == wire.Chunk_KIND_ERROR && c.firstToken.IsZero() && ch.GetError().GetRetryable() {
+			if err := c.retry(ctx, fmt.Errorf("attempt %d on %s: %w", ch.GetAttempt(), ch.GetAgentId(), ch.GetError())); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		if ch.GetStage() == wire.Chunk_STAGE_PREFILL {
+			if ch.GetKind() == wire.Chunk_KIND_ERROR {
+				// The prefill leg failed after handing off: the request ends
+				// (Close cancels the decode leg).
+				c.ended.Store(true)
+				c.outcome = OutcomeError
+				return nil, fmt.Errorf("request %s: prefill leg on %s: %w", c.ID, ch.GetAgentId(), ch.GetError())
+			}
+			continue
+		}
+		return c.deliver(ch), nil
+	}
+}
+
+// stuck reports why the current attempt should be abandoned before its
+// first token: nobody can take its job, or the agent that took it is gone.
+func (c *Call) stuck() error {
+	if c.b.now().Sub(c.attemptStart) < c.b.cfg.AcceptTimeout {
+		return nil
+	}
+	m, ok := c.b.table.Load().Model(c.Model)
+	if !ok {
+		return nil
+	}
+	if c.agent == "" {
+		if !m.Eligible(c.Route) {
+			return fmt.Errorf("%w: route %s of %q has no eligible agent", errNotTaken, c.Route, c.Model)
+		}
+		return nil
+	}
+	for _, a := range m.Agents() {
+		if a.ID == c.agent {
+			if a.Reason == dispatch.ReasonStale {
+				return fmt.Errorf("%w: %s stopped heartbeating", errAgentLost, c.agent)
+			}
+			return nil
+		}
+	}
+	return fmt.Errorf("%w: %s left the table", errAgentLost, c.agent)
 }
 
 func (c *Call) deliver(ch *wire.Chunk) *wire.Chunk {
@@ -312,9 +461,8 @@ func (c *Call) Close() {
 	if c.ended.Load() && outcome == OutcomeOK {
 		return
 	}
-	if subj, err := c.b.subj.Cancel(c.ID); err == nil {
-		if err := c.b.nc.Publish(subj, nil); err != nil {
-			c.b.log.Warn("cancel not published", "request", c.ID, "err", err)
-		}
-	}
+	c.mu.Lock()
+	attempt := c.attempt
+	c.mu.Unlock()
+	c.cancelAttempt(attempt)
 }

@@ -19,6 +19,9 @@ const (
 	DefaultRequestTimeout    = 10 * time.Minute
 	DefaultChunkBuffer       = 512
 	DefaultStallTimeout      = 30 * time.Second
+	DefaultRetryLimit        = 2
+	DefaultAcceptTimeout     = time.Second
+	DefaultWatchInterval     = 250 * time.Millisecond
 )
 
 // Config is what a broker needs; zero fields take the defaults above.
@@ -44,6 +47,13 @@ type Config struct {
 	ChunkBuffer int
 	// StallTimeout ends a request whose agent sends nothing for this long.
 	StallTimeout time.Duration
+	// RetryLimit bounds the retries of a request before its first token.
+	RetryLimit int
+	// AcceptTimeout is how long an attempt may wait for an agent before the
+	// broker checks whether anyone can take it (or whether its agent died).
+	AcceptTimeout time.Duration
+	// WatchInterval is how often a waiting request checks its attempt.
+	WatchInterval time.Duration
 	// Dispatch configures the routing decision.
 	Dispatch dispatch.Config
 }

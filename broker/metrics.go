@@ -15,6 +15,7 @@ type Metrics struct {
 	e2e          *prometheus.HistogramVec
 	outputTokens *prometheus.CounterVec
 	rejections   *prometheus.CounterVec
+	retries      *prometheus.CounterVec
 }
 
 // Latency buckets for LLM serving, in seconds: TTFT spans milliseconds
@@ -46,6 +47,9 @@ func NewMetrics() *Metrics {
 		outputTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_output_tokens_total", Help: "Completion tokens relayed to clients.",
 		}, []string{"model", "route"}),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_retries_total", Help: "Attempts abandoned before the first token and dispatched again, by reason.",
+		}, []string{"reason"}),
 		rejections: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_rejections_total", Help: "Requests refused before dispatch, by reason.",
 		}, []string{"reason"}),
@@ -54,7 +58,7 @@ func NewMetrics() *Metrics {
 
 // Register adds every collector to r.
 func (m *Metrics) Register(r prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.requests, m.inflight, m.ttft, m.itl, m.e2e, m.outputTokens, m.rejections} {
+	for _, c := range []prometheus.Collector{m.requests, m.inflight, m.ttft, m.itl, m.e2e, m.outputTokens, m.rejections, m.retries} {
 		if err := r.Register(c); err != nil {
 			return err
 		}

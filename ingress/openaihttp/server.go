@@ -198,6 +198,8 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, call *broker.Cal
 		}
 		switch c.GetKind() {
 		case wire.Chunk_KIND_ACCEPTED:
+			// A retry may have moved the request to another route.
+			w.Header().Set("X-Switchyard-Route", call.Route.String())
 			w.Header().Set("X-Switchyard-Agent", agentHeader(c))
 		case wire.Chunk_KIND_TOKEN:
 			if !started {
@@ -257,6 +259,8 @@ func (s *Server) assemble(w http.ResponseWriter, r *http.Request, call *broker.C
 		}
 		switch c.GetKind() {
 		case wire.Chunk_KIND_ACCEPTED:
+			// A retry may have moved the request to another route.
+			w.Header().Set("X-Switchyard-Route", call.Route.String())
 			w.Header().Set("X-Switchyard-Agent", agentHeader(c))
 		case wire.Chunk_KIND_TOKEN:
 			if head.ID == "" {

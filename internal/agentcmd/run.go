@@ -37,6 +37,7 @@ type options struct {
 	pdProto   string
 	bsHost    string
 	bsPort    int
+	closers   []func() error
 	logFormat string
 	logLevel  string
 }
@@ -92,6 +93,11 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return fmt.Errorf("role %q: want regular, prefill or decode", o.role)
 	}
 	eng, transport, err := buildEngine(ctx, o)
+	defer func() {
+		for _, c := range o.closers {
+			_ = c()
+		}
+	}()
 	if err != nil {
 		return err
 	}
@@ -187,10 +193,7 @@ func buildEngine(ctx context.Context, o *options) (agent.Engine, string, error) 
 		if o.role == subjects.PoolPrefill && o.pdProto == pd.SGLang {
 			o.bsHost, o.bsPort = se.BootstrapHost(), se.BootstrapPort()
 		}
-		go func() {
-			<-ctx.Done()
-			_ = se.Close()
-		}()
+		o.closers = append(o.closers, se.Close) // after the agent drained
 		inner, transport = sim.New(se), "inproc"
 	} else {
 		var aopts []openai.Option
