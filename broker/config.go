@@ -86,6 +86,15 @@ func (c *Config) setDefaults() {
 	if c.StallTimeout == 0 {
 		c.StallTimeout = DefaultStallTimeout
 	}
+	if c.RetryLimit == 0 {
+		c.RetryLimit = DefaultRetryLimit
+	}
+	if c.AcceptTimeout == 0 {
+		c.AcceptTimeout = DefaultAcceptTimeout
+	}
+	if c.WatchInterval == 0 {
+		c.WatchInterval = DefaultWatchInterval
+	}
 }
 
 // Validate reports what is wrong with c after defaults are applied.

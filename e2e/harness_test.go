@@ -220,6 +220,33 @@ type fleet struct {
 	} `json:"agents"`
 }
 
+// fleetFull adds the per-model view.
+type fleetFull struct {
+	Models []struct {
+		Model string             `json:"model"`
+		Share map[string]float64 `json:"share"`
+		Queue map[string]int     `json:"queue"`
+	} `json:"models"`
+	Agents []struct {
+		ID             string  `json:"id"`
+		Pool           string  `json:"pool"`
+		Active         int     `json:"active"`
+		EffectiveSlots float64 `json:"effective_slots"`
+	} `json:"agents"`
+}
+
+func getFleetFull(t testing.TB, base string) fleetFull {
+	resp, err := http.Get(base + "/v1/fleet")
+	if err != nil {
+		t.Error(err)
+		return fleetFull{}
+	}
+	defer resp.Body.Close()
+	var f fleetFull
+	_ = json.NewDecoder(resp.Body).Decode(&f)
+	return f
+}
+
 func getFleet(t testing.TB, base string) fleet {
 	t.Helper()
 	resp, err := http.Get(base + "/v1/fleet")

@@ -191,6 +191,7 @@ func TestOpenAISDK(t *testing.T) {
 type streamResult struct {
 	text   string
 	agent  string
+	route  string
 	done   bool
 	status int
 	errMsg string
@@ -209,7 +210,7 @@ func rawStream(ctx context.Context, base, prompt string, maxTokens int) (streamR
 		return streamResult{}, err
 	}
 	defer resp.Body.Close()
-	r := streamResult{status: resp.StatusCode, agent: resp.Header.Get("X-Switchyard-Agent")}
+	r := streamResult{status: resp.StatusCode, agent: resp.Header.Get("X-Switchyard-Agent"), route: resp.Header.Get("X-Switchyard-Route")}
 	data, err := io.ReadAll(resp.Body)
 	if err != nil {
 		return r, err

@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"time"
 
+	"google.golang.org/grpc"
+
 	"github.com/switchyard-ai/switchyard/simengine"
 )
 
@@ -38,6 +40,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	def := simengine.DefaultConfig()
 	cfg := def
 	listen := fs.String("listen", "127.0.0.1:8000", "address to listen on")
+	grpcListen := fs.String("grpc-listen", "", "address to serve vLLM's gRPC engine service (vllm.grpc.engine.VllmEngine) on; empty: off")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
 	fs.StringVar(&cfg.Model, "model", def.Model, "served model name")
 	fs.DurationVar(&cfg.TTFT, "ttft", def.TTFT, "base latency before the first token")
@@ -82,6 +85,17 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err != nil {
 		return err
 	}
+	var (
+		gln net.Listener
+		gs  *grpc.Server
+	)
+	if *grpcListen != "" {
+		if gln, err = net.Listen("tcp", *grpcListen); err != nil {
+			_ = ln.Close()
+			return fmt.Errorf("-grpc-listen: %w", err)
+		}
+		gs = eng.GRPCServer()
+	}
 	srv := &http.Server{
 		Handler:           eng.Handler(),
 		ReadHeaderTimeout: 10 * time.Second,
@@ -92,6 +106,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	attrs := []any{"addr", ln.Addr().String(), "model", cfg.Model,
 		"ttft", cfg.TTFT, "prefill_per_token", cfg.PrefillPerToken, "itl", cfg.ITL, "slots", cfg.Slots,
 		"role", eng.Role()}
+	if gln != nil {
+		attrs = append(attrs, "grpc_addr", gln.Addr().String())
+	}
 	if eng.Role() != simengine.RoleRegular {
 		attrs = append(attrs, "pd_protocol", eng.PDProtocol())
 	}
@@ -102,15 +119,35 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
+	grpcErr := make(chan error, 1)
+	if gs != nil {
+		go func() { grpcErr <- gs.Serve(gln) }()
+	}
 
 	select {
 	case err := <-serveErr:
+		if gs != nil {
+			gs.Stop()
+		}
 		return err
+	case err := <-grpcErr:
+		_ = srv.Close()
+		return fmt.Errorf("grpc: %w", err)
 	case <-ctx.Done():
 	}
 	log.Info("shutting down")
 	sctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
 	defer cancel()
+	if gs != nil {
+		stopped := make(chan struct{})
+		go func() { gs.GracefulStop(); close(stopped) }()
+		select {
+		case <-stopped:
+		case <-sctx.Done():
+			gs.Stop()
+			log.Warn("forced grpc shutdown")
+		}
+	}
 	if err := srv.Shutdown(sctx); err != nil {
 		_ = srv.Close()
 		log.Warn("forced shutdown", "error", err)

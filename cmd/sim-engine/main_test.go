@@ -113,6 +113,7 @@ func TestRunErrors(t *testing.T) {
 		{"bad duration env", []string{"--listen", "127.0.0.1:0"}, map[string]string{"SIM_ENGINE_ITL": "fast"}},
 		{"bad log level", []string{"--log-level", "loud", "--listen", "127.0.0.1:0"}, nil},
 		{"bad listen", []string{"--listen", "127.0.0.1:notaport"}, nil},
+		{"bad grpc listen", []string{"--listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:notaport"}, nil},
 		{"extra args", []string{"serve"}, nil},
 		{"bad role", []string{"--role", "both", "--listen", "127.0.0.1:0"}, nil},
 		{"bad pd protocol", []string{"--role", "decode", "--pd-protocol", "nixl", "--listen", "127.0.0.1:0"}, nil},

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -234,7 +235,7 @@ func TestStreamCancelAborts(t *testing.T) {
 	}
 	checkFor(t, 5*time.Second, time.Millisecond, func() error {
 		if n := e.Aborted(); n != 1 {
-			return errors.New("aborted " + string(rune('0'+n)))
+			return fmt.Errorf("aborted %d, want 1", n)
 		}
 		return nil
 	})
