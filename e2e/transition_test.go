@@ -1,0 +1,270 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/switchyard-ai/switchyard/internal/agentcmd"
+)
+
+// simAgent runs a worker-agent with the in-process simulator.
+func simAgent(t *testing.T, natsURL, id, role string, slots int) *proc {
+	t.Helper()
+	return start(t, agentcmd.Run, "--nats-url", natsURL, "--engine", "sim", "--role", role, "--pd-protocol", "vllm",
+		"--id", id, "--slots", fmt.Sprint(slots), "--heartbeat", "100ms", "--sim-ttft", "2ms", "--sim-itl", "4ms", "--log-level", "warn")
+}
+
+type started struct {
+	at    time.Time
+	route string
+	err   string
+}
+
+type shareSample struct {
+	at      time.Time
+	pdShare float64
+	agents  map[string][2]float64 // id -> active, effective slots
+}
+
+// TestTransition is the rollout scenario: 4 regular agents under continuous
+// streaming load; add 1 prefill + 1 decode, then 2 more of each; drain the
+// regular agents one by one; then the reverse. No request may fail, no agent
+// may hold more than its slots, the PD share of started requests per window
+// must follow the dispatcher's published share, and a newly joined agent's
+// load must follow its slow-start ramp instead of starting in a burst.
+func TestTransition(t *testing.T) {
+	if testing.Short() {
+		t.Skip("transition scenario takes ~25s")
+	}
+	const slots = 4
+	const ramp = 2 * time.Second
+	b := startBroker(t, "--slow-start", ramp.String())
+	agents := map[string]*proc{}
+	add := func(id, role string) { agents[id] = simAgent(t, b.NATS, id, role, slots) }
+	drain := func(id string) {
+		if err := agents[id].Stop(t); err != nil {
+			t.Errorf("agent %s: %v", id, err)
+		}
+	}
+	for i := 1; i <= 4; i++ {
+		add(fmt.Sprintf("r%d", i), "regular")
+	}
+	waitEligible(t, b.HTTP, "r1", "r2", "r3", "r4")
+	time.Sleep(ramp) // let the first agents finish their own ramp before load
+
+	// Load: closed-loop streaming clients.
+	ctx, stopLoad := context.WithCancel(context.Background())
+	var mu sync.Mutex
+	var reqs []started
+	var wg sync.WaitGroup
+	for c := range 10 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ctx.Err() == nil; i++ {
+				at := time.Now()
+				r, err := rawStream(context.Background(), b.HTTP, fmt.Sprintf("client %d request %d", c, i), 12)
+				s := started{at: at, route: r.route}
+				switch {
+				case err != nil:
+					s.err = err.Error()
+				case r.status != 200 || !r.done || r.errMsg != "":
+					s.err = fmt.Sprintf("status %d done %v: %s", r.status, r.done, r.errMsg)
+				}
+				mu.Lock()
+				reqs = append(reqs, s)
+				mu.Unlock()
+			}
+		}()
+	}
+	// Sample the dispatcher's view every 50ms.
+	var samples []shareSample
+	sampleDone := make(chan struct{})
+	go func() {
+		defer close(sampleDone)
+		for ctx.Err() == nil {
+			f := getFleetFull(t, b.HTTP)
+			s := shareSample{at: time.Now(), agents: map[string][2]float64{}}
+			if len(f.Models) > 0 {
+				s.pdShare = f.Models[0].Share["pd"]
+			}
+			for _, a := range f.Agents {
+				s.agents[a.ID] = [2]float64{float64(a.Active), a.EffectiveSlots}
+			}
+			mu.Lock()
+			samples = append(samples, s)
+			mu.Unlock()
+			time.Sleep(50 * time.Millisecond)
+		}
+	}()
+	peaks := watchHeartbeats(t, b.NATS)
+
+	type phase struct {
+		name string
+		at   time.Time
+	}
+	var phases []phase
+	mark := func(name string) { phases = append(phases, phase{name, time.Now()}) }
+	mark("regular only")
+	time.Sleep(2 * time.Second)
+	mark("+1P +1D")
+	joined := time.Now()
+	add("p1", "prefill")
+	add("d1", "decode")
+	time.Sleep(3 * time.Second)
+	mark("+2P +2D")
+	add("p2", "prefill")
+	add("p3", "prefill")
+	add("d2", "decode")
+	add("d3", "decode")
+	time.Sleep(3 * time.Second)
+	for i := 1; i <= 4; i++ {
+		mark(fmt.Sprintf("drain r%d", i))
+		drain(fmt.Sprintf("r%d", i))
+		time.Sleep(time.Second)
+	}
+	mark("PD only")
+	time.Sleep(2 * time.Second)
+	mark("regular back")
+	for i := 5; i <= 8; i++ {
+		add(fmt.Sprintf("r%d", i), "regular")
+	}
+	time.Sleep(3 * time.Second)
+	mark("drain prefill")
+	for _, id := range []string{"p1", "p2", "p3"} {
+		drain(id)
+	}
+	// Decode jobs already handed off still need a decode agent: wait for
+	// the PD pipeline to empty before draining decode, as the runbook says.
+	checkFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		f := getFleetFull(t, b.HTTP)
+		for _, a := range f.Agents {
+			if a.Pool == "decode" && a.Active > 0 {
+				return fmt.Errorf("decode %s busy", a.ID)
+			}
+		}
+		if len(f.Models) > 0 && f.Models[0].Queue["decode"] > 0 {
+			return fmt.Errorf("decode queue %d", f.Models[0].Queue["decode"])
+		}
+		return nil
+	})
+	mark("drain decode")
+	for _, id := range []string{"d1", "d2", "d3"} {
+		drain(id)
+	}
+	time.Sleep(time.Second)
+	mark("end")
+	stopLoad()
+	wg.Wait()
+	<-sampleDone
+
+	// No failures.
+	failed := 0
+	for _, r := range reqs {
+		if r.err != "" {
+			failed++
+			if failed < 5 {
+				t.Errorf("failed request at %s: %s", r.at.Format("15:04:05.000"), r.err)
+			}
+		}
+	}
+	if failed > 0 {
+		t.Fatalf("%d of %d requests failed", failed, len(reqs))
+	}
+	// No agent above its slots.
+	peaks.mu.Lock()
+	for id, p := range peaks.peak {
+		if p > peaks.slots[id] {
+			t.Errorf("agent %s held %d jobs, slots %d", id, p, peaks.slots[id])
+		}
+	}
+	peaks.mu.Unlock()
+
+	// Per-phase shares: observed PD fraction of started requests versus the
+	// mean of the dispatcher's published share over the same window.
+	var table strings.Builder
+	fmt.Fprintf(&table, "| phase | requests | PD observed | PD weight share |\n|---|---|---|---|\n")
+	for i := 0; i+1 < len(phases); i++ {
+		from, to := phases[i].at, phases[i+1].at
+		n, pd := 0, 0
+		for _, r := range reqs {
+			if !r.at.Before(from) && r.at.Before(to) {
+				n++
+				if r.route == "pd" {
+					pd++
+				}
+			}
+		}
+		sum, k := 0.0, 0
+		for _, s := range samples {
+			if !s.at.Before(from) && s.at.Before(to) {
+				sum += s.pdShare
+				k++
+			}
+		}
+		if n == 0 || k == 0 {
+			continue
+		}
+		obs, exp := float64(pd)/float64(n), sum/float64(k)
+		fmt.Fprintf(&table, "| %s | %d | %.2f | %.2f |\n", phases[i].name, n, obs, exp)
+		if n >= 40 && math.Abs(obs-exp) > 0.15 {
+			t.Errorf("phase %q: PD got %.2f of %d requests, dispatcher share %.2f", phases[i].name, obs, n, exp)
+		}
+		switch phases[i].name {
+		case "regular only":
+			if pd != 0 {
+				t.Errorf("PD requests with no PD agents: %d", pd)
+			}
+		case "PD only":
+			if pd != n {
+				t.Errorf("regular requests with no regular agents: %d", n-pd)
+			}
+		}
+	}
+	t.Logf("route shares per phase:\n%s", table.String())
+
+	// Slow start: the first decode agent (whose legs last long enough to be
+	// seen in heartbeats) carries less over its first fifth of the ramp than
+	// once fully ramped, and the first PD pair's effective slots start near
+	// the floor instead of at full slots.
+	early, late := meanActive(samples, "d1", joined, joined.Add(ramp/5)), meanActive(samples, "d1", joined.Add(ramp), joined.Add(3*time.Second))
+	t.Logf("d1 mean active: first %s of ramp %.2f, after ramp %.2f", ramp/5, early, late)
+	if !(early < late) {
+		t.Errorf("no ramp: d1 early load %.2f not below fully ramped %.2f", early, late)
+	}
+	seen := 0
+	for _, s := range samples {
+		for _, id := range []string{"p1", "d1"} {
+			a, ok := s.agents[id]
+			if !ok || !s.at.Before(joined.Add(ramp/5)) || a[1] == 0 {
+				continue
+			}
+			seen++
+			if a[1] > 0.5*slots {
+				t.Errorf("%s effective slots %.2f at %s after joining: no slow start", id, a[1], s.at.Sub(joined))
+			}
+		}
+	}
+	if seen == 0 {
+		t.Error("no sample of the new agents during their ramp")
+	}
+}
+
+func meanActive(samples []shareSample, id string, from, to time.Time) float64 {
+	sum, n := 0.0, 0
+	for _, s := range samples {
+		if a, ok := s.agents[id]; ok && !s.at.Before(from) && s.at.Before(to) {
+			sum += a[0]
+			n++
+		}
+	}
+	if n == 0 {
+		return 0
+	}
+	return sum / float64(n)
+}
