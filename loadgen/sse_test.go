@@ -1,0 +1,83 @@
+package loadgen
+
+import (
+	"bufio"
+	"errors"
+	"io"
+	"strings"
+	"testing"
+)
+
+func TestSSEReader(t *testing.T) {
+	long := strings.Repeat("x", 100) // longer than the 16-byte buffer below
+	in := ": comment\r\n" +
+		"data: one\r\n\r\n" +
+		"data:two\n\n" +
+		"data: multi\ndata: line\n\n" +
+		"event: error\ndata: {\"message\":\"m\"}\n\n" +
+		"event: ping\n\n" + // no data: not dispatched
+		"data: " + long + "\n\n" +
+		"data: last without blank line"
+	s := sseReader{r: bufio.NewReaderSize(strings.NewReader(in), 16)}
+	type ev struct {
+		data string
+		err  bool
+	}
+	var got []ev
+	for {
+		data, isErr, err := s.next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, ev{string(data), isErr})
+	}
+	want := []ev{{"one", false}, {"two", false}, {"multi\nline", false}, {`{"message":"m"}`, true}, {long, false}, {"last without blank line", false}}
+	if len(got) != len(want) {
+		t.Fatalf("got %+v, want %+v", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("event %d = %+v, want %+v", i, got[i], want[i])
+		}
+	}
+}
+
+func TestScanEvent(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		in   string
+		want event
+	}{
+		{"chat role chunk", `{"id":"c","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}],"usage":null}`, event{}},
+		{"chat token", `{"id":"c","choices":[{"index":0,"delta":{"content":" word"},"logprobs":null,"finish_reason":null}]}`, event{content: true}},
+		{"escaped quote token", `{"choices":[{"delta":{"content":"\"q"}}]}`, event{content: true}},
+		{"spaced token", `{"choices": [{"delta": {"content" : "a"}}]}`, event{content: true}},
+		{"null content", `{"choices":[{"delta":{"content":null}}]}`, event{}},
+		{"reasoning", `{"choices":[{"delta":{"reasoning_content":"think"}}]}`, event{content: true}},
+		{"completion token", `{"id":"x","object":"text_completion","choices":[{"index":0,"text":" w","finish_reason":null}]}`, event{content: true}},
+		{"completion finish", `{"choices":[{"index":0,"text":"","finish_reason":"length"}],"usage":null}`, event{}},
+		{"value looks like a key", `{"choices":[{"delta":{"content":"content"}}]}`, event{content: true}},
+		{"value named text then colon-free", `{"x":"text","y":""}`, event{}},
+		{"logprobs content array", `{"choices":[{"delta":{"content":""},"logprobs":{"content":[{"token":"a"}]}}]}`, event{}},
+		{"usage", `{"choices":[],"usage":{"prompt_tokens":12,"completion_tokens":34,"total_tokens":46}}`, event{usage: true, promptTokens: 12, outTokens: 34}},
+		{"error event", `{"error":{"message":"kv transfer failed","type":"x","code":"kv_transfer_failed"}}`, event{err: true}},
+		{"null error", `{"error":null,"choices":[{"delta":{"content":"a"}}]}`, event{content: true}},
+		{"truncated key", `{"choices":[{"delta":{"conte`, event{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := scanEvent([]byte(tc.in)); got != tc.want {
+				t.Fatalf("got %+v, want %+v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestScanEventAllocs(t *testing.T) {
+	b := []byte(`{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":" word"},"logprobs":null,"finish_reason":null}],"usage":null}`)
+	if n := testing.AllocsPerRun(100, func() { scanEvent(b) }); n != 0 {
+		t.Fatalf("scanEvent allocates %v times per chunk", n)
+	}
+}
