@@ -458,7 +458,7 @@ func (a *Agent) heartbeatLoop(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			a.publishHeartbeat(context.Background()) // the last word: draining, active 0
-			_ = a.nc.Flush()
+			_ = a.nc.FlushTimeout(time.Second)
 			return
 		case <-t.C:
 		case <-a.stateCh:

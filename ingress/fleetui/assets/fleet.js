@@ -205,8 +205,12 @@
     const off = HISTORY - series[0].values.length;
     for (const s of series) {
       let d = '', area = '', run = [];
+      let dots = '';
       const flush = () => {
         if (run.length === 0) return;
+        if (run.length === 1) { // a lone sample has no line to draw
+          dots += `<circle class="dot ${s.cls}" cx="${x(run[0][0]).toFixed(1)}" cy="${y(run[0][1]).toFixed(1)}" r="2.5"/>`;
+        }
         d += 'M' + run.map(([i, v]) => `${x(i).toFixed(1)},${y(v).toFixed(1)}`).join('L');
         area += `M${x(run[0][0]).toFixed(1)},${y(0)}L` +
           run.map(([i, v]) => `${x(i).toFixed(1)},${y(v).toFixed(1)}`).join('L') +
@@ -215,9 +219,9 @@
       };
       s.values.forEach((v, i) => { if (v == null) flush(); else run.push([i + off, v]); });
       flush();
-      if (run.length === 0 && d === '') continue;
+      if (d === '') continue;
       if (s.area) out += `<path class="area ${s.cls}" d="${area}"/>`;
-      out += `<path class="line ${s.cls}" d="${d}"/>`;
+      out += `<path class="line ${s.cls}" d="${d}"/>` + dots;
     }
     svg.innerHTML = out;
   }
