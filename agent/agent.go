@@ -42,6 +42,8 @@ type Agent struct {
 	lastHandoff atomic.Int64 // unix nanos of the last decode job published
 	stateCh     chan struct{}
 
+	metrics *Metrics
+
 	mu        sync.Mutex // guards jobs and cancelled
 	jobs      map[string]heldJob
 	cancelled map[string]cancelMark
@@ -69,6 +71,7 @@ func New(nc *nats.Conn, engine Engine, cfg Config, opts ...Option) (*Agent, erro
 		cancelled: make(map[string]cancelMark),
 	}
 	a.hbSubj, _ = a.subj.Heartbeat(cfg.Model, cfg.Pool, cfg.ID)
+	a.metrics = newMetrics(a)
 	a.state.Store(wire.StateWarming)
 	for _, o := range opts {
 		o(a)
@@ -312,11 +315,13 @@ func (a *Agent) handle(ctx context.Context, msg jetstream.Msg) {
 	}
 	out := newStream(a, job)
 	if dl := job.GetDeadline(); dl != nil && time.Now().After(dl.AsTime()) {
+		a.metrics.jobs.WithLabelValues(JobExpired).Inc()
 		_ = msg.Term()
 		out.fail(&wire.Error{Code: wire.CodeDeadlineExceeded, Message: "job deadline passed before it started"})
 		return
 	}
 	if a.wasCancelled(job.GetRequestId(), job.GetAttempt()) {
+		a.metrics.jobs.WithLabelValues(JobCancelled).Inc()
 		_ = msg.Term()
 		return
 	}
@@ -353,15 +358,21 @@ func (a *Agent) handle(ctx context.Context, msg jetstream.Msg) {
 		return
 	}
 	out.send(&wire.Chunk{Kind: wire.Chunk_KIND_ACCEPTED, PrefillAgent: job.GetPd().GetPrefillAgent()})
+	out.called = time.Now()
 	err = a.engine.Stream(actx, req, out.emit)
+	a.metrics.duration.Observe(time.Since(out.called).Seconds())
 	switch {
 	case err == nil:
+		a.metrics.jobs.WithLabelValues(JobOK).Inc()
 		out.finish()
 	case context.Cause(actx) == errCancelled:
+		a.metrics.jobs.WithLabelValues(JobCancelled).Inc()
 		a.log.Debug("job cancelled", "request", job.GetRequestId())
 	case errors.Is(actx.Err(), context.DeadlineExceeded):
+		a.metrics.jobs.WithLabelValues(JobExpired).Inc()
 		out.fail(&wire.Error{Code: wire.CodeDeadlineExceeded, Message: "request deadline exceeded in the engine"})
 	default:
+		a.metrics.jobs.WithLabelValues(JobError).Inc()
 		var we *wire.Error
 		if !errors.As(err, &we) {
 			we = &wire.Error{Code: wire.CodeEngine, Message: err.Error()}
@@ -400,10 +411,13 @@ func (a *Agent) prefill(ctx context.Context, req *Request, out *stream) {
 	}
 	switch {
 	case err == nil:
+		a.metrics.jobs.WithLabelValues(JobHandedOff).Inc()
 		out.ended = true
 	case context.Cause(ctx) == errCancelled:
+		a.metrics.jobs.WithLabelValues(JobCancelled).Inc()
 		a.log.Debug("prefill cancelled", "request", req.RequestID)
 	default:
+		a.metrics.jobs.WithLabelValues(JobError).Inc()
 		var we *wire.Error
 		if !errors.As(err, &we) {
 			we = &wire.Error{Code: wire.CodeEngine, Message: "prefill leg: " + err.Error()}
@@ -482,6 +496,7 @@ func (a *Agent) publishHeartbeat(ctx context.Context) {
 		return
 	}
 	if err := a.nc.Publish(a.hbSubj, data); err != nil {
+		a.metrics.hbErrors.Inc()
 		a.log.Warn("heartbeat publish failed", "err", err)
 	}
 }

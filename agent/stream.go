@@ -2,6 +2,7 @@ package agent
 
 import (
 	"encoding/json"
+	"time"
 
 	"google.golang.org/protobuf/proto"
 
@@ -22,6 +23,7 @@ type stream struct {
 	tokens       int
 	ended        bool
 	stage        wire.Chunk_Stage
+	called       time.Time // when the engine was called
 }
 
 func newStream(a *Agent, job *wire.Job) *stream {
@@ -86,6 +88,9 @@ func (s *stream) emit(raw []byte) error {
 		s.finishReason = *ch.FinishReason
 	}
 	if c.DeltaText != "" {
+		if s.tokens == 0 && !s.called.IsZero() {
+			s.a.metrics.ttft.Observe(time.Since(s.called).Seconds())
+		}
 		s.tokens++
 	}
 	return s.send(c)

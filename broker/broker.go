@@ -32,6 +32,7 @@ type Broker struct {
 
 	table   dispatch.Table
 	started atomic.Int64 // unix nanos when Run subscribed; 0 before
+	closing atomic.Bool  // StopAccepting was called
 
 	mu     sync.Mutex // guards agents and known
 	agents map[agentKey]*agentEntry
@@ -186,9 +187,17 @@ func (b *Broker) Run(ctx context.Context) error {
 	}
 }
 
+// StopAccepting makes Submit refuse new requests (ErrClosed) and Ready
+// report not ready, while calls in flight go on: the first step of a
+// graceful shutdown, so load balancers stop sending before streams end.
+func (b *Broker) StopAccepting() { b.closing.Store(true) }
+
 // Ready reports whether the broker can take requests: connected to NATS and
 // listening long enough to have heard every agent's heartbeat once.
 func (b *Broker) Ready() error {
+	if b.closing.Load() {
+		return ErrClosed
+	}
 	if !b.nc.IsConnected() {
 		return ErrNotConnected
 	}

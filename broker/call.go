@@ -76,7 +76,7 @@ type Call struct {
 // Submit routes req, publishes its job and returns the Call that receives
 // its chunks. Errors wrap the sentinels of errors.go.
 func (b *Broker) Submit(ctx context.Context, req Request) (*Call, error) {
-	if b.started.Load() == 0 {
+	if b.started.Load() == 0 || b.closing.Load() {
 		return nil, ErrClosed
 	}
 	if !b.nc.IsConnected() {

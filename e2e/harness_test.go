@@ -177,7 +177,7 @@ var listenLine = regexp.MustCompile(`http=(\S+) nats=(\S+)`)
 // the defaults of a test broker.
 func startBroker(t testing.TB, args ...string) *brokerProc {
 	t.Helper()
-	base := []string{"--http", "127.0.0.1:0", "--nats-listen", "127.0.0.1:0", "--data-dir", t.TempDir(),
+	base := []string{"--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--nats-listen", "127.0.0.1:0", "--data-dir", t.TempDir(),
 		"--heartbeat-interval", "100ms", "--slow-start", "0", "--log-level", "warn"}
 	p := start(t, brokercmd.Run, append(base, args...)...)
 	b := &brokerProc{proc: p}

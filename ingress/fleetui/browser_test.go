@@ -141,7 +141,7 @@ func startBroker(t *testing.T) (httpURL, natsURL string) {
 	go func() {
 		err := brokercmd.Run(ctx, []string{
 			"--http", "127.0.0.1:0", "--nats-listen", "127.0.0.1:0", "--data-dir", t.TempDir(),
-			"--demo", "--demo-agents", "regular=2", "--heartbeat-interval", "100ms", "--slow-start", "0",
+			"--grpc", "127.0.0.1:0", "--demo", "--demo-agents", "regular=2", "--heartbeat-interval", "100ms", "--slow-start", "0",
 			"--shutdown-grace", "5s",
 		}, noEnv, pw, logs)
 		pw.CloseWithError(fmt.Errorf("broker returned: %v", err))

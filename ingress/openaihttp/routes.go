@@ -13,6 +13,10 @@ func (s *Server) routes() {
 	if s.cfg.Metrics != nil {
 		s.handle("/metrics", http.MethodGet, s.cfg.Metrics.ServeHTTP)
 	}
+	if s.cfg.Page != nil {
+		s.mux.Handle("GET /{$}", s.cfg.Page)
+		s.mux.Handle("GET /ui/", s.cfg.Page)
+	}
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, &apiError{Status: http.StatusNotFound, Message: "no route " + r.Method + " " + r.URL.Path, Type: "invalid_request_error", Code: strp("not_found")})
 	})

@@ -37,6 +37,8 @@ type Config struct {
 	MaxBody int64
 	// Metrics serves /metrics when set.
 	Metrics http.Handler
+	// Page serves the fleet page at / and its assets under /ui/ when set.
+	Page http.Handler
 }
 
 // Server is the HTTP ingress. It is an http.Handler.

@@ -3,20 +3,31 @@ package agentcmd
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
+	"net"
+	"net/http"
 	"net/url"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc/credentials"
 
 	"github.com/switchyard-ai/switchyard/agent"
 	"github.com/switchyard-ai/switchyard/agent/engine/openai"
 	"github.com/switchyard-ai/switchyard/agent/engine/pd"
 	"github.com/switchyard-ai/switchyard/agent/engine/sim"
+	"github.com/switchyard-ai/switchyard/agent/engine/vllmgrpc"
 	"github.com/switchyard-ai/switchyard/internal/cli"
+	"github.com/switchyard-ai/switchyard/internal/natsauth"
 	"github.com/switchyard-ai/switchyard/simengine"
 	"github.com/switchyard-ai/switchyard/subjects"
 )
@@ -38,6 +49,10 @@ type options struct {
 	bsHost    string
 	bsPort    int
 	closers   []func() error
+	tokenizer string
+	grpcTLS   bool
+	natsAuth  *natsauth.ClientFlags
+	metrics   string
 	logFormat string
 	logLevel  string
 }
@@ -47,8 +62,12 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*o
 	fs := flag.NewFlagSet("worker-agent", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&o.natsURL, "nats-url", nats.DefaultURL, "NATS server URLs, comma-separated (the broker's embedded server or a cluster)")
-	fs.StringVar(&o.engine, "engine", "openai", "engine adapter: openai (any OpenAI-compatible server), vllm, sglang (OpenAI API plus their PD hand-off), or sim (in-process simulator)")
-	fs.StringVar(&o.engineURL, "engine-url", "http://127.0.0.1:8000", "engine base URL (openai adapter)")
+	fs.StringVar(&o.engine, "engine", "openai", "engine adapter: openai (any OpenAI-compatible server), vllm, sglang (OpenAI API plus their PD hand-off), vllm-grpc (vLLM's gRPC engine service), or sim (in-process simulator)")
+	fs.StringVar(&o.engineURL, "engine-url", "http://127.0.0.1:8000", "engine base URL; for vllm-grpc the gRPC target host:port")
+	fs.StringVar(&o.tokenizer, "tokenizer", "", "vllm-grpc: tokenizer file to detokenize with (default: ask the engine's GetTokenizer)")
+	fs.BoolVar(&o.grpcTLS, "engine-grpc-tls", false, "vllm-grpc: connect with TLS (system roots)")
+	fs.StringVar(&o.metrics, "metrics-listen", "", "serve the agent's Prometheus /metrics on this address, e.g. 127.0.0.1:9100 (empty: off)")
+	o.natsAuth = natsauth.RegisterClientFlags(fs)
 	fs.StringVar(&o.engineKey, "engine-api-key", "", "API key sent to the engine as a Bearer token")
 	fs.StringVar(&o.role, "role", subjects.PoolRegular, "pool this agent serves: regular, prefill or decode")
 	fs.StringVar(&o.pdProto, "pd-protocol", "", "PD hand-off for --engine sim (vllm or sglang); vllm and sglang engines imply theirs")
@@ -101,10 +120,14 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err != nil {
 		return err
 	}
-	nc, err := nats.Connect(o.natsURL,
+	natsOpts, err := o.natsAuth.Options()
+	if err != nil {
+		return err
+	}
+	nc, err := nats.Connect(o.natsURL, append([]nats.Option{
 		nats.Name("switchyard-agent"),
 		nats.MaxReconnects(-1),
-		nats.ReconnectWait(250*time.Millisecond),
+		nats.ReconnectWait(250 * time.Millisecond),
 		nats.RetryOnFailedConnect(true),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {
@@ -112,7 +135,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			}
 		}),
 		nats.ReconnectHandler(func(c *nats.Conn) { log.Info("NATS reconnected", "url", c.ConnectedUrlRedacted()) }),
-	)
+	}, natsOpts...)...)
 	if err != nil {
 		return fmt.Errorf("connect NATS %s: %w", o.natsURL, err)
 	}
@@ -124,6 +147,13 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}, agent.WithLogger(log))
 	if err != nil {
 		return err
+	}
+	if o.metrics != "" {
+		stopMetrics, err := serveMetrics(o.metrics, a, log)
+		if err != nil {
+			return err
+		}
+		defer stopMetrics()
 	}
 	fmt.Fprintf(stdout, "switchyard agent %s serving %s (%s) on %s\n", a.ID(), o.model, o.role, o.natsURL)
 	if err := a.Run(ctx); err != nil {
@@ -162,6 +192,12 @@ func buildEngine(ctx context.Context, o *options) (agent.Engine, string, error) 
 	switch o.engine {
 	case "vllm", "sglang":
 		o.pdProto = o.engine
+	case "vllm-grpc":
+		o.pdProto = pd.VLLM
+		if pdRole {
+			o.bsPort = 0
+		}
+		return grpcEngine(o)
 	case "sim", "openai":
 	default:
 		return nil, "", fmt.Errorf("engine %q: want openai, vllm, sglang or sim", o.engine)
@@ -227,4 +263,49 @@ func buildEngine(ctx context.Context, o *options) (agent.Engine, string, error) 
 		return nil, "", err
 	}
 	return wrapped, transport, nil
+}
+
+// grpcEngine builds the vllm-grpc adapter; it serves the vLLM PD roles
+// itself (kv_transfer_params in the Generate request).
+func grpcEngine(o *options) (agent.Engine, string, error) {
+	target := strings.TrimPrefix(strings.TrimPrefix(o.engineURL, "grpc://"), "http://")
+	var gopts []vllmgrpc.Option
+	if o.tokenizer != "" {
+		gopts = append(gopts, vllmgrpc.WithTokenizerFile(o.tokenizer))
+	}
+	if o.grpcTLS {
+		gopts = append(gopts, vllmgrpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{MinVersion: tls.VersionTLS12})))
+	}
+	a, err := vllmgrpc.New(target, gopts...)
+	if err != nil {
+		return nil, "", err
+	}
+	o.closers = append(o.closers, a.Close)
+	if o.model == "" {
+		return nil, "", fmt.Errorf("engine vllm-grpc: --model is required")
+	}
+	return a, "grpc", nil
+}
+
+// serveMetrics serves the agent's /metrics until the returned func is called.
+func serveMetrics(addr string, a *agent.Agent, log *slog.Logger) (func(), error) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if err := a.Metrics().Register(reg); err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("metrics listen: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Warn("metrics server", "err", err)
+		}
+	}()
+	log.Info("agent metrics", "addr", ln.Addr().String())
+	return func() { _ = srv.Close() }, nil
 }

@@ -3,6 +3,7 @@ package brokercmd
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -22,12 +23,18 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 
 	"github.com/switchyard-ai/switchyard/broker"
 	"github.com/switchyard-ai/switchyard/dispatch"
+	"github.com/switchyard-ai/switchyard/ingress/auth"
+	"github.com/switchyard-ai/switchyard/ingress/fleetui"
+	"github.com/switchyard-ai/switchyard/ingress/grpcapi"
 	"github.com/switchyard-ai/switchyard/ingress/openaihttp"
 	"github.com/switchyard-ai/switchyard/internal/agentcmd"
 	"github.com/switchyard-ai/switchyard/internal/cli"
+	"github.com/switchyard-ai/switchyard/internal/natsauth"
 	"github.com/switchyard-ai/switchyard/subjects"
 )
 
@@ -63,6 +70,17 @@ type options struct {
 	demoPD        string
 	logFormat     string
 	logLevel      string
+	grpcAddr      string
+	grpcRecv      int
+	grpcSend      int
+	natsConfig    string
+	natsMonitor   string
+	natsAuth      *natsauth.ClientFlags
+	apiKeys       auth.KeyFlag
+	apiKeysFile   string
+	tlsCert       string
+	tlsKey        string
+	retryLimit    int
 }
 
 func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*options, error) {
@@ -92,6 +110,17 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*o
 	fs.DurationVar(&o.demoTTFT, "demo-ttft", 20*time.Millisecond, "demo engines' base time to first token")
 	fs.DurationVar(&o.demoITL, "demo-itl", 10*time.Millisecond, "demo engines' inter-token latency")
 	fs.IntVar(&o.demoSlots, "demo-slots", 8, "demo agents' slots")
+	fs.StringVar(&o.grpcAddr, "grpc", "127.0.0.1:9090", "gRPC listen address of the switchyard.v1 API, health and reflection (empty: off)")
+	fs.IntVar(&o.grpcRecv, "grpc-max-recv-bytes", grpcapi.DefaultMaxRecvMsgSize, "largest gRPC request message in bytes")
+	fs.IntVar(&o.grpcSend, "grpc-max-send-bytes", grpcapi.DefaultMaxSendMsgSize, "largest gRPC response message in bytes")
+	fs.StringVar(&o.natsConfig, "nats-config", "", "embedded NATS: a nats-server configuration file (accounts, users, permissions, TLS); --nats-listen applies when it sets no port")
+	fs.StringVar(&o.natsMonitor, "nats-monitor", "", "embedded NATS: HTTP monitoring listen address, e.g. 127.0.0.1:8222 (empty: off)")
+	o.natsAuth = natsauth.RegisterClientFlags(fs)
+	fs.Var(&o.apiKeys, "api-key", "API key clients must send as 'Authorization: Bearer KEY' (repeatable; none: no auth)")
+	fs.StringVar(&o.apiKeysFile, "api-keys-file", "", "file of API keys, one per line (# comments)")
+	fs.StringVar(&o.tlsCert, "tls-cert", "", "TLS certificate for HTTP and gRPC (with --tls-key)")
+	fs.StringVar(&o.tlsKey, "tls-key", "", "TLS private key for HTTP and gRPC")
+	fs.IntVar(&o.retryLimit, "retry-limit", broker.DefaultRetryLimit, "retries of a request before its first token (another agent or route)")
 	fs.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
@@ -144,6 +173,20 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err != nil {
 		return err
 	}
+	keys, err := auth.LoadKeys(o.apiKeys, o.apiKeysFile)
+	if err != nil {
+		return err
+	}
+	var tlsConf *tls.Config
+	if o.tlsCert != "" || o.tlsKey != "" {
+		if tlsConf, err = auth.TLSConfig(o.tlsCert, o.tlsKey); err != nil {
+			return err
+		}
+	}
+	natsClientOpts, err := o.natsAuth.Options()
+	if err != nil {
+		return err
+	}
 	mode, err := dispatch.ParseMode(o.mode)
 	if err != nil {
 		return err
@@ -160,7 +203,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 
 	var ns *server.Server
 	natsURL := o.natsURL
-	var natsOpts []nats.Option
+	natsOpts := natsClientOpts
 	if natsURL == "" {
 		ns, err = startEmbedded(o, log)
 		if err != nil {
@@ -207,6 +250,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		HeartbeatInterval: o.hbInterval,
 		RequestTimeout:    o.reqTimeout,
 		StallTimeout:      o.stallTimeout,
+		RetryLimit:        o.retryLimit,
 		Dispatch:          dcfg,
 	}, broker.WithLogger(log), broker.WithMetrics(metrics))
 	if err != nil {
@@ -257,34 +301,96 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	ingress := openaihttp.New(b, openaihttp.Config{
 		MaxBody: o.maxBody,
 		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}),
+		Page:    fleetui.Handler(),
 	}, openaihttp.WithLogger(log))
+	if !keys.Enabled() && (tlsConf != nil || !loopback(o.httpAddr)) {
+		log.Warn("HTTP and gRPC ingress accept requests without an API key; set --api-key or --api-keys-file", "http", o.httpAddr)
+	}
 	ln, err := net.Listen("tcp", o.httpAddr)
 	if err != nil {
 		return fmt.Errorf("http listen: %w", err)
 	}
 	srv := &http.Server{
-		Handler:           ingress,
+		// The page and health answer without a key; the page asks for one
+		// when /v1/fleet answers 401.
+		Handler:           keys.HTTP(ingress, "/healthz", "/readyz", "/", fleetui.AssetPrefix, fleetui.AssetPrefix+"fleet.js", fleetui.AssetPrefix+"fleet.css"),
+		TLSConfig:         tlsConf,
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       120 * time.Second,
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	httpDone := make(chan error, 1)
-	go func() { httpDone <- srv.Serve(ln) }()
-	log.Info("broker ready", "http", ln.Addr().String(), "nats", natsURL, "id", b.ID(), "demo_agents", o.demo)
-	fmt.Fprintf(stdout, "switchyard broker listening: http=http://%s nats=%s\n", ln.Addr(), natsURL)
+	scheme := "http"
+	go func() {
+		if tlsConf != nil {
+			httpDone <- srv.ServeTLS(ln, "", "")
+			return
+		}
+		httpDone <- srv.Serve(ln)
+	}()
+	if tlsConf != nil {
+		scheme = "https"
+	}
+	grpcLine := ""
+	var gs *grpc.Server
+	var gapi *grpcapi.Server
+	grpcDone := make(chan error, 1)
+	if o.grpcAddr != "" {
+		gcfg := grpcapi.Config{MaxRecvMsgSize: o.grpcRecv, MaxSendMsgSize: o.grpcSend}
+		if err := gcfg.Validate(); err != nil {
+			return err
+		}
+		gopts := append(grpcapi.ServerOptions(gcfg),
+			grpc.ChainUnaryInterceptor(keys.UnaryInterceptor()),
+			grpc.ChainStreamInterceptor(keys.StreamInterceptor()))
+		if tlsConf != nil {
+			gopts = append(gopts, grpc.Creds(credentials.NewTLS(tlsConf)))
+		}
+		gln, err := net.Listen("tcp", o.grpcAddr)
+		if err != nil {
+			_ = srv.Close()
+			return fmt.Errorf("grpc listen: %w", err)
+		}
+		gs = grpc.NewServer(gopts...)
+		gapi = grpcapi.New(b, gcfg, grpcapi.WithLogger(log))
+		gapi.Register(gs)
+		go func() { grpcDone <- gs.Serve(gln) }()
+		grpcLine = " grpc=" + gln.Addr().String()
+	}
+	log.Info("broker ready", "http", ln.Addr().String(), "grpc", o.grpcAddr, "nats", natsURL, "id", b.ID(), "demo_agents", o.demo)
+	fmt.Fprintf(stdout, "switchyard broker listening: http=%s://%s nats=%s%s\n", scheme, ln.Addr(), natsURL, grpcLine)
 
 	select {
 	case <-ctx.Done():
 	case err := <-httpDone:
 		return fmt.Errorf("http server: %w", err)
+	case err := <-grpcDone:
+		_ = srv.Close()
+		return fmt.Errorf("grpc server: %w", err)
 	}
 	log.Info("shutting down", "grace", o.shutdownGrace)
+	b.StopAccepting()
 	graceCtx, cancel := context.WithTimeout(context.Background(), o.shutdownGrace)
 	defer cancel()
+	if gs != nil {
+		gapi.Shutdown()
+		stopped := make(chan struct{})
+		go func() { gs.GracefulStop(); close(stopped) }()
+		go func() {
+			select {
+			case <-graceCtx.Done():
+				gs.Stop()
+			case <-stopped:
+			}
+		}()
+	}
 	if err := srv.Shutdown(graceCtx); err != nil {
 		log.Warn("streams cut at the end of the grace period", "err", err)
 		_ = srv.Close()
+	}
+	if gs != nil {
+		<-grpcDone
 	}
 	return nil
 }
@@ -303,15 +409,34 @@ func startEmbedded(o *options, log *slog.Logger) (*server.Server, error) {
 			}
 		}
 	}
-	opts := &server.Options{
-		ServerName: "switchyard-embedded",
-		Host:       host,
-		Port:       port,
-		JetStream:  true,
-		StoreDir:   dir,
-		MaxPayload: int32(o.maxPayload),
-		NoSigs:     true,
-		NoLog:      true,
+	opts := &server.Options{}
+	if o.natsConfig != "" {
+		if opts, err = natsauth.ServerOptions(o.natsConfig); err != nil {
+			return nil, err
+		}
+	}
+	if opts.Host == "" && opts.Port == 0 {
+		opts.Host, opts.Port = host, port
+	}
+	if opts.StoreDir == "" {
+		opts.StoreDir = dir
+	}
+	if opts.MaxPayload == 0 {
+		opts.MaxPayload = int32(o.maxPayload)
+	}
+	if opts.ServerName == "" {
+		opts.ServerName = "switchyard-embedded"
+	}
+	opts.JetStream, opts.NoSigs, opts.NoLog = true, true, true
+	if o.natsMonitor != "" {
+		mh, mp, err := cli.HostPort(o.natsMonitor)
+		if err != nil {
+			return nil, fmt.Errorf("--nats-monitor: %w", err)
+		}
+		opts.HTTPHost, opts.HTTPPort = mh, mp
+	}
+	if w := natsauth.CheckExposure(opts); w != "" {
+		log.Warn(w)
 	}
 	ns, err := server.NewServer(opts)
 	if err != nil {
@@ -322,6 +447,19 @@ func startEmbedded(o *options, log *slog.Logger) (*server.Server, error) {
 		ns.Shutdown()
 		return nil, errors.New("embedded NATS did not start")
 	}
-	log.Info("embedded NATS running", "url", ns.ClientURL(), "store", dir, "max_payload", o.maxPayload)
+	log.Info("embedded NATS running", "url", ns.ClientURL(), "store", opts.StoreDir, "max_payload", opts.MaxPayload, "config", o.natsConfig)
 	return ns, nil
+}
+
+// loopback reports whether addr binds only the loopback interface.
+func loopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }

@@ -1,0 +1,58 @@
+package agent
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Metrics are the agent's Prometheus collectors.
+type Metrics struct {
+	jobs     *prometheus.CounterVec
+	ttft     prometheus.Histogram
+	duration prometheus.Histogram
+	active   prometheus.GaugeFunc
+	hbErrors prometheus.Counter
+	a        *Agent
+}
+
+// Job outcomes.
+const (
+	JobOK        = "ok"
+	JobError     = "error"
+	JobCancelled = "cancelled"
+	JobExpired   = "expired"
+	JobHandedOff = "handed_off"
+)
+
+func newMetrics(a *Agent) *Metrics {
+	return &Metrics{
+		a: a,
+		jobs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_agent_jobs_total", Help: "Jobs this agent ended, by outcome (ok, error, cancelled, expired, handed_off).",
+		}, []string{"outcome"}),
+		ttft: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "switchyard_agent_engine_time_to_first_token_seconds", Help: "Time from calling the engine to its first token.",
+			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
+		}),
+		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "switchyard_agent_engine_request_duration_seconds", Help: "Time from calling the engine to the end of its answer.",
+			Buckets: []float64{.05, .1, .25, .5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320},
+		}),
+		active: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "switchyard_agent_active_jobs", Help: "Jobs the agent holds now.",
+		}, func() float64 { return float64(a.Active()) }),
+		hbErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "switchyard_agent_heartbeat_publish_errors_total", Help: "Heartbeats that could not be published.",
+		}),
+	}
+}
+
+// Register adds the agent's collectors to r.
+func (m *Metrics) Register(r prometheus.Registerer) error {
+	for _, c := range []prometheus.Collector{m.jobs, m.ttft, m.duration, m.active, m.hbErrors} {
+		if err := r.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Metrics returns the agent's collectors.
+func (a *Agent) Metrics() *Metrics { return a.metrics }
