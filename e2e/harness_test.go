@@ -169,9 +169,10 @@ type brokerProc struct {
 	*proc
 	HTTP string // base URL, http://127.0.0.1:port
 	NATS string
+	GRPC string // host:port
 }
 
-var listenLine = regexp.MustCompile(`http=(\S+) nats=(\S+)`)
+var listenLine = regexp.MustCompile(`http=(\S+) nats=(\S+)(?: grpc=(\S+))?`)
 
 // startBroker runs the broker command on random ports; extra args follow
 // the defaults of a test broker.
@@ -192,13 +193,15 @@ func startBroker(t testing.TB, args ...string) *brokerProc {
 		if m == nil {
 			return fmt.Errorf("broker not listening yet")
 		}
-		b.HTTP, b.NATS = m[1], m[2]
+		b.HTTP, b.NATS, b.GRPC = m[1], m[2], m[3]
 		return nil
 	})
 	return b
 }
 
 // startAgent runs the worker-agent command against an engine.
+var agentRun = agentcmd.Run
+
 func startAgent(t testing.TB, natsURL, id string, e *engine, slots int, args ...string) *proc {
 	t.Helper()
 	base := []string{"--nats-url", natsURL, "--engine", "openai", "--engine-url", e.URL, "--id", id,
