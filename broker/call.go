@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 	"sync"
@@ -66,6 +67,7 @@ type Call struct {
 	deadline, stall *time.Timer
 	attemptStart    time.Time
 	agent           string // the agent that accepted the current attempt
+	prefillAgent    string
 	retries         int
 	firstToken      time.Time
 	lastToken       time.Time
@@ -348,7 +350,7 @@ func (c *Call) Next(ctx context.Context) (*wire.Chunk, error) {
 			continue // queued before the attempt was abandoned
 		}
 		if ch.GetKind() == wire.Chunk_KIND_ACCEPTED && ch.GetStage() != wire.Chunk_STAGE_PREFILL {
-			c.agent = ch.GetAgentId()
+			c.agent, c.prefillAgent = ch.GetAgentId(), ch.GetPrefillAgent()
 		}
 		if ch.GetKind() == wire.Chunk_KIND_ERROR && c.firstToken.IsZero() && ch.GetError().GetRetryable() {
 			if err := c.retry(ctx, fmt.Errorf("attempt %d on %s: %w", ch.GetAttempt(), ch.GetAgentId(), ch.GetError())); err != nil {
@@ -450,6 +452,7 @@ func (c *Call) Close() {
 	if outcome == "" {
 		outcome = OutcomeCancelled
 	}
+	c.logEnd(outcome)
 	m := c.b.metrics
 	m.inflight.Dec()
 	m.requests.WithLabelValues(c.Model, c.Route.String(), outcome).Inc()
@@ -465,4 +468,33 @@ func (c *Call) Close() {
 	attempt := c.attempt
 	c.mu.Unlock()
 	c.cancelAttempt(attempt)
+}
+
+// logEnd writes the one line per finished request: ids, route, agents,
+// timings and size, never the prompt or the output.
+func (c *Call) logEnd(outcome string) {
+	log := c.b.log
+	if !log.Enabled(context.Background(), slog.LevelInfo) {
+		return
+	}
+	var ttft time.Duration
+	if !c.firstToken.IsZero() {
+		ttft = c.firstToken.Sub(c.Started)
+	}
+	agents := c.agent
+	if c.prefillAgent != "" {
+		agents = c.prefillAgent + "," + c.agent
+	}
+	log.LogAttrs(context.Background(), slog.LevelInfo, "request",
+		slog.String("request_id", c.ID),
+		slog.String("client_request_id", c.req.ClientRequestID),
+		slog.String("model", c.Model),
+		slog.String("route", c.Route.String()),
+		slog.String("agents", agents),
+		slog.Int("attempts", c.retries+1),
+		slog.Duration("ttft", ttft),
+		slog.Duration("duration", time.Since(c.Started)),
+		slog.Int("tokens", c.tokens),
+		slog.String("outcome", outcome),
+	)
 }

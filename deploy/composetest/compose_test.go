@@ -229,7 +229,7 @@ func parseDockerfile(t testing.TB, path string) dockerfile {
 	return d
 }
 
-var usageFlag = regexp.MustCompile(`(?m)^  -([A-Za-z0-9][-A-Za-z0-9_.]*)`)
+var usageFlag = regexp.MustCompile(`(?m)^  --?([A-Za-z0-9][-A-Za-z0-9_.]*)`)
 
 // usageFlags reads flag names from Go flag package usage text.
 func usageFlags(t *testing.T, what, usage string) map[string]bool {

@@ -82,6 +82,21 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*o
 	fs.DurationVar(&o.simITL, "sim-itl", 10*time.Millisecond, "sim engine: inter-token latency")
 	fs.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	cli.SetUsage(fs, `worker-agent: runs beside one inference engine. It heartbeats the engine's
+capacity on NATS, pulls jobs for its model and pool only while it has free
+slots, calls the engine and streams tokens back. SIGTERM drains it.
+
+Usage:
+  worker-agent --nats-url nats://broker:4222 --engine openai --engine-url http://127.0.0.1:8000
+  worker-agent --engine vllm --role prefill --engine-url http://127.0.0.1:8100
+  worker-agent --engine sim                  an in-process simulated engine`, []cli.Section{
+		{Title: "Engine", Flags: []string{"engine", "engine-url", "engine-api-key", "model", "slots", "tokenizer", "engine-grpc-tls"}},
+		{Title: "Role", Flags: []string{"role", "pd-protocol", "bootstrap-host", "bootstrap-port"}},
+		{Title: "NATS", Flags: []string{"nats-url", "id", "heartbeat", "prefix",
+			"nats-creds", "nats-nkey", "nats-user", "nats-password", "nats-token", "nats-tls-ca", "nats-tls-cert", "nats-tls-key", "nats-inbox-prefix"}},
+		{Title: "Observability", Flags: []string{"metrics-listen", "log-format", "log-level"}},
+		{Title: "Simulator (--engine sim)", Flags: []string{"sim-ttft", "sim-itl"}},
+	})
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}

@@ -123,6 +123,21 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*o
 	fs.IntVar(&o.retryLimit, "retry-limit", broker.DefaultRetryLimit, "retries of a request before its first token (another agent or route)")
 	fs.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	cli.SetUsage(fs, `broker: Switchyard's entry point. OpenAI-compatible HTTP and gRPC in front, NATS
+JetStream behind, capacity-weighted dispatch between the regular pool and the
+prefill/decode pipeline.
+
+Usage:
+  broker [flags]                      embedded NATS on --nats-listen
+  broker --nats-url nats://a,nats://b use an existing NATS server or cluster
+  broker --demo                       also run simulated agents, ready for curl`, []cli.Section{
+		{Title: "Client API", Flags: []string{"http", "grpc", "max-body", "grpc-max-recv-bytes", "grpc-max-send-bytes", "api-key", "api-keys-file", "tls-cert", "tls-key"}},
+		{Title: "Dispatch", Flags: []string{"dispatch-mode", "slow-start", "heartbeat-interval", "queue-max", "request-timeout", "stall-timeout", "retry-limit"}},
+		{Title: "NATS", Flags: []string{"nats-url", "nats-listen", "nats-config", "nats-monitor", "data-dir", "nats-max-payload", "replicas", "prefix", "id",
+			"nats-creds", "nats-nkey", "nats-user", "nats-password", "nats-token", "nats-tls-ca", "nats-tls-cert", "nats-tls-key", "nats-inbox-prefix"}},
+		{Title: "Lifecycle and logs", Flags: []string{"shutdown-grace", "log-format", "log-level"}},
+		{Title: "Demo", Flags: []string{"demo", "demo-agents", "demo-model", "demo-pd-protocol", "demo-slots", "demo-ttft", "demo-itl"}},
+	})
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}

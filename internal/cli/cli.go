@@ -81,3 +81,53 @@ func (r *Repeated) Set(v string) error {
 	*r = append(*r, v)
 	return nil
 }
+
+// Section is a group of flags in a command's help.
+type Section struct {
+	Title string
+	Flags []string
+}
+
+// SetUsage makes fs print a grouped help: a synopsis, then each section's
+// flags with their defaults and environment variables, then any flag no
+// section names under "Other".
+func SetUsage(fs *flag.FlagSet, synopsis string, sections []Section) {
+	fs.Usage = func() {
+		w := fs.Output()
+		fmt.Fprintf(w, "%s\n", strings.TrimSpace(synopsis))
+		listed := map[string]bool{}
+		print := func(title string, names []string) {
+			fmt.Fprintf(w, "\n%s:\n", title)
+			for _, name := range names {
+				f := fs.Lookup(name)
+				if f == nil {
+					continue
+				}
+				listed[name] = true
+				typ, usage := flag.UnquoteUsage(f)
+				line := "  --" + f.Name
+				if typ != "" {
+					line += " " + typ
+				}
+				fmt.Fprintf(w, "%s\n      %s", line, usage)
+				if f.DefValue != "" && f.DefValue != "0" && f.DefValue != "false" && f.DefValue != "0s" {
+					fmt.Fprintf(w, " (default %s)", f.DefValue)
+				}
+				fmt.Fprintf(w, " [$%s]\n", EnvName(f.Name))
+			}
+		}
+		for _, s := range sections {
+			print(s.Title, s.Flags)
+		}
+		var rest []string
+		fs.VisitAll(func(f *flag.Flag) {
+			if !listed[f.Name] {
+				rest = append(rest, f.Name)
+			}
+		})
+		if len(rest) > 0 {
+			print("Other", rest)
+		}
+		fmt.Fprintf(w, "\nEvery flag can also be set from the environment variable shown in brackets;\na flag on the command line wins.\n")
+	}
+}
