@@ -206,7 +206,7 @@ func (b *Broker) Ready() error {
 		return errors.New("broker not started")
 	}
 	if b.now().Sub(time.Unix(0, st)) < b.cfg.HeartbeatInterval {
-		return errors.New("capacity table still filling")
+		return fmt.Errorf("capacity table still filling (listening %s of %s)", b.now().Sub(time.Unix(0, st)).Round(time.Millisecond), b.cfg.HeartbeatInterval)
 	}
 	return nil
 }

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/openai/openai-go/v3/option"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/switchyard-ai/switchyard/internal/agentcmd"
 	"github.com/switchyard-ai/switchyard/internal/brokercmd"
@@ -289,3 +291,5 @@ func simengineConfig(model string) simengine.Config {
 }
 
 func withResponse(dst **http.Response) option.RequestOption { return option.WithResponseInto(dst) }
+
+func grpcInsecure() grpc.DialOption { return grpc.WithTransportCredentials(insecure.NewCredentials()) }

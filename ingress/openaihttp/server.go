@@ -37,6 +37,9 @@ type Config struct {
 	MaxBody int64
 	// Metrics serves /metrics when set.
 	Metrics http.Handler
+	// WriteTimeout bounds writing a non-streaming response; streams have
+	// no write deadline (they end with the request's own deadline).
+	WriteTimeout time.Duration
 	// Page serves the fleet page at / and its assets under /ui/ when set.
 	Page http.Handler
 }
@@ -243,6 +246,9 @@ type usage struct {
 
 // assemble collects a whole stream into one OpenAI response.
 func (s *Server) assemble(w http.ResponseWriter, r *http.Request, call *broker.Call, kind apiKind) {
+	if s.cfg.WriteTimeout > 0 {
+		_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
+	}
 	var (
 		text   strings.Builder
 		head   chunkHead

@@ -81,6 +81,9 @@ type options struct {
 	tlsCert       string
 	tlsKey        string
 	retryLimit    int
+	readHeader    time.Duration
+	idleTimeout   time.Duration
+	writeTimeout  time.Duration
 }
 
 func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*options, error) {
@@ -120,6 +123,9 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*o
 	fs.StringVar(&o.apiKeysFile, "api-keys-file", "", "file of API keys, one per line (# comments)")
 	fs.StringVar(&o.tlsCert, "tls-cert", "", "TLS certificate for HTTP and gRPC (with --tls-key)")
 	fs.StringVar(&o.tlsKey, "tls-key", "", "TLS private key for HTTP and gRPC")
+	fs.DurationVar(&o.readHeader, "read-header-timeout", 10*time.Second, "HTTP: time a client has to send its request headers")
+	fs.DurationVar(&o.idleTimeout, "idle-timeout", 120*time.Second, "HTTP: keep-alive connections idle longer are closed")
+	fs.DurationVar(&o.writeTimeout, "write-timeout", 0, "HTTP: bound on writing a non-streaming response (0: the request timeout)")
 	fs.IntVar(&o.retryLimit, "retry-limit", broker.DefaultRetryLimit, "retries of a request before its first token (another agent or route)")
 	fs.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
@@ -131,7 +137,7 @@ Usage:
   broker [flags]                      embedded NATS on --nats-listen
   broker --nats-url nats://a,nats://b use an existing NATS server or cluster
   broker --demo                       also run simulated agents, ready for curl`, []cli.Section{
-		{Title: "Client API", Flags: []string{"http", "grpc", "max-body", "grpc-max-recv-bytes", "grpc-max-send-bytes", "api-key", "api-keys-file", "tls-cert", "tls-key"}},
+		{Title: "Client API", Flags: []string{"http", "grpc", "max-body", "read-header-timeout", "idle-timeout", "write-timeout", "grpc-max-recv-bytes", "grpc-max-send-bytes", "api-key", "api-keys-file", "tls-cert", "tls-key"}},
 		{Title: "Dispatch", Flags: []string{"dispatch-mode", "slow-start", "heartbeat-interval", "queue-max", "request-timeout", "stall-timeout", "retry-limit"}},
 		{Title: "NATS", Flags: []string{"nats-url", "nats-listen", "nats-config", "nats-monitor", "data-dir", "nats-max-payload", "replicas", "prefix", "id",
 			"nats-creds", "nats-nkey", "nats-user", "nats-password", "nats-token", "nats-tls-ca", "nats-tls-cert", "nats-tls-key", "nats-inbox-prefix"}},
@@ -313,10 +319,15 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		}
 	}
 
+	writeTimeout := o.writeTimeout
+	if writeTimeout == 0 {
+		writeTimeout = o.reqTimeout
+	}
 	ingress := openaihttp.New(b, openaihttp.Config{
-		MaxBody: o.maxBody,
-		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}),
-		Page:    fleetui.Handler(),
+		MaxBody:      o.maxBody,
+		WriteTimeout: writeTimeout,
+		Metrics:      promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}),
+		Page:         fleetui.Handler(),
 	}, openaihttp.WithLogger(log))
 	if !keys.Enabled() && (tlsConf != nil || !loopback(o.httpAddr)) {
 		log.Warn("HTTP and gRPC ingress accept requests without an API key; set --api-key or --api-keys-file", "http", o.httpAddr)
@@ -330,8 +341,8 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		// when /v1/fleet answers 401.
 		Handler:           keys.HTTP(ingress, "/healthz", "/readyz", "/", fleetui.AssetPrefix, fleetui.AssetPrefix+"fleet.js", fleetui.AssetPrefix+"fleet.css"),
 		TLSConfig:         tlsConf,
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       120 * time.Second,
+		ReadHeaderTimeout: o.readHeader,
+		IdleTimeout:       o.idleTimeout,
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
