@@ -1,0 +1,84 @@
+package openaihttp
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/switchyard-ai/switchyard/wire"
+)
+
+var parseCases = []struct {
+	name   string
+	api    wire.API
+	body   string
+	code   string // "" means valid
+	stream bool
+	noPD   bool
+}{
+	{"chat", wire.API_API_CHAT, `{"model":"m","messages":[{"role":"user","content":"hi"}]}`, "", false, false},
+	{"chat stream usage", wire.API_API_CHAT, `{"messages":[{"role":"user","content":"hi"}],"stream":true,"stream_options":{"include_usage":true}}`, "", true, false},
+	{"parts content", wire.API_API_CHAT, `{"messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}]}`, "", false, false},
+	{"n two needs regular", wire.API_API_CHAT, `{"messages":[{"role":"user","content":"hi"}],"n":2}`, "", false, true},
+	{"completion", wire.API_API_COMPLETION, `{"prompt":"once"}`, "", false, false},
+	{"completion array", wire.API_API_COMPLETION, `{"prompt":["once"]}`, "", false, false},
+	{"usage without stream", wire.API_API_CHAT, `{"messages":[{"role":"user","content":"hi"}],"stream_options":{"include_usage":true}}`, "invalid_value", false, false},
+	{"bad json", wire.API_API_CHAT, `{`, "invalid_json", false, false},
+	{"trailing", wire.API_API_CHAT, `{"messages":[{"role":"user","content":"hi"}]}x`, "invalid_json", false, false},
+	{"array body", wire.API_API_CHAT, `[]`, "invalid_type", false, false},
+	{"model number", wire.API_API_CHAT, `{"model":3,"messages":[{"role":"user","content":"hi"}]}`, "invalid_type", false, false},
+	{"long model", wire.API_API_CHAT, `{"model":"` + strings.Repeat("m", 300) + `","messages":[{"role":"user","content":"hi"}]}`, "invalid_value", false, false},
+	{"empty messages", wire.API_API_CHAT, `{"messages":[]}`, "invalid_value", false, false},
+	{"no role", wire.API_API_CHAT, `{"messages":[{"content":"hi"}]}`, "invalid_value", false, false},
+	{"max tokens zero", wire.API_API_CHAT, `{"messages":[{"role":"user","content":"hi"}],"max_tokens":0}`, "invalid_value", false, false},
+	{"temperature", wire.API_API_CHAT, `{"messages":[{"role":"user","content":"hi"}],"temperature":3}`, "invalid_value", false, false},
+	{"top_p", wire.API_API_CHAT, `{"messages":[{"role":"user","content":"hi"}],"top_p":0}`, "invalid_value", false, false},
+	{"too many stops", wire.API_API_CHAT, `{"messages":[{"role":"user","content":"hi"}],"stop":["a","b","c","d","e","f","g","h","i","j","k","l","m","n","o","p","q"]}`, "invalid_value", false, false},
+	{"stop number", wire.API_API_CHAT, `{"messages":[{"role":"user","content":"hi"}],"stop":1}`, "invalid_type", false, false},
+	{"prompt number", wire.API_API_COMPLETION, `{"prompt":1}`, "invalid_type", false, false},
+	{"no prompt", wire.API_API_COMPLETION, `{}`, "invalid_value", false, false},
+	{"invalid utf8", wire.API_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"\xc3\"}]}", "invalid_encoding", false, false},
+}
+
+func TestParseRequest(t *testing.T) {
+	for _, tc := range parseCases {
+		t.Run(tc.name, func(t *testing.T) {
+			p, err := parseRequest(tc.api, []byte(tc.body))
+			if tc.code != "" {
+				if err == nil || err.Code == nil || *err.Code != tc.code || err.Status != 400 {
+					t.Fatalf("got %+v, want code %s", err, tc.code)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("unexpected error %+v", *err)
+			}
+			if p.Stream != tc.stream || p.Need.NoPD != tc.noPD {
+				t.Fatalf("parsed %+v", p)
+			}
+		})
+	}
+}
+
+// FuzzParseRequest: no body crashes the parser, every rejection is a 400
+// with a code, and an accepted body is a JSON object with a sane model.
+func FuzzParseRequest(f *testing.F) {
+	for _, tc := range parseCases {
+		f.Add(uint8(tc.api), []byte(tc.body))
+	}
+	f.Fuzz(func(t *testing.T, api uint8, body []byte) {
+		a := wire.API_API_CHAT
+		if api%2 == 1 {
+			a = wire.API_API_COMPLETION
+		}
+		p, err := parseRequest(a, body)
+		if err != nil {
+			if err.Status != 400 || err.Code == nil || err.Message == "" {
+				t.Fatalf("rejection %+v", err)
+			}
+			return
+		}
+		if len(p.Model) > maxModelLen || p.N < 1 || p.N > maxN {
+			t.Fatalf("accepted %+v", p)
+		}
+	})
+}
