@@ -49,6 +49,9 @@ func Unescape(tok string) (string, error) {
 	if tok == "" {
 		return "", ErrEmpty
 	}
+	if len(tok) > MaxTokenLen {
+		return "", fmt.Errorf("%w: %d bytes, max %d", ErrTooLong, len(tok), MaxTokenLen)
+	}
 	esc := false
 	for i := 0; i < len(tok); i++ {
 		if tok[i] == '_' {
