@@ -332,10 +332,25 @@ func (a *Agent) handle(ctx context.Context, msg jetstream.Msg) {
 		actx, c2 = context.WithDeadline(actx, dl.AsTime())
 		defer c2()
 	}
-	if err := msg.DoubleAck(actx); err != nil {
-		// Not confirmed: the job may already be with another agent.
-		a.log.Warn("job ack failed, dropping it", "request", job.GetRequestId(), "err", err)
-		return
+	prefill := a.cfg.Pool == subjects.PoolPrefill
+	if prefill {
+		if err := msg.DoubleAck(actx); err != nil {
+			// Not confirmed: the job may already be with another agent.
+			a.log.Warn("job ack failed, dropping it", "request", job.GetRequestId(), "err", err)
+			return
+		}
+	} else {
+		// The ack's round trip overlaps the engine's prefill: the engine is
+		// called at once, and nothing is sent to the broker until the
+		// server confirmed the job is ours (see stream.waitAck).
+		out.acked = make(chan error, 1)
+		go func() {
+			err := msg.DoubleAck(actx)
+			if err == nil {
+				err = out.send(&wire.Chunk{Kind: wire.Chunk_KIND_ACCEPTED, PrefillAgent: job.GetPd().GetPrefillAgent()})
+			}
+			out.acked <- err
+		}()
 	}
 	a.mu.Lock()
 	a.jobs[job.GetRequestId()] = heldJob{attempt: job.GetAttempt(), cancel: cancel}
@@ -349,18 +364,25 @@ func (a *Agent) handle(ctx context.Context, msg jetstream.Msg) {
 	}()
 	body, err := streamingBody(job.GetBody())
 	if err != nil {
-		out.fail(&wire.Error{Code: wire.CodeBadRequest, Message: err.Error()})
+		if out.waitAck() == nil {
+			out.fail(&wire.Error{Code: wire.CodeBadRequest, Message: err.Error()})
+		}
 		return
 	}
 	req := &Request{RequestID: job.GetRequestId(), API: job.GetApi(), Body: body, Job: job}
-	if a.cfg.Pool == subjects.PoolPrefill {
+	if prefill {
 		a.prefill(actx, req, out)
 		return
 	}
-	out.send(&wire.Chunk{Kind: wire.Chunk_KIND_ACCEPTED, PrefillAgent: job.GetPd().GetPrefillAgent()})
 	out.called = time.Now()
 	err = a.engine.Stream(actx, req, out.emit)
 	a.metrics.duration.Observe(time.Since(out.called).Seconds())
+	if ackErr := out.waitAck(); ackErr != nil {
+		// Not confirmed: the job may be with another agent; stay silent.
+		cancel(ackErr)
+		a.log.Warn("job ack failed, dropped it", "request", job.GetRequestId(), "err", ackErr)
+		return
+	}
 	switch {
 	case err == nil:
 		a.metrics.jobs.WithLabelValues(JobOK).Inc()

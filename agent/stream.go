@@ -24,6 +24,24 @@ type stream struct {
 	ended        bool
 	stage        wire.Chunk_Stage
 	called       time.Time // when the engine was called
+
+	// acked, when set, yields the result of the job's ack (and its
+	// accepted chunk); waitAck reads it once.
+	acked   chan error
+	ackErr  error
+	ackRead bool
+}
+
+// waitAck blocks until the job's ack is confirmed (or failed). Everything
+// after the accepted chunk waits for it, so the sequence stays in order and
+// an agent that lost the job to another never speaks for it.
+func (s *stream) waitAck() error {
+	if s.acked == nil || s.ackRead {
+		return s.ackErr
+	}
+	s.ackErr = <-s.acked
+	s.ackRead = true
+	return s.ackErr
 }
 
 func newStream(a *Agent, job *wire.Job) *stream {
@@ -65,6 +83,9 @@ type engineChunk struct {
 
 // emit is the Engine's callback for one engine chunk.
 func (s *stream) emit(raw []byte) error {
+	if err := s.waitAck(); err != nil {
+		return err
+	}
 	var ec engineChunk
 	if err := json.Unmarshal(raw, &ec); err != nil {
 		return &wire.Error{Code: wire.CodeEngine, Message: "engine sent an undecodable chunk: " + err.Error()}
