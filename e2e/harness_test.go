@@ -202,7 +202,10 @@ func startBroker(t testing.TB, args ...string) *brokerProc {
 }
 
 // startAgent runs the worker-agent command against an engine.
-var agentRun = agentcmd.Run
+var (
+	agentRun  = agentcmd.Run
+	brokerRun = brokercmd.Run
+)
 
 func startAgent(t testing.TB, natsURL, id string, e *engine, slots int, args ...string) *proc {
 	t.Helper()

@@ -82,6 +82,7 @@ type options struct {
 	tlsKey        string
 	retryLimit    int
 	readHeader    time.Duration
+	shutdownDelay time.Duration
 	idleTimeout   time.Duration
 	writeTimeout  time.Duration
 }
@@ -104,6 +105,7 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*o
 	fs.DurationVar(&o.reqTimeout, "request-timeout", broker.DefaultRequestTimeout, "deadline of a request")
 	fs.DurationVar(&o.stallTimeout, "stall-timeout", broker.DefaultStallTimeout, "end a request whose agent sends nothing for this long")
 	fs.DurationVar(&o.shutdownGrace, "shutdown-grace", 30*time.Second, "on SIGTERM, time for in-flight streams to finish")
+	fs.DurationVar(&o.shutdownDelay, "shutdown-delay", 0, "on SIGTERM, keep answering 503 on /readyz and new requests this long before closing the listeners (set it above your load balancer's probe interval)")
 	fs.StringVar(&o.mode, "dispatch-mode", "capacity", "route weights: capacity, paired or count")
 	fs.DurationVar(&o.slowStart, "slow-start", dispatch.DefaultSlowStart, "ramp of a new agent's slots from the floor to full (0 disables)")
 	fs.BoolVar(&o.demo, "demo", false, "also run simulated agents in-process")
@@ -141,7 +143,7 @@ Usage:
 		{Title: "Dispatch", Flags: []string{"dispatch-mode", "slow-start", "heartbeat-interval", "queue-max", "request-timeout", "stall-timeout", "retry-limit"}},
 		{Title: "NATS", Flags: []string{"nats-url", "nats-listen", "nats-config", "nats-monitor", "data-dir", "nats-max-payload", "replicas", "prefix", "id",
 			"nats-creds", "nats-nkey", "nats-user", "nats-password", "nats-token", "nats-tls-ca", "nats-tls-cert", "nats-tls-key", "nats-inbox-prefix"}},
-		{Title: "Lifecycle and logs", Flags: []string{"shutdown-grace", "log-format", "log-level"}},
+		{Title: "Lifecycle and logs", Flags: []string{"shutdown-grace", "shutdown-delay", "log-format", "log-level"}},
 		{Title: "Demo", Flags: []string{"demo", "demo-agents", "demo-model", "demo-pd-protocol", "demo-slots", "demo-ttft", "demo-itl"}},
 	})
 	if err := fs.Parse(args); err != nil {
@@ -395,8 +397,14 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		_ = srv.Close()
 		return fmt.Errorf("grpc server: %w", err)
 	}
-	log.Info("shutting down", "grace", o.shutdownGrace)
+	log.Info("shutting down", "grace", o.shutdownGrace, "delay", o.shutdownDelay)
+	// Refuse new work first (readyz 503, requests 503) and keep listening
+	// for --shutdown-delay so load balancers see it, then stop listening
+	// and let the streams in flight finish.
 	b.StopAccepting()
+	if o.shutdownDelay > 0 {
+		time.Sleep(o.shutdownDelay)
+	}
 	graceCtx, cancel := context.WithTimeout(context.Background(), o.shutdownGrace)
 	defer cancel()
 	if gs != nil {

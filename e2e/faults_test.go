@@ -1,0 +1,302 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/switchyard-ai/switchyard/agent"
+	"github.com/switchyard-ai/switchyard/agent/engine/openai"
+	"github.com/switchyard-ai/switchyard/simengine"
+)
+
+// openStream starts a streaming request and returns once the first token
+// arrived, with a func that hangs up.
+func openStream(t *testing.T, base, prompt string, maxTokens int) (hangUp func(), rest <-chan streamResult) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":%q}],"max_tokens":%d,"stream":true}`, model, prompt, maxTokens)
+	req, _ := http.NewRequestWithContext(ctx, "POST", base+"/v1/chat/completions", strings.NewReader(body))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	br := bufio.NewReader(resp.Body)
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(line, `"content":" `) {
+			break
+		}
+	}
+	out := make(chan streamResult, 1)
+	go func() {
+		defer resp.Body.Close()
+		var r streamResult
+		for {
+			line, err := br.ReadString('\n')
+			if strings.HasPrefix(line, "data: [DONE]") {
+				r.done = true
+			}
+			if strings.Contains(line, `"error"`) {
+				r.errMsg = line
+			}
+			if err != nil {
+				out <- r
+				return
+			}
+		}
+	}()
+	return cancel, out
+}
+
+// TestClientDisconnectCancels: a client that hangs up mid-stream cancels
+// the engine request (the engine counts an abort), on the regular route and
+// on both legs of the PD route.
+func TestClientDisconnectCancels(t *testing.T) {
+	t.Run("regular", func(t *testing.T) {
+		b := startBroker(t)
+		e := startEngine(t, simengine.Config{Model: model, TTFT: time.Millisecond, ITL: 20 * time.Millisecond, Slots: 4})
+		startAgent(t, b.NATS, "a1", e, 4)
+		waitEligible(t, b.HTTP, "a1")
+		hangUp, _ := openStream(t, b.HTTP, "a story that will be interrupted", 200)
+		at := time.Now()
+		hangUp()
+		checkFor(t, 10*time.Second, time.Millisecond, func() error {
+			if e.Aborted() == 0 {
+				return fmt.Errorf("engine not aborted")
+			}
+			return nil
+		})
+		t.Logf("engine aborted %s after the client hung up", time.Since(at).Round(time.Millisecond))
+	})
+	t.Run("pd sglang", func(t *testing.T) {
+		f := startPD(t, "sglang")
+		hangUp, _ := openStream(t, f.b.HTTP, "a disaggregated story that will be interrupted", 200)
+		at := time.Now()
+		hangUp()
+		checkFor(t, 10*time.Second, time.Millisecond, func() error {
+			if f.decode.Aborted() == 0 {
+				return fmt.Errorf("decode not aborted")
+			}
+			return nil
+		})
+		t.Logf("decode leg aborted %s after the client hung up", time.Since(at).Round(time.Millisecond))
+	})
+}
+
+// holdOnlySlot starts a one-slot agent and a request that keeps its slot
+// (a 2.5s prefill) long enough for the queue depth, sampled every second, to
+// show what waits behind it.
+func holdOnlySlot(t *testing.T, b *brokerProc) (*engine, <-chan streamResult) {
+	t.Helper()
+	e := startEngine(t, simengine.Config{Model: model, TTFT: 2500 * time.Millisecond, ITL: time.Millisecond, Slots: 4})
+	startAgent(t, b.NATS, "one-slot", e, 1)
+	waitEligible(t, b.HTTP, "one-slot")
+	first := make(chan streamResult, 1)
+	go func() {
+		r, _ := rawStream(context.Background(), b.HTTP, "holding the only slot", 5)
+		first <- r
+	}()
+	checkFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if e.current.Load() == 0 {
+			return fmt.Errorf("first request not at the engine")
+		}
+		return nil
+	})
+	return e, first
+}
+
+// TestCancelledWhileQueued: a request whose client leaves while its job
+// still waits in the queue never reaches an engine.
+func TestCancelledWhileQueued(t *testing.T) {
+	b := startBroker(t)
+	e, first := holdOnlySlot(t, b)
+	served := e.served.Load()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, _ = rawStream(ctx, b.HTTP, "queued and abandoned", 5)
+	}()
+	// Wait until the second job is in the queue, then hang up.
+	checkFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		f := getFleetFull(t, b.HTTP)
+		if len(f.Models) == 0 || f.Models[0].Queue["regular"] == 0 {
+			return fmt.Errorf("not queued yet")
+		}
+		return nil
+	})
+	cancel()
+	<-done
+	if r := <-first; !r.done {
+		t.Fatalf("first stream: %+v", r)
+	}
+	// The agent takes the queued job next and must drop it.
+	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		f := getFleetFull(t, b.HTTP)
+		if len(f.Models) > 0 && f.Models[0].Queue["regular"] > 0 {
+			return fmt.Errorf("job still queued")
+		}
+		return nil
+	})
+	r, err := rawStream(context.Background(), b.HTTP, "after the abandoned one", 3)
+	if err != nil || !r.done {
+		t.Fatalf("%+v %v", r, err)
+	}
+	if got := e.served.Load() - served; got != 1 {
+		t.Fatalf("engine served %d requests after the first; the abandoned one must not start", got)
+	}
+}
+
+// TestQueueFull: a full pool queue answers 429 with Retry-After at once.
+func TestQueueFull(t *testing.T) {
+	b := startBroker(t, "--queue-max", "1")
+	_, first := holdOnlySlot(t, b)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); _, _ = rawStream(context.Background(), b.HTTP, "waiting in the queue", 3) }()
+	checkFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		f := getFleetFull(t, b.HTTP)
+		if len(f.Models) == 0 || f.Models[0].Queue["regular"] == 0 {
+			return fmt.Errorf("not queued yet")
+		}
+		return nil
+	})
+	resp, err := http.Post(b.HTTP+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"model":"sim-model","messages":[{"role":"user","content":"one too many"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := readAll(resp)
+	resp.Body.Close()
+	if resp.StatusCode != 429 || resp.Header.Get("Retry-After") == "" || !strings.Contains(text, "queue_full") {
+		t.Fatalf("status %d retry-after %q body %s", resp.StatusCode, resp.Header.Get("Retry-After"), text)
+	}
+	<-first
+	wg.Wait()
+}
+
+// TestAgentLostBeforeFirstToken: an agent that dies (its NATS connection
+// gone, no draining heartbeat) while its engine is still prefilling; the
+// broker notices the missing heartbeats and retries on another agent,
+// invisibly to the client.
+func TestAgentLostBeforeFirstToken(t *testing.T) {
+	b := startBroker(t)
+	slow := startEngine(t, simengine.Config{Model: model, TTFT: 5 * time.Second, ITL: time.Millisecond, Slots: 4})
+	nc, err := nats.Connect(b.NATS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	oa, _ := openai.New(slow.URL, 4)
+	doomed, err := agent.New(nc, oa, agent.Config{ID: "doomed", Model: model, Slots: 4, Heartbeat: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _ = doomed.Run(ctx) }()
+	waitEligible(t, b.HTTP, "doomed")
+	const prompt = "outlive your agent"
+	res := make(chan streamResult, 1)
+	go func() {
+		r, _ := rawStream(context.Background(), b.HTTP, prompt, 10)
+		res <- r
+	}()
+	checkFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if slow.current.Load() == 0 {
+			return fmt.Errorf("not at the engine yet")
+		}
+		return nil
+	})
+	startAgent(t, b.NATS, "survivor", fastEngine(t, 4), 4)
+	waitEligible(t, b.HTTP, "survivor")
+	killed := time.Now()
+	nc.Close()
+	r := <-res
+	want := expect(t, simengine.APIChat, fmt.Sprintf(`{"messages":[{"role":"user","content":%q}],"max_tokens":10}`, prompt))
+	if !r.done || r.text != want.Text || r.agent != "survivor" || r.errMsg != "" {
+		t.Fatalf("after the agent died: %+v, want %q from survivor", r, want.Text)
+	}
+	t.Logf("request completed on the survivor %s after its first agent died", time.Since(killed).Round(time.Millisecond))
+}
+
+// TestBrokerGracefulShutdown: on SIGTERM the broker refuses new work
+// (readyz and requests 503), lets the stream in flight finish, and returns
+// nil.
+func TestBrokerGracefulShutdown(t *testing.T) {
+	b := startBroker(t, "--shutdown-delay", "1s", "--shutdown-grace", "20s")
+	e := startEngine(t, simengine.Config{Model: model, TTFT: time.Millisecond, ITL: 10 * time.Millisecond, Slots: 4})
+	startAgent(t, b.NATS, "a1", e, 4)
+	waitEligible(t, b.HTTP, "a1")
+	_, rest := openStream(t, b.HTTP, "finish me during shutdown", 60)
+	stopped := make(chan error, 1)
+	go func() { stopped <- b.Stop(t) }()
+	checkFor(t, 5*time.Second, 5*time.Millisecond, func() error {
+		resp, err := http.Get(b.HTTP + "/readyz")
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 503 {
+			return fmt.Errorf("readyz %d", resp.StatusCode)
+		}
+		return nil
+	})
+	status, _ := post(t, b.HTTP+"/v1/chat/completions", `{"model":"sim-model","messages":[{"role":"user","content":"too late"}]}`)
+	if status != 503 {
+		t.Fatalf("new request during shutdown: %d", status)
+	}
+	if r := <-rest; !r.done || r.errMsg != "" {
+		t.Fatalf("in-flight stream cut by shutdown: %+v", r)
+	}
+	if err := <-stopped; err != nil {
+		t.Fatalf("broker returned %v", err)
+	}
+}
+
+// TestTwoBrokers: two brokers serve one fleet on one NATS; stopping one
+// hard affects only its own requests.
+func TestTwoBrokers(t *testing.T) {
+	a := startBroker(t, "--id", "broker-a")
+	other := start(t, brokerRun, "--http", "127.0.0.1:0", "--grpc", "", "--nats-url", a.NATS, "--id", "broker-b",
+		"--heartbeat-interval", "100ms", "--slow-start", "0", "--log-level", "error", "--shutdown-grace", "0s")
+	var bURL string
+	checkFor(t, 20*time.Second, 10*time.Millisecond, func() error {
+		m := listenLine.FindStringSubmatch(other.out.String())
+		if m == nil {
+			return fmt.Errorf("broker b not up")
+		}
+		bURL = m[1]
+		return nil
+	})
+	e := startEngine(t, simengine.Config{Model: model, TTFT: time.Millisecond, ITL: 10 * time.Millisecond, Slots: 16})
+	startAgent(t, a.NATS, "shared", e, 16)
+	waitEligible(t, a.HTTP, "shared")
+	waitEligible(t, bURL, "shared")
+	_, viaA := openStream(t, a.HTTP, "served by broker a", 60)
+	_, viaB := openStream(t, bURL, "served by broker b", 60)
+	_ = other.Stop(t) // grace 0: its streams are cut
+	if r := <-viaA; !r.done || r.errMsg != "" {
+		t.Fatalf("broker a's stream hurt by broker b's end: %+v", r)
+	}
+	if r := <-viaB; r.done {
+		t.Fatalf("broker b's stream survived its broker: %+v", r)
+	}
+	r, err := rawStream(context.Background(), a.HTTP, "broker a still serves", 4)
+	if err != nil || !r.done {
+		t.Fatalf("%+v %v", r, err)
+	}
+}
