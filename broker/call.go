@@ -78,6 +78,30 @@ type Call struct {
 // Submit routes req, publishes its job and returns the Call that receives
 // its chunks. Errors wrap the sentinels of errors.go.
 func (b *Broker) Submit(ctx context.Context, req Request) (*Call, error) {
+	c, err := b.submit(ctx, req)
+	if err != nil {
+		b.metrics.Reject(rejectReason(err))
+	}
+	return c, err
+}
+
+// rejectReason is the bounded label of a refused request.
+func rejectReason(err error) string {
+	for _, r := range []struct {
+		err    error
+		reason string
+	}{
+		{ErrQueueFull, "queue_full"}, {ErrNoCapacity, "no_capacity"}, {ErrUnsupported, "unsupported"},
+		{ErrUnknownModel, "unknown_model"}, {ErrNoModel, "no_model"}, {ErrNotConnected, "not_connected"}, {ErrClosed, "closed"},
+	} {
+		if errors.Is(err, r.err) {
+			return r.reason
+		}
+	}
+	return "other"
+}
+
+func (b *Broker) submit(ctx context.Context, req Request) (*Call, error) {
 	if b.started.Load() == 0 || b.closing.Load() {
 		return nil, ErrClosed
 	}
