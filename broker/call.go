@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -50,6 +51,8 @@ type Call struct {
 
 	b       *Broker
 	req     Request
+	body    []byte             // the body of the current attempt (a continuation after a migration)
+	cont    *wire.Continuation // set on migrated attempts
 	replyTo string
 	ch      chan *wire.Chunk
 
@@ -68,6 +71,11 @@ type Call struct {
 	attemptStart    time.Time
 	agent           string // the agent that accepted the current attempt
 	prefillAgent    string
+	watch           *time.Ticker
+	migrations      int
+	sent            strings.Builder // the text handed to the client so far
+	sentTokens      int             // content chunks handed to the client before the current attempt
+	streamID        string          // the engine's chunk id of the first attempt, kept across migrations
 	retries         int
 	firstToken      time.Time
 	lastToken       time.Time
@@ -135,6 +143,7 @@ func (b *Broker) submit(ctx context.Context, req Request) (*Call, error) {
 		Started:  now,
 		b:        b,
 		req:      req,
+		body:     req.Body,
 		ch:       make(chan *wire.Chunk, b.cfg.ChunkBuffer),
 		failed:   make(chan struct{}),
 	}
@@ -185,8 +194,9 @@ func (c *Call) dispatch(ctx context.Context) error {
 		Model:           c.Model,
 		Api:             c.req.API,
 		Stream:          c.req.Stream,
-		Body:            c.req.Body,
+		Body:            c.body,
 		ReplySubject:    c.replyTo,
+		Continuation:    c.cont,
 		Deadline:        timestamppb.New(c.Deadline),
 		Trace:           c.req.Trace,
 		ClientRequestId: c.req.ClientRequestID,
@@ -335,12 +345,12 @@ func (c *Call) Next(ctx context.Context) (*wire.Chunk, error) {
 	} else {
 		c.stall.Reset(c.b.cfg.StallTimeout)
 	}
-	var watch <-chan time.Time
-	if c.firstToken.IsZero() {
-		t := time.NewTicker(c.b.cfg.WatchInterval)
-		defer t.Stop()
-		watch = t.C
+	// The watch looks for dead agents and, before the first token, for
+	// jobs no one can take. It is one ticker per request in flight.
+	if c.watch == nil {
+		c.watch = time.NewTicker(c.b.cfg.WatchInterval)
 	}
+	watch := c.watch.C
 	for {
 		// Chunks already buffered win over a failure noticed later.
 		var ch *wire.Chunk
@@ -356,10 +366,14 @@ func (c *Call) Next(ctx context.Context) (*wire.Chunk, error) {
 			case <-c.deadline.C:
 				return nil, fmt.Errorf("%w: request %s", ErrTimeout, c.ID)
 			case <-c.stall.C:
-				return nil, fmt.Errorf("%w: request %s: nothing for %s", ErrStalled, c.ID, c.b.cfg.StallTimeout)
+				if err := c.recover(ctx, fmt.Errorf("%w: request %s: nothing for %s", ErrStalled, c.ID, c.b.cfg.StallTimeout)); err != nil {
+					return nil, err
+				}
+				c.stall.Reset(c.b.cfg.StallTimeout)
+				continue
 			case <-watch:
 				if why := c.stuck(); why != nil {
-					if err := c.retry(ctx, why); err != nil {
+					if err := c.recover(ctx, why); err != nil {
 						return nil, err
 					}
 					c.stall.Reset(c.b.cfg.StallTimeout)
@@ -376,11 +390,14 @@ func (c *Call) Next(ctx context.Context) (*wire.Chunk, error) {
 		if ch.GetKind() == wire.Chunk_KIND_ACCEPTED && ch.GetStage() != wire.Chunk_STAGE_PREFILL {
 			c.agent, c.prefillAgent = ch.GetAgentId(), ch.GetPrefillAgent()
 		}
-		if ch.GetKind() == wire.Chunk_KIND_ERROR && c.firstToken.IsZero() && ch.GetError().GetRetryable() {
-			if err := c.retry(ctx, fmt.Errorf("attempt %d on %s: %w", ch.GetAttempt(), ch.GetAgentId(), ch.GetError())); err != nil {
+		if ch.GetKind() == wire.Chunk_KIND_ERROR && recoverable(ch.GetError(), !c.firstToken.IsZero()) {
+			if err := c.recover(ctx, fmt.Errorf("attempt %d on %s: %w", ch.GetAttempt(), ch.GetAgentId(), ch.GetError())); err != nil {
 				return nil, err
 			}
 			continue
+		}
+		if c.migrations > 0 {
+			c.continued(ch)
 		}
 		if ch.GetStage() == wire.Chunk_STAGE_PREFILL {
 			if ch.GetKind() == wire.Chunk_KIND_ERROR {
@@ -399,7 +416,7 @@ func (c *Call) Next(ctx context.Context) (*wire.Chunk, error) {
 // stuck reports why the current attempt should be abandoned before its
 // first token: nobody can take its job, or the agent that took it is gone.
 func (c *Call) stuck() error {
-	if c.b.now().Sub(c.attemptStart) < c.b.cfg.AcceptTimeout {
+	if c.b.now().Sub(c.attemptStart) < c.b.cfg.AcceptTimeout && c.agent == "" {
 		return nil
 	}
 	m, ok := c.b.table.Load().Model(c.Model)
@@ -407,6 +424,9 @@ func (c *Call) stuck() error {
 		return nil
 	}
 	if c.agent == "" {
+		if !c.firstToken.IsZero() {
+			return nil // between attempts of a migration: the stall timer covers it
+		}
 		if !m.Eligible(c.Route) {
 			return fmt.Errorf("%w: route %s of %q has no eligible agent", errNotTaken, c.Route, c.Model)
 		}
@@ -426,9 +446,16 @@ func (c *Call) stuck() error {
 func (c *Call) deliver(ch *wire.Chunk) *wire.Chunk {
 	switch ch.GetKind() {
 	case wire.Chunk_KIND_TOKEN:
+		c.sent.WriteString(ch.GetDeltaText())
 		now := time.Now()
 		if c.firstToken.IsZero() {
 			c.firstToken = now
+			var head struct {
+				ID string `json:"id"`
+			}
+			if json.Unmarshal(ch.GetRaw(), &head) == nil {
+				c.streamID = head.ID
+			}
 			c.b.metrics.ttft.WithLabelValues(c.Model, c.Route.String()).Observe(now.Sub(c.Started).Seconds())
 		} else {
 			c.b.metrics.itl.WithLabelValues(c.Model, c.Route.String()).Observe(now.Sub(c.lastToken).Seconds())
@@ -471,6 +498,9 @@ func (c *Call) Close() {
 	if c.deadline != nil {
 		c.deadline.Stop()
 		c.stall.Stop()
+	}
+	if c.watch != nil {
+		c.watch.Stop()
 	}
 	outcome := c.outcome
 	if outcome == "" {
@@ -515,7 +545,8 @@ func (c *Call) logEnd(outcome string) {
 		slog.String("model", c.Model),
 		slog.String("route", c.Route.String()),
 		slog.String("agents", agents),
-		slog.Int("attempts", c.retries+1),
+		slog.Int("attempts", c.retries+c.migrations+1),
+		slog.Int("migrations", c.migrations),
 		slog.Duration("ttft", ttft),
 		slog.Duration("duration", time.Since(c.Started)),
 		slog.Int("tokens", c.tokens),

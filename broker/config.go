@@ -20,6 +20,7 @@ const (
 	DefaultChunkBuffer       = 512
 	DefaultStallTimeout      = 30 * time.Second
 	DefaultRetryLimit        = 2
+	DefaultMigrationLimit    = 1
 	DefaultAcceptTimeout     = time.Second
 	DefaultWatchInterval     = 250 * time.Millisecond
 )
@@ -49,6 +50,9 @@ type Config struct {
 	StallTimeout time.Duration
 	// RetryLimit bounds the retries of a request before its first token.
 	RetryLimit int
+	// MigrationLimit bounds the migrations of a stream after its first
+	// token; -1 disables migration (0 takes the default).
+	MigrationLimit int
 	// AcceptTimeout is how long an attempt may wait for an agent before the
 	// broker checks whether anyone can take it (or whether its agent died).
 	AcceptTimeout time.Duration
@@ -88,6 +92,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.RetryLimit == 0 {
 		c.RetryLimit = DefaultRetryLimit
+	}
+	if c.MigrationLimit == 0 {
+		c.MigrationLimit = DefaultMigrationLimit
 	}
 	if c.AcceptTimeout == 0 {
 		c.AcceptTimeout = DefaultAcceptTimeout

@@ -16,6 +16,7 @@ type Metrics struct {
 	outputTokens *prometheus.CounterVec
 	rejections   *prometheus.CounterVec
 	retries      *prometheus.CounterVec
+	migrations   prometheus.Counter
 }
 
 // Latency buckets for LLM serving, in seconds: TTFT spans milliseconds
@@ -50,6 +51,9 @@ func NewMetrics() *Metrics {
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_retries_total", Help: "Attempts abandoned before the first token and dispatched again, by reason.",
 		}, []string{"reason"}),
+		migrations: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "switchyard_migrations_total", Help: "Streams continued on another agent after their first token.",
+		}),
 		rejections: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_rejections_total", Help: "Requests refused before dispatch, by reason.",
 		}, []string{"reason"}),
@@ -58,7 +62,7 @@ func NewMetrics() *Metrics {
 
 // Register adds every collector to r.
 func (m *Metrics) Register(r prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.requests, m.inflight, m.ttft, m.itl, m.e2e, m.outputTokens, m.rejections, m.retries} {
+	for _, c := range []prometheus.Collector{m.requests, m.inflight, m.ttft, m.itl, m.e2e, m.outputTokens, m.rejections, m.retries, m.migrations} {
 		if err := r.Register(c); err != nil {
 			return err
 		}

@@ -3,6 +3,7 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
@@ -298,5 +299,125 @@ func TestTwoBrokers(t *testing.T) {
 	r, err := rawStream(context.Background(), a.HTTP, "broker a still serves", 4)
 	if err != nil || !r.done {
 		t.Fatalf("%+v %v", r, err)
+	}
+}
+
+// TestMigrationAfterFirstToken: the agent dies mid-stream (its NATS
+// connection gone); the broker continues the stream on another agent from
+// the text already sent, and the client receives exactly the text of an
+// uninterrupted request, byte for byte, with usage of one request.
+func TestMigrationAfterFirstToken(t *testing.T) {
+	for _, api := range []string{"chat", "completion"} {
+		t.Run(api, func(t *testing.T) {
+			b := startBroker(t)
+			slowish := startEngine(t, simengine.Config{Model: model, TTFT: time.Millisecond, ITL: 40 * time.Millisecond, Slots: 4})
+			nc, err := nats.Connect(b.NATS)
+			if err != nil {
+				t.Fatal(err)
+			}
+			oa, _ := openai.New(slowish.URL, 4)
+			doomed, err := agent.New(nc, oa, agent.Config{ID: "doomed", Model: model, Slots: 4, Heartbeat: 100 * time.Millisecond})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			go func() { _ = doomed.Run(ctx) }()
+			waitEligible(t, b.HTTP, "doomed")
+
+			var body, path string
+			var want simengine.Expectation
+			if api == "chat" {
+				body = `{"model":"sim-model","messages":[{"role":"user","content":"never stop talking"}],"max_tokens":30,"stream":true,"stream_options":{"include_usage":true}}`
+				path = "/v1/chat/completions"
+				want = expect(t, simengine.APIChat, body)
+			} else {
+				body = `{"model":"sim-model","prompt":"a river runs","max_tokens":30,"stream":true,"stream_options":{"include_usage":true}}`
+				path = "/v1/completions"
+				want = expect(t, simengine.APICompletion, body)
+			}
+			survivorEng := fastEngine(t, 4)
+			if want.CompletionTokens < 12 {
+				t.Fatalf("prompt too short for the test: %d tokens", want.CompletionTokens)
+			}
+			req, _ := http.NewRequest("POST", b.HTTP+path, strings.NewReader(body))
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			br := bufio.NewReader(resp.Body)
+			var text strings.Builder
+			var usage struct{ Prompt, Completion, Total int }
+			tokens, done, killed, errors := 0, false, false, 0
+			ids := map[string]bool{}
+			for {
+				line, err := br.ReadString('\n')
+				if err != nil {
+					break
+				}
+				payload, ok := strings.CutPrefix(strings.TrimSpace(line), "data: ")
+				if !ok {
+					continue
+				}
+				if payload == "[DONE]" {
+					done = true
+					continue
+				}
+				var c struct {
+					ID      string `json:"id"`
+					Choices []struct {
+						Text  string `json:"text"`
+						Delta struct {
+							Content string `json:"content"`
+						} `json:"delta"`
+					} `json:"choices"`
+					Usage *struct {
+						Prompt     int `json:"prompt_tokens"`
+						Completion int `json:"completion_tokens"`
+						Total      int `json:"total_tokens"`
+					} `json:"usage"`
+					Error any `json:"error"`
+				}
+				if err := json.Unmarshal([]byte(payload), &c); err != nil {
+					t.Fatal(err)
+				}
+				if c.Error != nil {
+					errors++
+				}
+				ids[c.ID] = true
+				for _, ch := range c.Choices {
+					piece := ch.Delta.Content + ch.Text
+					text.WriteString(piece)
+					if piece != "" {
+						tokens++
+					}
+				}
+				if c.Usage != nil {
+					usage.Prompt, usage.Completion, usage.Total = c.Usage.Prompt, c.Usage.Completion, c.Usage.Total
+				}
+				if tokens >= 3 && !killed {
+					killed = true
+					startAgent(t, b.NATS, "survivor", survivorEng, 4)
+					waitEligible(t, b.HTTP, "survivor")
+					nc.Close() // the agent is gone mid-stream
+				}
+			}
+			if !killed || !done || errors != 0 {
+				t.Fatalf("killed %v done %v errors %d", killed, done, errors)
+			}
+			if text.String() != want.Text {
+				t.Fatalf("migrated stream:\n got %q\nwant %q", text.String(), want.Text)
+			}
+			if usage.Completion != want.CompletionTokens || usage.Prompt != want.PromptTokens || usage.Total != want.PromptTokens+want.CompletionTokens {
+				t.Fatalf("usage %+v, want %d+%d", usage, want.PromptTokens, want.CompletionTokens)
+			}
+			if len(ids) != 1 {
+				t.Fatalf("chunk ids %v: the client must see one stream", ids)
+			}
+			if survivorEng.served.Load() != 1 {
+				t.Fatalf("the survivor served %d requests; the stream must have moved to it", survivorEng.served.Load())
+			}
+		})
 	}
 }

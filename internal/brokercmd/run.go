@@ -81,6 +81,7 @@ type options struct {
 	tlsCert       string
 	tlsKey        string
 	retryLimit    int
+	migrationLim  int
 	readHeader    time.Duration
 	shutdownDelay time.Duration
 	idleTimeout   time.Duration
@@ -128,6 +129,7 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*o
 	fs.DurationVar(&o.readHeader, "read-header-timeout", 10*time.Second, "HTTP: time a client has to send its request headers")
 	fs.DurationVar(&o.idleTimeout, "idle-timeout", 120*time.Second, "HTTP: keep-alive connections idle longer are closed")
 	fs.DurationVar(&o.writeTimeout, "write-timeout", 0, "HTTP: bound on writing a non-streaming response (0: the request timeout)")
+	fs.IntVar(&o.migrationLim, "migration-limit", broker.DefaultMigrationLimit, "migrations of a stream to another agent after its first token (-1: none; the client then gets one error event)")
 	fs.IntVar(&o.retryLimit, "retry-limit", broker.DefaultRetryLimit, "retries of a request before its first token (another agent or route)")
 	fs.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
@@ -140,7 +142,7 @@ Usage:
   broker --nats-url nats://a,nats://b use an existing NATS server or cluster
   broker --demo                       also run simulated agents, ready for curl`, []cli.Section{
 		{Title: "Client API", Flags: []string{"http", "grpc", "max-body", "read-header-timeout", "idle-timeout", "write-timeout", "grpc-max-recv-bytes", "grpc-max-send-bytes", "api-key", "api-keys-file", "tls-cert", "tls-key"}},
-		{Title: "Dispatch", Flags: []string{"dispatch-mode", "slow-start", "heartbeat-interval", "queue-max", "request-timeout", "stall-timeout", "retry-limit"}},
+		{Title: "Dispatch", Flags: []string{"dispatch-mode", "slow-start", "heartbeat-interval", "queue-max", "request-timeout", "stall-timeout", "retry-limit", "migration-limit"}},
 		{Title: "NATS", Flags: []string{"nats-url", "nats-listen", "nats-config", "nats-monitor", "data-dir", "nats-max-payload", "replicas", "prefix", "id",
 			"nats-creds", "nats-nkey", "nats-user", "nats-password", "nats-token", "nats-tls-ca", "nats-tls-cert", "nats-tls-key", "nats-inbox-prefix"}},
 		{Title: "Lifecycle and logs", Flags: []string{"shutdown-grace", "shutdown-delay", "log-format", "log-level"}},
@@ -274,6 +276,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		RequestTimeout:    o.reqTimeout,
 		StallTimeout:      o.stallTimeout,
 		RetryLimit:        o.retryLimit,
+		MigrationLimit:    o.migrationLim,
 		Dispatch:          dcfg,
 	}, broker.WithLogger(log), broker.WithMetrics(metrics))
 	if err != nil {
