@@ -37,9 +37,12 @@ type Config struct {
 	MaxBody int64
 	// Metrics serves /metrics when set.
 	Metrics http.Handler
-	// WriteTimeout bounds writing a non-streaming response; streams have
-	// no write deadline (they end with the request's own deadline).
+	// WriteTimeout bounds writing a non-streaming response.
 	WriteTimeout time.Duration
+	// StreamWriteTimeout bounds each SSE write: a client that stops
+	// reading for this long is cut off (its request cancelled) instead of
+	// holding a goroutine and a buffer (default 30s).
+	StreamWriteTimeout time.Duration
 	// Page serves the fleet page at / and its assets under /ui/ when set.
 	Page http.Handler
 }
@@ -63,6 +66,9 @@ func WithLogger(l *slog.Logger) Option { return func(s *Server) { s.log = l } }
 func New(backend Backend, cfg Config, opts ...Option) *Server {
 	if cfg.MaxBody <= 0 {
 		cfg.MaxBody = DefaultMaxBody
+	}
+	if cfg.StreamWriteTimeout <= 0 {
+		cfg.StreamWriteTimeout = 30 * time.Second
 	}
 	s := &Server{cfg: cfg, backend: backend, log: slog.Default(), mux: http.NewServeMux()}
 	for _, o := range opts {
@@ -175,6 +181,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, call *broker.Cal
 	}
 	buf := make([]byte, 0, 1024)
 	write := func(data []byte) error {
+		_ = rc.SetWriteDeadline(time.Now().Add(s.cfg.StreamWriteTimeout))
 		buf = append(buf[:0], "data: "...)
 		buf = append(buf, data...)
 		buf = append(buf, "\n\n"...)

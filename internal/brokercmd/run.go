@@ -86,6 +86,7 @@ type options struct {
 	shutdownDelay time.Duration
 	idleTimeout   time.Duration
 	writeTimeout  time.Duration
+	streamWrite   time.Duration
 }
 
 func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*options, error) {
@@ -128,6 +129,7 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*o
 	fs.StringVar(&o.tlsKey, "tls-key", "", "TLS private key for HTTP and gRPC")
 	fs.DurationVar(&o.readHeader, "read-header-timeout", 10*time.Second, "HTTP: time a client has to send its request headers")
 	fs.DurationVar(&o.idleTimeout, "idle-timeout", 120*time.Second, "HTTP: keep-alive connections idle longer are closed")
+	fs.DurationVar(&o.streamWrite, "stream-write-timeout", 30*time.Second, "HTTP: a streaming client that accepts no data for this long is cut off and its request cancelled")
 	fs.DurationVar(&o.writeTimeout, "write-timeout", 0, "HTTP: bound on writing a non-streaming response (0: the request timeout)")
 	fs.IntVar(&o.migrationLim, "migration-limit", broker.DefaultMigrationLimit, "migrations of a stream to another agent after its first token (-1: none; the client then gets one error event)")
 	fs.IntVar(&o.retryLimit, "retry-limit", broker.DefaultRetryLimit, "retries of a request before its first token (another agent or route)")
@@ -141,7 +143,7 @@ Usage:
   broker [flags]                      embedded NATS on --nats-listen
   broker --nats-url nats://a,nats://b use an existing NATS server or cluster
   broker --demo                       also run simulated agents, ready for curl`, []cli.Section{
-		{Title: "Client API", Flags: []string{"http", "grpc", "max-body", "read-header-timeout", "idle-timeout", "write-timeout", "grpc-max-recv-bytes", "grpc-max-send-bytes", "api-key", "api-keys-file", "tls-cert", "tls-key"}},
+		{Title: "Client API", Flags: []string{"http", "grpc", "max-body", "read-header-timeout", "idle-timeout", "write-timeout", "stream-write-timeout", "grpc-max-recv-bytes", "grpc-max-send-bytes", "api-key", "api-keys-file", "tls-cert", "tls-key"}},
 		{Title: "Dispatch", Flags: []string{"dispatch-mode", "slow-start", "heartbeat-interval", "queue-max", "request-timeout", "stall-timeout", "retry-limit", "migration-limit"}},
 		{Title: "NATS", Flags: []string{"nats-url", "nats-listen", "nats-config", "nats-monitor", "data-dir", "nats-max-payload", "replicas", "prefix", "id",
 			"nats-creds", "nats-nkey", "nats-user", "nats-password", "nats-token", "nats-tls-ca", "nats-tls-cert", "nats-tls-key", "nats-inbox-prefix"}},
@@ -329,10 +331,11 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		writeTimeout = o.reqTimeout
 	}
 	ingress := openaihttp.New(b, openaihttp.Config{
-		MaxBody:      o.maxBody,
-		WriteTimeout: writeTimeout,
-		Metrics:      promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}),
-		Page:         fleetui.Handler(),
+		MaxBody:            o.maxBody,
+		WriteTimeout:       writeTimeout,
+		StreamWriteTimeout: o.streamWrite,
+		Metrics:            promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}),
+		Page:               fleetui.Handler(),
 	}, openaihttp.WithLogger(log))
 	if !keys.Enabled() && (tlsConf != nil || !loopback(o.httpAddr)) {
 		log.Warn("HTTP and gRPC ingress accept requests without an API key; set --api-key or --api-keys-file", "http", o.httpAddr)
