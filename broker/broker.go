@@ -46,6 +46,11 @@ type Broker struct {
 	metrics *Metrics
 	routes  sync.Map // model -> *routeStats
 	depth   atomic.Pointer[map[string]map[string]int]
+
+	// publishTimeout bounds a JetStream call (a job's publish, a stream
+	// check) whose context has no deadline, so a request never waits long
+	// on a NATS that went away between the connected check and the publish.
+	publishTimeout time.Duration
 }
 
 type agentKey struct{ model, id string }
@@ -63,25 +68,26 @@ func New(nc *nats.Conn, cfg Config, opts ...Option) (*Broker, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("broker config: %w", err)
 	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return nil, fmt.Errorf("broker: jetstream: %w", err)
-	}
 	b := &Broker{
-		cfg:    cfg,
-		log:    slog.Default(),
-		rand:   rand.Uint64,
-		now:    time.Now,
-		nc:     nc,
-		js:     js,
-		subj:   subjects.Must(cfg.Prefix),
-		agents: make(map[agentKey]*agentEntry),
-		known:  make(map[string]time.Time),
-		dirty:  make(chan struct{}, 1),
+		cfg:            cfg,
+		log:            slog.Default(),
+		rand:           rand.Uint64,
+		now:            time.Now,
+		nc:             nc,
+		subj:           subjects.Must(cfg.Prefix),
+		agents:         make(map[agentKey]*agentEntry),
+		known:          make(map[string]time.Time),
+		dirty:          make(chan struct{}, 1),
+		publishTimeout: DefaultPublishTimeout,
 	}
 	for _, o := range opts {
 		o(b)
 	}
+	js, err := jetstream.New(nc, jetstream.WithDefaultTimeout(b.publishTimeout))
+	if err != nil {
+		return nil, fmt.Errorf("broker: jetstream: %w", err)
+	}
+	b.js = js
 	if b.metrics == nil {
 		b.metrics = NewMetrics()
 	}
@@ -95,9 +101,39 @@ func (b *Broker) ID() string { return b.cfg.ID }
 // Config returns the configuration in force, defaults applied.
 func (b *Broker) Config() Config { return b.cfg }
 
+// DefaultPublishTimeout is the bound of a JetStream call without a
+// deadline of its own (see WithPublishTimeout).
+const DefaultPublishTimeout = 2 * time.Second
+
+// WithPublishTimeout bounds JetStream calls whose context has no deadline:
+// the publish of a job (an HTTP request's context has none) and the
+// broker's stream checks. A stream leader election on a cluster takes a
+// few seconds; a request that meets one gets 503 after this long instead
+// of waiting.
+func WithPublishTimeout(d time.Duration) Option {
+	return func(b *Broker) {
+		if d > 0 {
+			b.publishTimeout = d
+		}
+	}
+}
+
+// streamCheckInterval is how often the broker checks that the jobs stream
+// still exists (a NATS server restarted on an empty store, a stream
+// deleted by hand); it also checks at every reconnect.
+const streamCheckInterval = time.Second
+
 // EnsureStream creates or updates the jobs stream. It is idempotent, so every
-// broker of a fleet calls it at start.
+// broker of a fleet calls it at start, and again whenever it finds the
+// stream gone.
 func (b *Broker) EnsureStream(ctx context.Context) error {
+	if _, ok := ctx.Deadline(); !ok {
+		// Creating a replicated stream waits for its peers: allow more than
+		// a publish.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 5*b.publishTimeout)
+		defer cancel()
+	}
 	maxAge := b.cfg.RequestTimeout + time.Minute
 	_, err := b.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
 		Name:                 b.cfg.Stream,
@@ -150,11 +186,19 @@ func (b *Broker) Run(ctx context.Context) error {
 		return fmt.Errorf("broker: subscribe heartbeats: %w", err)
 	}
 	defer func() { _ = hbSub.Unsubscribe() }()
-	if err := b.nc.Flush(); err != nil {
-		return fmt.Errorf("broker: flush: %w", err)
+	if err := b.nc.FlushTimeout(b.publishTimeout); err != nil {
+		// NATS went away again: the subscriptions are sent at reconnect.
+		b.log.Warn("broker: subscriptions not confirmed yet", "err", err)
 	}
 	b.started.Store(b.now().UnixNano())
 	b.log.Info("broker running", "id", b.cfg.ID, "stream", b.cfg.Stream, "prefix", b.cfg.Prefix)
+
+	keeperDone := make(chan struct{})
+	defer func() { <-keeperDone }()
+	go func() {
+		defer close(keeperDone)
+		b.keepStream(ctx)
+	}()
 
 	go func() {
 		t := time.NewTicker(time.Second)
@@ -185,6 +229,54 @@ func (b *Broker) Run(ctx context.Context) error {
 		}
 		b.rebuild()
 	}
+}
+
+// keepStream recreates the jobs stream when it is gone: checked at every
+// reconnect (the server may have restarted on an empty store, or the
+// connection moved to another cluster) and every streamCheckInterval.
+// Subscriptions need no such care: nats.go renews them on reconnect.
+func (b *Broker) keepStream(ctx context.Context) {
+	connected := b.nc.StatusChanged(nats.CONNECTED)
+	defer b.nc.RemoveStatusListener(connected)
+	t := time.NewTicker(streamCheckInterval)
+	defer t.Stop()
+	for {
+		reconnected := false
+		select {
+		case <-ctx.Done():
+			return
+		case <-connected:
+			reconnected = true
+		case <-t.C:
+		}
+		if err := b.repairStream(ctx, reconnected); err != nil && ctx.Err() == nil {
+			b.log.Warn("jobs stream check failed, retrying", "stream", b.cfg.Stream, "err", err)
+		}
+	}
+}
+
+// repairStream makes sure the jobs stream exists; after a reconnect it
+// re-applies the configuration even if the stream is there (idempotent).
+func (b *Broker) repairStream(ctx context.Context, reconnected bool) error {
+	if !b.nc.IsConnected() {
+		return nil
+	}
+	if !reconnected {
+		sctx, cancel := context.WithTimeout(ctx, b.publishTimeout)
+		_, err := b.js.Stream(sctx, b.cfg.Stream)
+		cancel()
+		if !errors.Is(err, jetstream.ErrStreamNotFound) {
+			return nil // there, or not answerable now: check again later
+		}
+		b.log.Warn("jobs stream missing, recreating it", "stream", b.cfg.Stream)
+	}
+	if err := b.EnsureStream(ctx); err != nil {
+		return err
+	}
+	if !reconnected {
+		b.log.Info("jobs stream recreated", "stream", b.cfg.Stream)
+	}
+	return nil
 }
 
 // StopAccepting makes Submit refuse new requests (ErrClosed) and Ready
@@ -324,5 +416,7 @@ func (b *Broker) jobsSubject(model, pool string) (string, error) {
 }
 
 func (b *Broker) newRequestID() string {
-	return b.cfg.ID + "-" + strconv.FormatUint(b.nextReq.Add(1), 36)
+	// A counter keeps ids unique; the random tail makes them unguessable,
+	// so an agent credential cannot aim forged chunks at a request.
+	return b.cfg.ID + "-" + strconv.FormatUint(b.nextReq.Add(1), 36) + randomID(6)
 }
