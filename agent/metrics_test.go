@@ -1,14 +1,12 @@
 package agent
 
 import (
-	"bytes"
 	"flag"
-	"os"
-	"path/filepath"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/common/expfmt"
+
+	"github.com/switchyard-ai/switchyard/internal/goldentest"
 )
 
 var update = flag.Bool("update", false, "rewrite golden files")
@@ -26,29 +24,5 @@ func TestMetricsGolden(t *testing.T) {
 	if err := m.Register(reg); err != nil {
 		t.Fatal(err)
 	}
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var buf bytes.Buffer
-	enc := expfmt.NewEncoder(&buf, expfmt.NewFormat(expfmt.TypeTextPlain))
-	for _, mf := range mfs {
-		if err := enc.Encode(mf); err != nil {
-			t.Fatal(err)
-		}
-	}
-	path := filepath.Join("testdata", "metrics.golden")
-	if *update {
-		_ = os.MkdirAll("testdata", 0o755)
-		if err := os.WriteFile(path, buf.Bytes(), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Equal(buf.Bytes(), want) {
-		t.Fatalf("exposition differs from %s (run with -update):\n%s", path, buf.String())
-	}
+	goldentest.Exposition(t, reg, "metrics.golden", *update)
 }

@@ -1,18 +1,15 @@
 package broker
 
 import (
-	"bytes"
 	"flag"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/common/expfmt"
 
 	"github.com/switchyard-ai/switchyard/dispatch"
+	"github.com/switchyard-ai/switchyard/internal/goldentest"
 	"github.com/switchyard-ai/switchyard/internal/natstest"
 )
 
@@ -55,36 +52,5 @@ func TestMetricsGolden(t *testing.T) {
 		t.Fatal(err)
 	}
 	reg.MustRegister(b.Collector())
-	compareExposition(t, reg, "metrics.golden")
-}
-
-func compareExposition(t *testing.T, reg *prometheus.Registry, name string) {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var buf bytes.Buffer
-	enc := expfmt.NewEncoder(&buf, expfmt.NewFormat(expfmt.TypeTextPlain))
-	for _, mf := range mfs {
-		if err := enc.Encode(mf); err != nil {
-			t.Fatal(err)
-		}
-	}
-	path := filepath.Join("testdata", name)
-	if *update {
-		if err := os.MkdirAll("testdata", 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(path, buf.Bytes(), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Equal(buf.Bytes(), want) {
-		t.Fatalf("exposition differs from %s (run with -update to accept):\n%s", path, buf.String())
-	}
+	goldentest.Exposition(t, reg, "metrics.golden", *update)
 }

@@ -139,18 +139,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err != nil {
 		return err
 	}
-	nc, err := nats.Connect(o.natsURL, append([]nats.Option{
-		nats.Name("switchyard-agent"),
-		nats.MaxReconnects(-1),
-		nats.ReconnectWait(250 * time.Millisecond),
-		nats.RetryOnFailedConnect(true),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-			if err != nil {
-				log.Warn("NATS disconnected", "err", err)
-			}
-		}),
-		nats.ReconnectHandler(func(c *nats.Conn) { log.Info("NATS reconnected", "url", c.ConnectedUrlRedacted()) }),
-	}, natsOpts...)...)
+	nc, err := nats.Connect(o.natsURL, append(cli.NATSOptions(log, "switchyard-agent-"+o.id), natsOpts...)...)
 	if err != nil {
 		return fmt.Errorf("connect NATS %s: %w", o.natsURL, err)
 	}

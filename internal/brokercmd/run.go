@@ -244,17 +244,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		natsOpts = append(natsOpts, nats.InProcessServer(ns))
 	}
 	connect := func(name string) (*nats.Conn, error) {
-		opts := append([]nats.Option{
-			nats.Name(name),
-			nats.MaxReconnects(-1),
-			nats.ReconnectWait(250 * time.Millisecond),
-			nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-				if err != nil {
-					log.Warn("NATS disconnected", "conn", name, "err", err)
-				}
-			}),
-			nats.ReconnectHandler(func(c *nats.Conn) { log.Info("NATS reconnected", "conn", name, "url", c.ConnectedUrlRedacted()) }),
-		}, natsOpts...)
+		opts := append(cli.NATSOptions(log, name), natsOpts...)
 		return nats.Connect(natsURL, opts...)
 	}
 	nc, err := connect("switchyard-broker")
@@ -297,9 +287,8 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			log.Warn("NATS flush at exit", "err", err)
 		}
 	}()
-	if err := b.EnsureStream(ctx); err != nil {
-		return err
-	}
+	// Run creates the stream, retrying while NATS is unreachable; until it
+	// has, /readyz answers 503 and requests 503.
 
 	// Demo agents are the real worker-agent command with the in-process
 	// simulator; they drain when ctx ends, as real agents do on SIGTERM.
