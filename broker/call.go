@@ -99,7 +99,7 @@ func rejectReason(err error) string {
 		err    error
 		reason string
 	}{
-		{ErrQueueFull, "queue_full"}, {ErrNoCapacity, "no_capacity"}, {ErrUnsupported, "unsupported"},
+		{ErrQueueFull, "queue_full"}, {ErrQueueTimeout, "queue_timeout"}, {ErrNoCapacity, "no_capacity"}, {ErrUnsupported, "unsupported"},
 		{ErrUnknownModel, "unknown_model"}, {ErrNoModel, "no_model"}, {ErrNotConnected, "not_connected"}, {ErrClosed, "closed"},
 	} {
 		if errors.Is(err, r.err) {
@@ -372,6 +372,11 @@ func (c *Call) Next(ctx context.Context) (*wire.Chunk, error) {
 				c.stall.Reset(c.b.cfg.StallTimeout)
 				continue
 			case <-watch:
+				if c.agent == "" && c.firstToken.IsZero() && c.b.now().Sub(c.Started) > c.b.cfg.QueueTimeout {
+					// Nobody took the job in time: give up cleanly; the
+					// cancel at Close keeps the queued job from starting.
+					return nil, fmt.Errorf("%w: request %s waited %s", ErrQueueTimeout, c.ID, c.b.cfg.QueueTimeout)
+				}
 				if why := c.stuck(); why != nil {
 					if err := c.recover(ctx, why); err != nil {
 						return nil, err

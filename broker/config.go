@@ -21,6 +21,7 @@ const (
 	DefaultStallTimeout      = 30 * time.Second
 	DefaultRetryLimit        = 2
 	DefaultMigrationLimit    = 1
+	DefaultQueueTimeout      = time.Minute
 	DefaultAcceptTimeout     = time.Second
 	DefaultWatchInterval     = 250 * time.Millisecond
 )
@@ -48,6 +49,9 @@ type Config struct {
 	ChunkBuffer int
 	// StallTimeout ends a request whose agent sends nothing for this long.
 	StallTimeout time.Duration
+	// QueueTimeout ends a request that no agent took this long after it
+	// was submitted.
+	QueueTimeout time.Duration
 	// RetryLimit bounds the retries of a request before its first token.
 	RetryLimit int
 	// MigrationLimit bounds the migrations of a stream after its first
@@ -92,6 +96,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.RetryLimit == 0 {
 		c.RetryLimit = DefaultRetryLimit
+	}
+	if c.QueueTimeout == 0 {
+		c.QueueTimeout = DefaultQueueTimeout
 	}
 	if c.MigrationLimit == 0 {
 		c.MigrationLimit = DefaultMigrationLimit

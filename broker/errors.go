@@ -16,6 +16,9 @@ var (
 	ErrUnsupported = errors.New("request not supported by the live agents")
 	// ErrQueueFull: the pool's job queue is at its bound (429 with Retry-After).
 	ErrQueueFull = errors.New("job queue full")
+	// ErrQueueTimeout: no agent took the job within the queue timeout (503
+	// with Retry-After); the job is cancelled and never starts.
+	ErrQueueTimeout = errors.New("no agent took the job in time")
 	// ErrNotConnected: NATS is unreachable right now (503).
 	ErrNotConnected = errors.New("not connected to NATS")
 	// ErrTimeout: the request's deadline passed before it finished (504).

@@ -421,3 +421,25 @@ func TestMigrationAfterFirstToken(t *testing.T) {
 		})
 	}
 }
+
+// TestQueueTimeout: a request no agent takes within --queue-timeout ends
+// with 503, and its job never starts later.
+func TestQueueTimeout(t *testing.T) {
+	b := startBroker(t, "--queue-timeout", "500ms")
+	e, first := holdOnlySlot(t, b)
+	served := e.served.Load()
+	status, body := post(t, b.HTTP+"/v1/chat/completions", `{"model":"sim-model","messages":[{"role":"user","content":"no one takes me"}],"max_tokens":3}`)
+	if status != 503 || !strings.Contains(body, "queue_timeout") {
+		t.Fatalf("status %d %s", status, body)
+	}
+	if r := <-first; !r.done {
+		t.Fatalf("first: %+v", r)
+	}
+	r, err := rawStream(context.Background(), b.HTTP, "the next one", 3)
+	if err != nil || !r.done {
+		t.Fatalf("%+v %v", r, err)
+	}
+	if got := e.served.Load() - served; got != 1 {
+		t.Fatalf("engine served %d after the first; the timed-out job must not start", got)
+	}
+}

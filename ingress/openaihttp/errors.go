@@ -66,6 +66,8 @@ func fromBroker(err error) *apiError {
 		return &apiError{Status: http.StatusNotFound, Message: err.Error(), Type: "invalid_request_error", Param: strp("model"), Code: strp("model_not_found")}
 	case errors.Is(err, broker.ErrQueueFull):
 		return &apiError{Status: http.StatusTooManyRequests, Message: err.Error(), Type: "rate_limit_error", Code: strp("queue_full"), RetryAfter: 1}
+	case errors.Is(err, broker.ErrQueueTimeout):
+		return &apiError{Status: http.StatusServiceUnavailable, Message: err.Error(), Type: "server_error", Code: strp("queue_timeout"), RetryAfter: 1}
 	case errors.Is(err, broker.ErrNoCapacity):
 		return &apiError{Status: http.StatusServiceUnavailable, Message: err.Error(), Type: "server_error", Code: strp("no_capacity"), RetryAfter: 1}
 	case errors.Is(err, broker.ErrUnsupported):
