@@ -1,0 +1,204 @@
+package agent_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/switchyard-ai/switchyard/agent"
+	"github.com/switchyard-ai/switchyard/broker"
+	"github.com/switchyard-ai/switchyard/internal/natstest"
+	"github.com/switchyard-ai/switchyard/wire"
+)
+
+// countingEngine answers every request with one token after delay and
+// records how many it ran and the most at once.
+type countingEngine struct {
+	delay      time.Duration
+	calls, now atomic.Int32
+	peak       atomic.Int32
+}
+
+func (e *countingEngine) Stream(ctx context.Context, r *agent.Request, emit func([]byte) error) error {
+	e.calls.Add(1)
+	n := e.now.Add(1)
+	defer e.now.Add(-1)
+	for p := e.peak.Load(); n > p && !e.peak.CompareAndSwap(p, n); p = e.peak.Load() {
+	}
+	select {
+	case <-time.After(e.delay):
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	if err := emit([]byte(`{"id":"x","choices":[{"index":0,"delta":{"content":" hi"},"finish_reason":"stop"}]}`)); err != nil {
+		return err
+	}
+	return emit([]byte(`{"id":"x","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`))
+}
+
+type fixture struct {
+	nc    *nats.Conn
+	js    jetstream.JetStream
+	eng   *countingEngine
+	agent *agent.Agent
+}
+
+func start(t *testing.T, slots int, delay time.Duration) *fixture {
+	t.Helper()
+	s := natstest.RunJetStream(t)
+	nc, err := nats.Connect(s.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	b, err := broker.New(nc, broker.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.EnsureStream(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	anc, err := nats.Connect(s.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(anc.Close)
+	eng := &countingEngine{delay: delay}
+	a, err := agent.New(anc, eng, agent.Config{ID: "a1", Model: "m", Slots: slots, Heartbeat: 50 * time.Millisecond, PullWait: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("agent returned %v", err)
+		}
+	})
+	js, _ := jetstream.New(nc)
+	deadline := time.Now().Add(10 * time.Second)
+	for a.State() != wire.StateReady {
+		if time.Now().After(deadline) {
+			t.Fatal("agent never ready")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return &fixture{nc: nc, js: js, eng: eng, agent: a}
+}
+
+// publish sends a job and returns a subscription to its replies.
+func (f *fixture) publish(t *testing.T, id string, deadline time.Time) *nats.Subscription {
+	t.Helper()
+	reply := "sy.reply.test." + id
+	sub, err := f.nc.SubscribeSync(reply)
+	if err != nil {
+		t.Fatal(err)
+	}
+	job := &wire.Job{RequestId: id, Model: "m", Api: wire.API_API_CHAT, Body: []byte(`{"messages":[{"role":"user","content":"x"}]}`),
+		ReplySubject: reply, Deadline: timestamppb.New(deadline)}
+	data, _ := proto.Marshal(job)
+	if _, err := f.js.Publish(context.Background(), "sy.jobs.m.regular", data); err != nil {
+		t.Fatal(err)
+	}
+	return sub
+}
+
+func next(t *testing.T, sub *nats.Subscription) *wire.Chunk {
+	t.Helper()
+	m, err := sub.NextMsg(10 * time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := new(wire.Chunk)
+	if err := proto.Unmarshal(m.Data, c); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func TestChunkSequence(t *testing.T) {
+	f := start(t, 2, 0)
+	sub := f.publish(t, "r1", time.Now().Add(time.Minute))
+	var kinds []wire.Chunk_Kind
+	for i := uint64(0); ; i++ {
+		c := next(t, sub)
+		if c.GetSeq() != i || c.GetAgentId() != "a1" || c.GetRequestId() != "r1" {
+			t.Fatalf("chunk %d: %v", i, c)
+		}
+		kinds = append(kinds, c.GetKind())
+		if c.GetKind() == wire.Chunk_KIND_FINAL {
+			if c.GetUsage().GetCompletionTokens() != 1 || c.GetFinishReason() != "stop" {
+				t.Fatalf("final %v", c)
+			}
+			break
+		}
+	}
+	want := []wire.Chunk_Kind{wire.Chunk_KIND_ACCEPTED, wire.Chunk_KIND_TOKEN, wire.Chunk_KIND_FINAL}
+	if len(kinds) != len(want) {
+		t.Fatalf("kinds %v", kinds)
+	}
+}
+
+// TestExpiredJobNeverStarts: a job whose deadline passed is terminated with
+// an error chunk and never reaches the engine.
+func TestExpiredJobNeverStarts(t *testing.T) {
+	f := start(t, 1, 0)
+	sub := f.publish(t, "late", time.Now().Add(-time.Second))
+	c := next(t, sub)
+	if c.GetKind() != wire.Chunk_KIND_ERROR || c.GetError().GetCode() != wire.CodeDeadlineExceeded {
+		t.Fatalf("got %v", c)
+	}
+	if n := f.eng.calls.Load(); n != 0 {
+		t.Fatalf("engine called %d times for an expired job", n)
+	}
+}
+
+// TestCancelledBeforePull: a cancel that arrives before the job is pulled
+// keeps it from starting.
+func TestCancelledBeforePull(t *testing.T) {
+	f := start(t, 1, 300*time.Millisecond)
+	busy := f.publish(t, "busy", time.Now().Add(time.Minute))
+	if c := next(t, busy); c.GetKind() != wire.Chunk_KIND_ACCEPTED {
+		t.Fatalf("got %v", c)
+	}
+	if err := f.nc.Publish("sy.cancel.doomed", nil); err != nil {
+		t.Fatal(err)
+	}
+	_ = f.nc.Flush()
+	time.Sleep(50 * time.Millisecond) // let the cancel reach the agent before the job does
+	sub := f.publish(t, "doomed", time.Now().Add(time.Minute))
+	after := f.publish(t, "after", time.Now().Add(time.Minute))
+	for c := next(t, after); c.GetKind() != wire.Chunk_KIND_FINAL; c = next(t, after) {
+	}
+	if m, err := sub.NextMsg(100 * time.Millisecond); err == nil {
+		t.Fatalf("the cancelled job spoke: %v", m)
+	}
+	if n := f.eng.calls.Load(); n != 2 {
+		t.Fatalf("engine ran %d jobs, want 2 (busy, after)", n)
+	}
+}
+
+// TestNeverAboveSlots: with many jobs queued, the engine never runs more at
+// once than the agent's slots.
+func TestNeverAboveSlots(t *testing.T) {
+	f := start(t, 3, 20*time.Millisecond)
+	var subs []*nats.Subscription
+	for i := range 30 {
+		subs = append(subs, f.publish(t, "j"+string(rune('a'+i)), time.Now().Add(time.Minute)))
+	}
+	for _, s := range subs {
+		for c := next(t, s); c.GetKind() != wire.Chunk_KIND_FINAL; c = next(t, s) {
+		}
+	}
+	if p := f.eng.peak.Load(); p > 3 || p < 2 {
+		t.Fatalf("peak concurrency %d with 3 slots", p)
+	}
+}
