@@ -132,6 +132,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 		return err
 	}
+	ref := &consumerRef{cons: cons}
 	a.setState(wire.StateReady)
 	a.log.Info("agent ready", "slots", a.cfg.Slots)
 
@@ -141,7 +142,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		workers.Add(1)
 		go func() {
 			defer workers.Done()
-			a.slot(ctx, cons, &jobs)
+			a.slot(ctx, ref, &jobs)
 		}()
 	}
 	<-ctx.Done()
@@ -216,18 +217,73 @@ func (a *Agent) consumer(ctx context.Context) (jetstream.Consumer, error) {
 	}
 }
 
+// consumerRef is the pool's consumer as the agent's slots share it. When a
+// pull shows the consumer gone (a NATS server restarted on an empty store,
+// a stream recreated, a consumer deleted by hand), the first slot to notice
+// binds it again and the others wait for that rather than each asking.
+type consumerRef struct {
+	mu   sync.Mutex // held while the consumer is being bound again
+	cons jetstream.Consumer
+	gen  int
+}
+
+func (r *consumerRef) get() (jetstream.Consumer, int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.cons, r.gen
+}
+
+// renew binds the consumer again unless another slot already did since gen.
+func (r *consumerRef) renew(ctx context.Context, a *Agent, gen int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.gen != gen {
+		return
+	}
+	a.log.Warn("jobs consumer gone, binding it again", "stream", a.cfg.Stream)
+	cons, err := a.consumer(ctx)
+	if err != nil {
+		return // ctx ended
+	}
+	r.cons = cons
+	r.gen++
+	a.log.Info("jobs consumer bound again", "stream", a.cfg.Stream)
+}
+
+// consumerGone reports whether a pull error means the consumer (or its
+// stream) no longer exists. No responders also happens for a moment while
+// a cluster elects a consumer leader; binding again is idempotent, so that
+// costs one extra request.
+func consumerGone(err error) bool {
+	return errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrConsumerDeleted) ||
+		errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, nats.ErrNoResponders)
+}
+
+// pullRetryMax bounds the wait between failed pulls: NATS away, a
+// consumer being bound again. Reconnects are every 250ms, so a slot resumes
+// within about this once NATS is back.
+const pullRetryMax = time.Second
+
 // slot is one unit of capacity: it pulls one job at a time, so the agent
-// never holds more jobs than it has slots.
-func (a *Agent) slot(ctx context.Context, cons jetstream.Consumer, jobs *sync.WaitGroup) {
+// never holds more jobs than it has slots. Pull failures back off (a pull
+// that fails at once must not spin) and a consumer found gone is bound
+// again.
+func (a *Agent) slot(ctx context.Context, ref *consumerRef, jobs *sync.WaitGroup) {
+	backoff := time.Duration(0)
+	pause := func() {
+		backoff = min(max(2*backoff, 50*time.Millisecond), pullRetryMax)
+		select {
+		case <-ctx.Done():
+		case <-time.After(backoff):
+		}
+	}
 	for ctx.Err() == nil {
+		cons, gen := ref.get()
 		batch, err := cons.Fetch(1, jetstream.FetchMaxWait(a.cfg.PullWait))
 		if err != nil {
 			if ctx.Err() == nil {
 				a.log.Warn("pull failed", "err", err)
-				select {
-				case <-ctx.Done():
-				case <-time.After(500 * time.Millisecond):
-				}
+				pause()
 			}
 			continue
 		}
@@ -241,10 +297,29 @@ func (a *Agent) slot(ctx context.Context, cons jetstream.Consumer, jobs *sync.Wa
 			a.handle(ctx, msg)
 			jobs.Done()
 		}
-		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && ctx.Err() == nil {
+		err = batch.Error()
+		switch {
+		case err == nil || errors.Is(err, nats.ErrTimeout) || ctx.Err() != nil:
+			backoff = 0
+		case consumerGone(err):
+			ref.renew(ctx, a, gen)
+			pause()
+		default:
 			a.log.Debug("pull ended", "err", err)
+			pause()
 		}
 	}
+}
+
+// doubleAck acks a job and waits for the server's confirmation, but no
+// longer than the consumer's AckWait: an ack lost in a NATS failover (its
+// request went to the node that died) gets no answer, and past AckWait the
+// job is offered to another agent anyway, so waiting for the job's whole
+// deadline would only hold the slot.
+func (a *Agent) doubleAck(ctx context.Context, msg jetstream.Msg) error {
+	ctx, cancel := context.WithTimeout(ctx, a.cfg.AckWait)
+	defer cancel()
+	return msg.DoubleAck(ctx)
 }
 
 // cancelledTTL is how long a cancel is remembered for jobs not yet pulled.
@@ -334,7 +409,7 @@ func (a *Agent) handle(ctx context.Context, msg jetstream.Msg) {
 	}
 	prefill := a.cfg.Pool == subjects.PoolPrefill
 	if prefill {
-		if err := msg.DoubleAck(actx); err != nil {
+		if err := a.doubleAck(actx, msg); err != nil {
 			// Not confirmed: the job may already be with another agent.
 			a.log.Warn("job ack failed, dropping it", "request", job.GetRequestId(), "err", err)
 			return
@@ -345,7 +420,7 @@ func (a *Agent) handle(ctx context.Context, msg jetstream.Msg) {
 		// server confirmed the job is ours (see stream.waitAck).
 		out.acked = make(chan error, 1)
 		go func() {
-			err := msg.DoubleAck(actx)
+			err := a.doubleAck(actx, msg)
 			if err == nil {
 				err = out.send(&wire.Chunk{Kind: wire.Chunk_KIND_ACCEPTED, PrefillAgent: job.GetPd().GetPrefillAgent()})
 			}

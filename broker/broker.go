@@ -34,9 +34,10 @@ type Broker struct {
 	started atomic.Int64 // unix nanos when Run subscribed; 0 before
 	closing atomic.Bool  // StopAccepting was called
 
-	mu     sync.Mutex // guards agents and known
+	mu     sync.Mutex // guards agents, known and deaf
 	agents map[agentKey]*agentEntry
 	known  map[string]time.Time // model -> last heartbeat of any agent
+	deaf   bool                 // the last rebuild found NATS unreachable
 	dirty  chan struct{}
 
 	calls   sync.Map // request id -> *Call
@@ -236,8 +237,8 @@ func (b *Broker) Run(ctx context.Context) error {
 // connection moved to another cluster) and every streamCheckInterval.
 // Subscriptions need no such care: nats.go renews them on reconnect.
 func (b *Broker) keepStream(ctx context.Context) {
-	connected := b.nc.StatusChanged(nats.CONNECTED)
-	defer b.nc.RemoveStatusListener(connected)
+	status := b.nc.StatusChanged(nats.CONNECTED, nats.RECONNECTING, nats.DISCONNECTED)
+	defer b.nc.RemoveStatusListener(status)
 	t := time.NewTicker(streamCheckInterval)
 	defer t.Stop()
 	for {
@@ -245,7 +246,15 @@ func (b *Broker) keepStream(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-connected:
+		case st := <-status:
+			if st != nats.CONNECTED {
+				// Heartbeats are being missed; a blip shorter than a
+				// rebuild tick would otherwise go unnoticed by rebuild.
+				b.mu.Lock()
+				b.deaf = true
+				b.mu.Unlock()
+				continue
+			}
 			reconnected = true
 		case <-t.C:
 		}
@@ -357,10 +366,29 @@ func (b *Broker) onHeartbeat(m *nats.Msg) {
 // after its last heartbeat, and a model stays known (404 versus 503).
 const forgetAfter = 5 * time.Minute
 
+// rebuild makes a new capacity snapshot. While the broker itself is cut
+// off from NATS it keeps the last one: agents' heartbeats are missing
+// because the broker is deaf, not because the agents died, and calls in
+// flight must not abandon their attempts for that. After a reconnect every
+// agent gets a fresh grace of missed intervals before it counts as gone.
 func (b *Broker) rebuild() {
 	now := b.now()
+	if !b.nc.IsConnected() {
+		b.mu.Lock()
+		b.deaf = true
+		b.mu.Unlock()
+		return
+	}
 	byModel := make(map[string][]dispatch.Agent)
 	b.mu.Lock()
+	if b.deaf {
+		b.deaf = false
+		for _, e := range b.agents {
+			if e.agent.LastSeen.Before(now) {
+				e.agent.LastSeen = now
+			}
+		}
+	}
 	for k, e := range b.agents {
 		if now.Sub(e.agent.LastSeen) > forgetAfter {
 			delete(b.agents, k)

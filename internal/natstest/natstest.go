@@ -1,6 +1,8 @@
 // Package natstest starts embedded nats-servers for tests: one JetStream
 // server on a random loopback port with a temporary store, stopped when the
-// test ends, in the manner of nats-server's RunBasicJetStreamServer.
+// test ends, in the manner of nats-server's RunBasicJetStreamServer, or a
+// JetStream cluster on loopback (RunCluster) modelled on its
+// createJetStreamClusterExplicit.
 package natstest
 
 import (
