@@ -46,7 +46,7 @@ type Broker struct {
 	jobSubj sync.Map // jobsKey -> subject, built once per (model, pool)
 	metrics *Metrics
 	routes  sync.Map // model -> *routeStats
-	depth   atomic.Pointer[map[string]map[string]int]
+	depth   atomic.Pointer[depthReading]
 
 	// publishTimeout bounds a JetStream call (a job's publish, a stream
 	// check) whose context has no deadline, so a request never waits long

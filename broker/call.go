@@ -62,6 +62,7 @@ type Call struct {
 	failOnce sync.Once
 	failed   chan struct{}
 	failErr  error
+	broken   chan brokenAttempt // a gap in an attempt's sequence
 
 	ended  atomic.Bool // a final or error chunk was handed out
 	closed atomic.Bool
@@ -146,6 +147,7 @@ func (b *Broker) submit(ctx context.Context, req Request) (*Call, error) {
 		body:     req.Body,
 		ch:       make(chan *wire.Chunk, b.cfg.ChunkBuffer),
 		failed:   make(chan struct{}),
+		broken:   make(chan brokenAttempt, 1),
 	}
 	var err error
 	if c.replyTo, err = b.subj.Reply(b.cfg.ID, c.ID); err != nil {
@@ -209,8 +211,14 @@ func (c *Call) dispatch(ctx context.Context) error {
 	}
 	c.Route = route
 	c.attemptStart = b.now()
-	c.agent = ""
-	if _, err := b.js.Publish(ctx, subject, data); err != nil {
+	c.agent, c.prefillAgent = "", ""
+	// However long the client may wait, a publish that NATS cannot take
+	// now is a 503, not a hang; an unconfirmed publish may still land after
+	// a reconnect, so the attempt is cancelled to keep it from starting.
+	pctx, cancel := context.WithTimeout(ctx, b.publishTimeout)
+	defer cancel()
+	if _, err := b.js.Publish(pctx, subject, data); err != nil {
+		c.cancelAttempt(attempt)
 		return publishError(subject, err)
 	}
 	b.countRoute(c.Model, route)
@@ -252,6 +260,11 @@ var (
 	errNotTaken  = errors.New("no live agent took the job")
 	errAgentLost = errors.New("agent lost before the first token")
 )
+
+type brokenAttempt struct {
+	attempt uint32
+	err     error
+}
 
 // cancelAttempt tells agents to drop attempts up to and including attempt.
 func (c *Call) cancelAttempt(attempt uint32) {
@@ -310,9 +323,15 @@ func (b *Broker) onReply(m *nats.Msg) {
 			c.mu.Unlock()
 			return // duplicate
 		case seq > c.nextSeq:
-			want := c.nextSeq
+			// A chunk was lost (a NATS node failed under the stream): the
+			// reader repairs it with a retry or a migration.
+			want, attempt := c.nextSeq, c.attempt
+			c.nextSeq = ^uint64(0) // drop the rest of this attempt
 			c.mu.Unlock()
-			c.fail(fmt.Errorf("%w: request %s: chunk %d missing (got %d)", ErrStreamBroken, c.ID, want, seq))
+			select {
+			case c.broken <- brokenAttempt{attempt, fmt.Errorf("%w: request %s: chunk %d missing (got %d)", ErrStreamBroken, c.ID, want, seq)}:
+			default:
+			}
 			return
 		}
 		c.nextSeq++
@@ -361,6 +380,17 @@ func (c *Call) Next(ctx context.Context) (*wire.Chunk, error) {
 			case ch = <-c.ch:
 			case <-c.failed:
 				return nil, c.failErr
+			case br := <-c.broken:
+				c.mu.Lock()
+				current := br.attempt == c.attempt
+				c.mu.Unlock()
+				if current {
+					if err := c.recover(ctx, br.err); err != nil {
+						return nil, err
+					}
+					c.stall.Reset(c.b.cfg.StallTimeout)
+				}
+				continue
 			case <-ctx.Done():
 				return nil, ctx.Err()
 			case <-c.deadline.C:
@@ -392,8 +422,12 @@ func (c *Call) Next(ctx context.Context) (*wire.Chunk, error) {
 		if !current {
 			continue // queued before the attempt was abandoned
 		}
-		if ch.GetKind() == wire.Chunk_KIND_ACCEPTED && ch.GetStage() != wire.Chunk_STAGE_PREFILL {
-			c.agent, c.prefillAgent = ch.GetAgentId(), ch.GetPrefillAgent()
+		if ch.GetKind() == wire.Chunk_KIND_ACCEPTED {
+			if ch.GetStage() == wire.Chunk_STAGE_PREFILL {
+				c.prefillAgent = ch.GetAgentId()
+			} else {
+				c.agent, c.prefillAgent = ch.GetAgentId(), ch.GetPrefillAgent()
+			}
 		}
 		if ch.GetKind() == wire.Chunk_KIND_ERROR && recoverable(ch.GetError(), !c.firstToken.IsZero()) {
 			if err := c.recover(ctx, fmt.Errorf("attempt %d on %s: %w", ch.GetAttempt(), ch.GetAgentId(), ch.GetError())); err != nil {
@@ -429,23 +463,37 @@ func (c *Call) stuck() error {
 		return nil
 	}
 	if c.agent == "" {
-		if !c.firstToken.IsZero() {
-			return nil // between attempts of a migration: the stall timer covers it
-		}
 		if !m.Eligible(c.Route) {
 			return fmt.Errorf("%w: route %s of %q has no eligible agent", errNotTaken, c.Route, c.Model)
 		}
+		// Neither accepted nor waiting: an agent took the job and died
+		// before it could say so. Allow for heartbeats and the queue depth
+		// poll to catch up before calling the job lost.
+		if c.prefillAgent != "" {
+			return c.agentGone(m, c.prefillAgent) // the prefill leg runs
+		}
+		grace := c.b.cfg.AcceptTimeout + 3*c.b.cfg.HeartbeatInterval
+		if c.b.now().Sub(c.attemptStart) > grace {
+			if n, ok := c.queued(c.attemptStart.Add(grace)); ok && n == 0 {
+				return fmt.Errorf("%w: taken from the %s queue but never accepted", errAgentLost, c.Route)
+			}
+		}
 		return nil
 	}
+	return c.agentGone(m, c.agent)
+}
+
+// agentGone reports an agent that stopped heartbeating or left the table.
+func (c *Call) agentGone(m *dispatch.Model, id string) error {
 	for _, a := range m.Agents() {
-		if a.ID == c.agent {
+		if a.ID == id {
 			if a.Reason == dispatch.ReasonStale {
-				return fmt.Errorf("%w: %s stopped heartbeating", errAgentLost, c.agent)
+				return fmt.Errorf("%w: %s stopped heartbeating", errAgentLost, id)
 			}
 			return nil
 		}
 	}
-	return fmt.Errorf("%w: %s left the table", errAgentLost, c.agent)
+	return fmt.Errorf("%w: %s left the table", errAgentLost, id)
 }
 
 func (c *Call) deliver(ch *wire.Chunk) *wire.Chunk {
@@ -557,4 +605,18 @@ func (c *Call) logEnd(outcome string) {
 		slog.Int("tokens", c.tokens),
 		slog.String("outcome", outcome),
 	)
+}
+
+// queued returns the jobs waiting in the current route's first queue, if
+// the depth was read after since.
+func (c *Call) queued(since time.Time) (int, bool) {
+	pool := subjects.PoolRegular
+	if c.Route == dispatch.RoutePD {
+		pool = subjects.PoolPrefill
+	}
+	d, at := c.b.queueDepth()
+	if d == nil || at.Before(since) {
+		return 0, false
+	}
+	return d[c.Model][pool], true
 }

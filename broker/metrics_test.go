@@ -37,7 +37,7 @@ func TestMetricsGolden(t *testing.T) {
 		{ID: "d2", Pool: dispatch.PoolDecode, State: dispatch.StateReady, Slots: 4, LastSeen: now.Add(-time.Minute), Interval: time.Second},
 	}}, now, b.cfg.Dispatch))
 	depth := map[string]map[string]int{"m": {"regular": 3}}
-	b.depth.Store(&depth)
+	b.depth.Store(&depthReading{pools: depth, at: now})
 	m.requests.WithLabelValues("m", "regular", OutcomeOK).Inc()
 	m.inflight.Set(2)
 	m.ttft.WithLabelValues("m", "pd").Observe(0.03)

@@ -85,11 +85,21 @@ func (b *Broker) RecentRoutes(model string, window time.Duration) Recent {
 // QueueDepth returns the jobs waiting per model and pool, as last read from
 // the jobs stream.
 func (b *Broker) QueueDepth() map[string]map[string]int {
+	d, _ := b.queueDepth()
+	return d
+}
+
+func (b *Broker) queueDepth() (map[string]map[string]int, time.Time) {
 	d := b.depth.Load()
 	if d == nil {
-		return nil
+		return nil, time.Time{}
 	}
-	return *d
+	return d.pools, d.at
+}
+
+type depthReading struct {
+	pools map[string]map[string]int
+	at    time.Time
 }
 
 // pollDepth reads per-subject message counts of the jobs stream. With
@@ -98,6 +108,8 @@ func (b *Broker) QueueDepth() map[string]map[string]int {
 func (b *Broker) pollDepth(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
+	// Stamped before asking, so a reading is never newer than the state.
+	at := b.now()
 	st, err := b.js.Stream(ctx, b.cfg.Stream)
 	if err != nil {
 		return
@@ -117,5 +129,5 @@ func (b *Broker) pollDepth(ctx context.Context) {
 		}
 		out[j.Model][j.Pool] = int(n)
 	}
-	b.depth.Store(&out)
+	b.depth.Store(&depthReading{pools: out, at: at})
 }
