@@ -1,0 +1,137 @@
+package main
+
+import (
+	"fmt"
+	"html"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// series is one curve: sorted values in milliseconds.
+type series struct {
+	name   string
+	values []float64
+}
+
+var palette = []string{"#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e", "#e6ab02"}
+
+// writeCDF draws the empirical CDF of each series as an SVG line chart,
+// with a linear or logarithmic millisecond axis.
+func writeCDF(path, title string, ss []series, logX bool) error {
+	const w, h, left, right, top, bottom = 760, 440, 70, 190, 40, 55
+	pw, ph := float64(w-left-right), float64(h-top-bottom)
+	lo, hi := math.Inf(1), math.Inf(-1)
+	for _, s := range ss {
+		if len(s.values) == 0 {
+			continue
+		}
+		lo = min(lo, s.values[0])
+		// Cut the axis at the 99.9th percentile of the widest series so a
+		// handful of outliers do not squash the curves.
+		hi = max(hi, percentile(s.values, 99.9))
+	}
+	if math.IsInf(lo, 0) {
+		return fmt.Errorf("%s: no data", title)
+	}
+	var ticks []float64
+	var xf func(float64) float64
+	if logX {
+		lo = math.Pow(10, math.Floor(math.Log10(max(lo, 1e-3))))
+		hi = math.Pow(10, math.Ceil(math.Log10(hi)))
+		for t := lo; t <= hi*1.0001; t *= 10 {
+			ticks = append(ticks, t)
+		}
+		xf = func(v float64) float64 {
+			v = min(max(v, lo), hi)
+			return left + pw*(math.Log10(v)-math.Log10(lo))/(math.Log10(hi)-math.Log10(lo))
+		}
+	} else {
+		lo = 0
+		step := niceStep(hi / 6)
+		hi = math.Ceil(hi/step) * step
+		for t := 0.0; t <= hi*1.0001; t += step {
+			ticks = append(ticks, t)
+		}
+		xf = func(v float64) float64 { return left + pw*min(v, hi)/hi }
+	}
+	yf := func(p float64) float64 { return top + ph*(1-p) }
+
+	var b strings.Builder
+	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="12">`+"\n", w, h, w, h)
+	fmt.Fprintf(&b, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
+	fmt.Fprintf(&b, `<text x="%d" y="22" font-size="15" font-weight="bold">%s</text>`+"\n", left, html.EscapeString(title))
+	for _, t := range ticks {
+		x := xf(t)
+		fmt.Fprintf(&b, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#ddd"/>`+"\n", x, top, x, h-bottom)
+		fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">%s</text>`+"\n", x, h-bottom+16, tickLabel(t))
+	}
+	for _, p := range []float64{0, 0.25, 0.5, 0.75, 0.9, 0.99, 1} {
+		y := yf(p)
+		fmt.Fprintf(&b, `<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#ddd"/>`+"\n", left, y, w-right, y)
+		fmt.Fprintf(&b, `<text x="%d" y="%.1f" text-anchor="end" dominant-baseline="middle">%g</text>`+"\n", left-6, y, p)
+	}
+	fmt.Fprintf(&b, `<rect x="%d" y="%d" width="%.0f" height="%.0f" fill="none" stroke="#333"/>`+"\n", left, top, pw, ph)
+	fmt.Fprintf(&b, `<text x="%.0f" y="%d" text-anchor="middle">TTFT (ms%s)</text>`+"\n", left+pw/2, h-12, map[bool]string{true: ", log scale", false: ""}[logX])
+	fmt.Fprintf(&b, `<text x="16" y="%.0f" text-anchor="middle" transform="rotate(-90 16 %.0f)">fraction of requests</text>`+"\n", top+ph/2, top+ph/2)
+	for i, s := range ss {
+		if len(s.values) == 0 {
+			continue
+		}
+		color := palette[i%len(palette)]
+		var pts strings.Builder
+		n := len(s.values)
+		// At most ~600 points per curve: the SVG stays small.
+		stride := max(1, n/600)
+		prevX := xf(s.values[0])
+		fmt.Fprintf(&pts, "%.1f,%.1f ", prevX, yf(0))
+		for j := 0; j < n; j += stride {
+			x := xf(s.values[j])
+			fmt.Fprintf(&pts, "%.1f,%.1f %.1f,%.1f ", x, yf(float64(j)/float64(n)), x, yf(float64(j+1)/float64(n)))
+		}
+		fmt.Fprintf(&pts, "%.1f,%.1f", xf(s.values[n-1]), yf(1))
+		fmt.Fprintf(&b, `<polyline fill="none" stroke="%s" stroke-width="2" points="%s"/>`+"\n", color, pts.String())
+		ly := top + 14 + 20*i
+		fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="%s" stroke-width="3"/>`+"\n", w-right+12, ly, w-right+32, ly, color)
+		fmt.Fprintf(&b, `<text x="%d" y="%d" dominant-baseline="middle">%s</text>`+"\n", w-right+38, ly, html.EscapeString(s.name))
+	}
+	b.WriteString("</svg>\n")
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(path, []byte(b.String()), 0o644)
+}
+
+func niceStep(raw float64) float64 {
+	if raw <= 0 {
+		return 1
+	}
+	mag := math.Pow(10, math.Floor(math.Log10(raw)))
+	for _, m := range []float64{1, 2, 2.5, 5, 10} {
+		if raw <= m*mag {
+			return m * mag
+		}
+	}
+	return 10 * mag
+}
+
+func tickLabel(v float64) string {
+	switch {
+	case v >= 1000:
+		return fmt.Sprintf("%gk", v/1000)
+	default:
+		return fmt.Sprintf("%g", math.Round(v*1000)/1000)
+	}
+}
+
+// percentile of sorted values (linear interpolation, as numpy).
+func percentile(sorted []float64, p float64) float64 {
+	if len(sorted) == 0 {
+		return 0
+	}
+	rank := p / 100 * float64(len(sorted)-1)
+	lo := int(math.Floor(rank))
+	hi := min(lo+1, len(sorted)-1)
+	return sorted[lo] + (rank-float64(lo))*(sorted[hi]-sorted[lo])
+}
