@@ -452,6 +452,10 @@ func (c *Call) Next(ctx context.Context) (*wire.Chunk, error) {
 	}
 }
 
+// Buffered reports how many chunks wait to be read. A writer that finds
+// more waiting can write them before it flushes, one flush for a burst.
+func (c *Call) Buffered() int { return len(c.ch) }
+
 // stuck reports why the current attempt should be abandoned before its
 // first token: nobody can take its job, or the agent that took it is gone.
 func (c *Call) stuck() error {

@@ -188,6 +188,11 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, call *broker.Cal
 		if _, err := w.Write(buf); err != nil {
 			return err
 		}
+		// Under load several chunks wait at once: write them all and
+		// flush once, one write(2) per burst instead of per token.
+		if call.Buffered() > 0 {
+			return nil
+		}
 		return rc.Flush()
 	}
 	fail := func(e *apiError) {
