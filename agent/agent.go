@@ -31,7 +31,7 @@ type Agent struct {
 	engine Engine
 	subj   subjects.Builder
 	hbSubj string
-	// decodeSubj is built on first use by the (single-model) prefill agent.
+	// decodeSubj is where a prefill agent publishes decode jobs.
 	decodeSubj string
 
 	state       atomic.Value // string: wire.State*
@@ -71,6 +71,7 @@ func New(nc *nats.Conn, engine Engine, cfg Config, opts ...Option) (*Agent, erro
 		cancelled: make(map[string]cancelMark),
 	}
 	a.hbSubj, _ = a.subj.Heartbeat(cfg.Model, cfg.Pool, cfg.ID)
+	a.decodeSubj, _ = a.subj.Jobs(cfg.Model, subjects.PoolDecode)
 	a.metrics = newMetrics(a)
 	a.state.Store(wire.StateWarming)
 	for _, o := range opts {
@@ -537,11 +538,6 @@ func (a *Agent) publishDecode(ctx context.Context, job *wire.Job, h *wire.PDHand
 	data, err := proto.Marshal(dj)
 	if err != nil {
 		return err
-	}
-	if a.decodeSubj == "" {
-		if a.decodeSubj, err = a.subj.Jobs(a.cfg.Model, subjects.PoolDecode); err != nil {
-			return err
-		}
 	}
 	if _, err := a.js.Publish(ctx, a.decodeSubj, data); err != nil {
 		return &wire.Error{Code: wire.CodeEngineDown, Message: "publishing the decode job: " + err.Error()}

@@ -206,11 +206,14 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err != nil {
 		return err
 	}
-	var tlsConf *tls.Config
+	var tlsConf, grpcTLS *tls.Config
 	if o.tlsCert != "" || o.tlsKey != "" {
 		if tlsConf, err = auth.TLSConfig(o.tlsCert, o.tlsKey); err != nil {
 			return err
 		}
+		// Each server gets its own copy: net/http adds its protocols to
+		// the config it serves with while gRPC clones its own.
+		grpcTLS = tlsConf.Clone()
 	}
 	natsClientOpts, err := o.natsAuth.Options()
 	if err != nil {
@@ -371,7 +374,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			grpc.ChainUnaryInterceptor(keys.UnaryInterceptor()),
 			grpc.ChainStreamInterceptor(keys.StreamInterceptor()))
 		if tlsConf != nil {
-			gopts = append(gopts, grpc.Creds(credentials.NewTLS(tlsConf)))
+			gopts = append(gopts, grpc.Creds(credentials.NewTLS(grpcTLS)))
 		}
 		gln, err := net.Listen("tcp", o.grpcAddr)
 		if err != nil {
