@@ -350,6 +350,7 @@ func TestMigrationAfterFirstToken(t *testing.T) {
 			var text strings.Builder
 			var usage struct{ Prompt, Completion, Total int }
 			tokens, done, killed, errors := 0, false, false, 0
+			var arrivals []time.Time // the kill, then every event after it
 			ids := map[string]bool{}
 			for {
 				line, err := br.ReadString('\n')
@@ -396,11 +397,15 @@ func TestMigrationAfterFirstToken(t *testing.T) {
 				if c.Usage != nil {
 					usage.Prompt, usage.Completion, usage.Total = c.Usage.Prompt, c.Usage.Completion, c.Usage.Total
 				}
+				if killed {
+					arrivals = append(arrivals, time.Now())
+				}
 				if tokens >= 3 && !killed {
 					killed = true
 					startAgent(t, b.NATS, "survivor", survivorEng, 4)
 					waitEligible(t, b.HTTP, "survivor")
 					nc.Close() // the agent is gone mid-stream
+					arrivals = append(arrivals, time.Now())
 				}
 			}
 			if !killed || !done || errors != 0 {
@@ -415,6 +420,13 @@ func TestMigrationAfterFirstToken(t *testing.T) {
 			if len(ids) != 1 {
 				t.Fatalf("chunk ids %v: the client must see one stream", ids)
 			}
+			// The longest silence after the kill is the client's wait for
+			// the first token of the migrated attempt.
+			var gap time.Duration
+			for i := 1; i < len(arrivals); i++ {
+				gap = max(gap, arrivals[i].Sub(arrivals[i-1]))
+			}
+			t.Logf("time to the first token after the migration: %s (heartbeat 100ms)", gap.Round(time.Millisecond))
 			if survivorEng.served.Load() != 1 {
 				t.Fatalf("the survivor served %d requests; the stream must have moved to it", survivorEng.served.Load())
 			}
