@@ -138,18 +138,15 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.log.Info("agent ready", "slots", a.cfg.Slots)
 
 	var jobs sync.WaitGroup
-	var workers sync.WaitGroup
-	for i := 0; i < a.cfg.Slots; i++ {
-		workers.Add(1)
-		go func() {
-			defer workers.Done()
-			a.slot(ctx, ref, &jobs)
-		}()
-	}
+	pulled := make(chan struct{})
+	go func() {
+		defer close(pulled)
+		a.pull(ctx, ref, &jobs)
+	}()
 	<-ctx.Done()
 	a.setState(wire.StateDraining)
 	a.log.Info("agent draining", "active", a.Active())
-	workers.Wait()
+	<-pulled
 	jobs.Wait()
 	// A prefill engine keeps each hand-off (KV cache, bootstrap room) for
 	// its decode leg; stay up until the last one has had time to be taken.
@@ -202,8 +199,8 @@ func (a *Agent) consumer(ctx context.Context) (jetstream.Consumer, error) {
 			AckPolicy:     jetstream.AckExplicitPolicy,
 			AckWait:       a.cfg.AckWait,
 			MaxAckPending: -1,
-			// Many agents share the consumer, each with one pull request
-			// per free slot.
+			// Many agents share the consumer, each with one waiting pull
+			// request at a time.
 			MaxWaiting: 4096,
 		})
 		if err == nil {
@@ -261,15 +258,22 @@ func consumerGone(err error) bool {
 }
 
 // pullRetryMax bounds the wait between failed pulls: NATS away, a
-// consumer being bound again. Reconnects are every 250ms, so a slot resumes
+// consumer being bound again. Reconnects are every 250ms, so pulling resumes
 // within about this once NATS is back.
 const pullRetryMax = time.Second
 
-// slot is one unit of capacity: it pulls one job at a time, so the agent
-// never holds more jobs than it has slots. Pull failures back off (a pull
-// that fails at once must not spin) and a consumer found gone is bound
-// again.
-func (a *Agent) slot(ctx context.Context, ref *consumerRef, jobs *sync.WaitGroup) {
+// pull is the agent's one pull loop: it asks the pool's consumer for as
+// many jobs as it has free slots and runs each in its own goroutine. Pull
+// failures back off (a pull that fails at once must not spin) and a
+// consumer found gone is bound again.
+func (a *Agent) pull(ctx context.Context, ref *consumerRef, jobs *sync.WaitGroup) {
+	// One token per free slot: a pull asks for exactly the slots it holds,
+	// so the agent can never hold more jobs than slots, and it keeps one
+	// pull request waiting at the server instead of one per idle slot.
+	free := make(chan struct{}, a.cfg.Slots)
+	for range a.cfg.Slots {
+		free <- struct{}{}
+	}
 	backoff := time.Duration(0)
 	pause := func() {
 		backoff = min(max(2*backoff, 50*time.Millisecond), pullRetryMax)
@@ -279,24 +283,52 @@ func (a *Agent) slot(ctx context.Context, ref *consumerRef, jobs *sync.WaitGroup
 		}
 	}
 	for ctx.Err() == nil {
+		select {
+		case <-free:
+		case <-ctx.Done():
+			return
+		}
+		n := 1
+	more:
+		for n < a.cfg.Slots {
+			select {
+			case <-free:
+				n++
+			default:
+				break more
+			}
+		}
 		cons, gen := ref.get()
-		batch, err := cons.Fetch(1, jetstream.FetchMaxWait(a.cfg.PullWait))
+		batch, err := cons.Fetch(n, jetstream.FetchMaxWait(a.cfg.PullWait))
 		if err != nil {
+			for range n {
+				free <- struct{}{}
+			}
 			if ctx.Err() == nil {
 				a.log.Warn("pull failed", "err", err)
 				pause()
 			}
 			continue
 		}
+		// A batch ends when it has n jobs or expires; while it has fewer,
+		// every job that arrives is delivered to it at once.
+		got := 0
 		for msg := range batch.Messages() {
 			if ctx.Err() != nil {
 				// Draining: hand the job straight back to the pool.
 				_ = msg.Nak()
 				continue
 			}
+			got++
 			jobs.Add(1)
-			a.handle(ctx, msg)
-			jobs.Done()
+			go func() {
+				defer jobs.Done()
+				defer func() { free <- struct{}{} }()
+				a.handle(ctx, msg)
+			}()
+		}
+		for range n - got {
+			free <- struct{}{}
 		}
 		err = batch.Error()
 		switch {
