@@ -312,9 +312,6 @@ func (b *Broker) Ready() error {
 	return nil
 }
 
-// Connected reports whether NATS is reachable now.
-func (b *Broker) Connected() bool { return b.nc.IsConnected() }
-
 func (b *Broker) onHeartbeat(m *nats.Msg) {
 	key, err := b.subj.ParseHeartbeat(m.Subject)
 	if err != nil {

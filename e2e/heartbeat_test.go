@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -210,21 +211,11 @@ func post(t testing.TB, url, body string) (int, string) {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	var sb strings.Builder
-	_, _ = fmt.Fprint(&sb, readAll(resp))
-	return resp.StatusCode, sb.String()
+	return resp.StatusCode, readAll(resp)
 }
 
+// readAll returns the body read so far; a broken stream ends it early.
 func readAll(resp *http.Response) string {
-	var sb strings.Builder
-	buf := make([]byte, 4096)
-	for {
-		n, err := resp.Body.Read(buf)
-		sb.Write(buf[:n])
-		if err != nil {
-			return sb.String()
-		}
-	}
+	data, _ := io.ReadAll(resp.Body)
+	return string(data)
 }
-
-var _ = simengine.APIChat

@@ -125,7 +125,7 @@ func TestAPIKeysAndLimits(t *testing.T) {
 		data, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		pr.CloseWithError(io.ErrClosedPipe)
-		if resp.StatusCode != 413 || !strings.Contains(data2(data), "body_too_large") {
+		if resp.StatusCode != 413 || !strings.Contains(string(data), "body_too_large") {
 			t.Fatalf("status %d %s", resp.StatusCode, data)
 		}
 		if s := sent.Load(); s > 16<<20 {
@@ -198,8 +198,6 @@ func TestAPIKeysAndLimits(t *testing.T) {
 		}
 	})
 }
-
-func data2(b []byte) string { return string(b) }
 
 // TestHostileModelNames: a spy on every subject sees no job land anywhere
 // for model names made of NATS syntax, and a served model whose id holds a

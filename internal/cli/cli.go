@@ -71,17 +71,6 @@ func HostPort(addr string) (string, int, error) {
 	return host, port, nil
 }
 
-// Repeated is a flag.Value for a flag given several times.
-type Repeated []string
-
-func (r *Repeated) String() string { return strings.Join(*r, ",") }
-
-// Set appends one value.
-func (r *Repeated) Set(v string) error {
-	*r = append(*r, v)
-	return nil
-}
-
 // Section is a group of flags in a command's help.
 type Section struct {
 	Title string
