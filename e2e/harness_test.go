@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"regexp"
 	"sync"
 	"sync/atomic"
@@ -160,6 +161,9 @@ func start(t testing.TB, run func(context.Context, []string, func(string) string
 	p := &proc{cancel: cancel, done: make(chan error, 1), out: &syncBuffer{}, errs: &syncBuffer{}}
 	go func() { p.done <- run(ctx, args, noEnv, p.out, p.errs) }()
 	t.Cleanup(func() {
+		if os.Getenv("DEBUGLOGS") != "" && t.Failed() {
+			t.Logf("stderr of %v:\n%s", args, p.errs.String())
+		}
 		if err := p.Stop(t); err != nil {
 			t.Errorf("command %v returned %v; stderr:\n%s", args, err, p.errs.String())
 		}
@@ -182,6 +186,9 @@ func startBroker(t testing.TB, args ...string) *brokerProc {
 	t.Helper()
 	base := []string{"--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--nats-listen", "127.0.0.1:0", "--data-dir", t.TempDir(),
 		"--heartbeat-interval", "100ms", "--slow-start", "0", "--log-level", "warn"}
+	if os.Getenv("DEBUGLOGS") != "" {
+		args = append(args, "--log-level", "debug")
+	}
 	p := start(t, brokercmd.Run, append(base, args...)...)
 	b := &brokerProc{proc: p}
 	checkFor(t, 20*time.Second, 10*time.Millisecond, func() error {
@@ -211,6 +218,9 @@ func startAgent(t testing.TB, natsURL, id string, e *engine, slots int, args ...
 	t.Helper()
 	base := []string{"--nats-url", natsURL, "--engine", "openai", "--engine-url", e.URL, "--id", id,
 		"--slots", fmt.Sprint(slots), "--heartbeat", "100ms", "--log-level", "warn"}
+	if os.Getenv("DEBUGLOGS") != "" {
+		base = append(base, "--log-level", "debug")
+	}
 	return start(t, agentcmd.Run, append(base, args...)...)
 }
 

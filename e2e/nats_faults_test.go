@@ -122,8 +122,32 @@ func TestNATSRestart(t *testing.T) {
 		waitStatus(t, b.HTTP+"/readyz", http.StatusOK)
 		waitEligible(t, b.HTTP, "a1", "a2")
 		first := waitServes(t, l, b.HTTP, tag+" after")
-		// Both agents pull again: enough concurrent requests to need both.
-		inflight(t, l, b.HTTP, 12, 30, tag+" after", e1, e2).Wait()
+		// Both agents pull again: waves of more concurrent requests than
+		// one agent has slots, until each agent served some. (An agent may
+		// bind the consumer again a moment after the other: a wave that
+		// one agent alone finished proves nothing yet.)
+		wave := 0
+		checkFor(t, 15*time.Second, 10*time.Millisecond, func() error {
+			var mu sync.Mutex
+			var wg sync.WaitGroup
+			served := map[string]int{}
+			for i := range 12 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					o := l.stream(context.Background(), b.HTTP, fmt.Sprintf("%s after %d.%d", tag, wave, i), 30, nil)
+					mu.Lock()
+					served[o.agent]++
+					mu.Unlock()
+				}()
+			}
+			wg.Wait()
+			wave++
+			if served["a1"] == 0 || served["a2"] == 0 {
+				return fmt.Errorf("wave %d served by %v", wave, served)
+			}
+			return nil
+		})
 		t.Logf("%s (fresh store %v): 503 within %s while away; in-flight streams settled %s after the stop; served again %s after the restart (ready %s)",
 			tag, fresh, slowest.Round(time.Millisecond), outage.Round(time.Millisecond), time.Since(back).Round(time.Millisecond), first.Round(time.Millisecond))
 	}
