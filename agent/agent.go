@@ -193,7 +193,11 @@ func (a *Agent) consumer(ctx context.Context) (jetstream.Consumer, error) {
 		return nil, err
 	}
 	for delay := 100 * time.Millisecond; ; delay = min(2*delay, 2*time.Second) {
-		cons, err := a.js.CreateOrUpdateConsumer(ctx, a.cfg.Stream, jetstream.ConsumerConfig{
+		// A request sent while NATS goes away gets no answer: bound each
+		// try so the consumer is bound soon after the server is back, not
+		// after a whole JetStream timeout.
+		actx, cancel := context.WithTimeout(ctx, time.Second)
+		cons, err := a.js.CreateOrUpdateConsumer(actx, a.cfg.Stream, jetstream.ConsumerConfig{
 			Durable:       name,
 			FilterSubject: filter,
 			AckPolicy:     jetstream.AckExplicitPolicy,
@@ -203,6 +207,7 @@ func (a *Agent) consumer(ctx context.Context) (jetstream.Consumer, error) {
 			// request at a time.
 			MaxWaiting: 4096,
 		})
+		cancel()
 		if err == nil {
 			return cons, nil
 		}
@@ -336,6 +341,7 @@ func (a *Agent) pull(ctx context.Context, ref *consumerRef, jobs *sync.WaitGroup
 			backoff = 0
 		case consumerGone(err):
 			ref.renew(ctx, a, gen)
+			backoff = 0 // bound again: pull again soon
 			pause()
 		default:
 			a.log.Debug("pull ended", "err", err)
@@ -448,16 +454,19 @@ func (a *Agent) handle(ctx context.Context, msg jetstream.Msg) {
 			return
 		}
 	} else {
-		// The ack's round trip overlaps the engine's prefill: the engine is
-		// called at once, and nothing is sent to the broker until the
-		// server confirmed the job is ours (see stream.waitAck).
-		out.acked = make(chan error, 1)
+		// Speak at once: accepted now, tokens as the engine makes them. The
+		// ack's round trip overlaps the engine's work instead of delaying
+		// the first token. Should two agents ever run one attempt (an ack
+		// lost in a NATS failover, the job redelivered after AckWait), the
+		// broker listens only to the first that spoke for it.
+		if err := out.send(&wire.Chunk{Kind: wire.Chunk_KIND_ACCEPTED, PrefillAgent: job.GetPd().GetPrefillAgent()}); err != nil {
+			a.log.Warn("accepted chunk not sent", "request", job.GetRequestId(), "err", err)
+		}
 		go func() {
-			err := a.doubleAck(actx, msg)
-			if err == nil {
-				err = out.send(&wire.Chunk{Kind: wire.Chunk_KIND_ACCEPTED, PrefillAgent: job.GetPd().GetPrefillAgent()})
+			// Not tied to the job: a job that ends quickly must still be acked.
+			if err := a.doubleAck(context.WithoutCancel(ctx), msg); err != nil {
+				a.log.Warn("job ack not confirmed", "request", job.GetRequestId(), "err", err)
 			}
-			out.acked <- err
 		}()
 	}
 	a.mu.Lock()
@@ -472,9 +481,7 @@ func (a *Agent) handle(ctx context.Context, msg jetstream.Msg) {
 	}()
 	body, err := streamingBody(job.GetBody())
 	if err != nil {
-		if out.waitAck() == nil {
-			out.fail(&wire.Error{Code: wire.CodeBadRequest, Message: err.Error()})
-		}
+		out.fail(&wire.Error{Code: wire.CodeBadRequest, Message: err.Error()})
 		return
 	}
 	req := &Request{RequestID: job.GetRequestId(), API: job.GetApi(), Body: body, Job: job}
@@ -485,12 +492,6 @@ func (a *Agent) handle(ctx context.Context, msg jetstream.Msg) {
 	out.called = time.Now()
 	err = a.engine.Stream(actx, req, out.emit)
 	a.metrics.duration.Observe(time.Since(out.called).Seconds())
-	if ackErr := out.waitAck(); ackErr != nil {
-		// Not confirmed: the job may be with another agent; stay silent.
-		cancel(ackErr)
-		a.log.Warn("job ack failed, dropped it", "request", job.GetRequestId(), "err", ackErr)
-		return
-	}
 	switch {
 	case err == nil:
 		a.metrics.jobs.WithLabelValues(JobOK).Inc()

@@ -25,7 +25,7 @@ type countingEngine struct {
 	peak       atomic.Int32
 }
 
-func (e *countingEngine) Stream(ctx context.Context, r *agent.Request, emit func([]byte) error) error {
+func (e *countingEngine) Stream(ctx context.Context, r *agent.Request, emit agent.Emit) error {
 	e.calls.Add(1)
 	n := e.now.Add(1)
 	defer e.now.Add(-1)
@@ -36,10 +36,10 @@ func (e *countingEngine) Stream(ctx context.Context, r *agent.Request, emit func
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	if err := emit([]byte(`{"id":"x","choices":[{"index":0,"delta":{"content":" hi"},"finish_reason":"stop"}]}`)); err != nil {
+	if err := emit([]byte(`{"id":"x","choices":[{"index":0,"delta":{"content":" hi"},"finish_reason":"stop"}]}`), false); err != nil {
 		return err
 	}
-	return emit([]byte(`{"id":"x","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`))
+	return emit([]byte(`{"id":"x","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`), false)
 }
 
 type fixture struct {

@@ -10,10 +10,17 @@ import (
 type Engine interface {
 	// Stream runs one request and calls emit with each OpenAI streaming
 	// chunk JSON the engine produces (without the [DONE] sentinel). The
-	// request body always asks for a stream with usage. emit's slice may be
-	// reused after it returns. A refusal by the engine is a *wire.Error.
-	Stream(ctx context.Context, req *Request, emit func(chunk []byte) error) error
+	// request body always asks for a stream with usage. A refusal by the
+	// engine is a *wire.Error.
+	Stream(ctx context.Context, req *Request, emit Emit) error
 }
+
+// Emit takes one engine chunk; the slice may be reused after it returns.
+// more reports that the next chunk is already at hand (it arrived with this
+// one), so the agent may hold this one and send both in one message; an
+// adapter that cannot tell passes false, and every chunk goes out at once.
+// An adapter must never pass true and then wait on its engine.
+type Emit func(chunk []byte, more bool) error
 
 // Request is one job as an engine adapter sees it.
 type Request struct {

@@ -1,12 +1,21 @@
 package agent
 
 import (
-	"encoding/json"
 	"time"
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/switchyard-ai/switchyard/internal/chunkjson"
 	"github.com/switchyard-ai/switchyard/wire"
+)
+
+// Bounds of one token message: a burst of engine chunks that arrived
+// together goes out as one NATS message of at most this many events or
+// bytes, so a fast engine costs one publish per burst, not per token, and
+// no message grows without bound.
+const (
+	maxBatchEvents = 64
+	maxBatchBytes  = 64 << 10
 )
 
 // stream sends the chunks of one attempt with strictly increasing sequence
@@ -25,23 +34,10 @@ type stream struct {
 	stage        wire.Chunk_Stage
 	called       time.Time // when the engine was called
 
-	// acked, when set, yields the result of the job's ack (and its
-	// accepted chunk); waitAck reads it once.
-	acked   chan error
-	ackErr  error
-	ackRead bool
-}
-
-// waitAck blocks until the job's ack is confirmed (or failed). Everything
-// after the accepted chunk waits for it, so the sequence stays in order and
-// an agent that lost the job to another never speaks for it.
-func (s *stream) waitAck() error {
-	if s.acked == nil || s.ackRead {
-		return s.ackErr
-	}
-	s.ackErr = <-s.acked
-	s.ackRead = true
-	return s.ackErr
+	// The token message being gathered: events held while the engine's
+	// next chunk is already at hand.
+	batch      wire.Chunk
+	batchBytes int
 }
 
 func newStream(a *Agent, job *wire.Job) *stream {
@@ -64,57 +60,62 @@ func (s *stream) send(c *wire.Chunk) error {
 	return s.a.nc.Publish(s.job.GetReplySubject(), s.buf)
 }
 
-// engineChunk is the part of an OpenAI streaming chunk the broker needs
-// parsed; everything else travels in Chunk.raw untouched.
-type engineChunk struct {
-	Choices []struct {
-		Text  string `json:"text"`
-		Delta struct {
-			Content string `json:"content"`
-		} `json:"delta"`
-		FinishReason *string `json:"finish_reason"`
-	} `json:"choices"`
-	Usage *struct {
-		PromptTokens     uint32 `json:"prompt_tokens"`
-		CompletionTokens uint32 `json:"completion_tokens"`
-		TotalTokens      uint32 `json:"total_tokens"`
-	} `json:"usage"`
-}
-
-// emit is the Engine's callback for one engine chunk.
-func (s *stream) emit(raw []byte) error {
-	if err := s.waitAck(); err != nil {
-		return err
-	}
-	var ec engineChunk
-	if err := json.Unmarshal(raw, &ec); err != nil {
+// emit is the Engine's callback for one engine chunk (see Emit).
+func (s *stream) emit(raw []byte, more bool) error {
+	// Only the few fields the broker needs are parsed (one pass, no
+	// reflection: this runs for every token); everything else travels in
+	// Event.raw untouched.
+	var f chunkjson.Fields
+	if err := chunkjson.Scan(raw, &f); err != nil {
 		return &wire.Error{Code: wire.CodeEngine, Message: "engine sent an undecodable chunk: " + err.Error()}
 	}
-	if ec.Usage != nil {
-		s.usage = &wire.Usage{PromptTokens: ec.Usage.PromptTokens, CompletionTokens: ec.Usage.CompletionTokens, TotalTokens: ec.Usage.TotalTokens}
+	if f.HasUsage {
+		s.usage = &wire.Usage{PromptTokens: f.PromptTokens, CompletionTokens: f.CompletionTokens, TotalTokens: f.TotalTokens}
 	}
-	if len(ec.Choices) == 0 {
+	if f.Choices == 0 {
 		// The usage chunk: held for the final message, where the broker
 		// passes it on only if the client asked for usage.
-		if ec.Usage != nil {
+		if f.HasUsage {
 			s.usageRaw = append(s.usageRaw[:0], raw...)
+		}
+		if !more {
+			return s.flush()
 		}
 		return nil
 	}
-	c := &wire.Chunk{Kind: wire.Chunk_KIND_TOKEN, Raw: raw}
-	ch := ec.Choices[0]
-	c.DeltaText = ch.Delta.Content + ch.Text
-	if ch.FinishReason != nil {
-		c.FinishReason = *ch.FinishReason
-		s.finishReason = *ch.FinishReason
+	ev := &wire.Event{Raw: raw, DeltaText: f.Text}
+	if f.HasFinish {
+		ev.FinishReason = f.FinishReason
+		s.finishReason = f.FinishReason
 	}
-	if c.DeltaText != "" {
+	if ev.DeltaText != "" {
 		if s.tokens == 0 && !s.called.IsZero() {
 			s.a.metrics.ttft.Observe(time.Since(s.called).Seconds())
 		}
 		s.tokens++
 	}
-	return s.send(c)
+	s.batch.Events = append(s.batch.Events, ev)
+	s.batchBytes += len(raw)
+	if more && len(s.batch.Events) < maxBatchEvents && s.batchBytes < maxBatchBytes {
+		// The engine's next chunk is already here: hold this one (its
+		// bytes are the engine's buffer, reused after we return).
+		ev.Raw = append([]byte(nil), raw...)
+		return nil
+	}
+	return s.flush()
+}
+
+// flush sends the events held, if any, as one token message.
+func (s *stream) flush() error {
+	if len(s.batch.Events) == 0 {
+		return nil
+	}
+	s.batch.Kind = wire.Chunk_KIND_TOKEN
+	err := s.send(&s.batch)
+	clear(s.batch.Events)
+	s.batch.Events = s.batch.Events[:0]
+	s.batchBytes = 0
+	return err
 }
 
 func (s *stream) finish() {
@@ -122,6 +123,9 @@ func (s *stream) finish() {
 		return
 	}
 	s.ended = true
+	if err := s.flush(); err != nil {
+		s.a.log.Warn("token chunk not sent", "request", s.job.GetRequestId(), "err", err)
+	}
 	if err := s.send(&wire.Chunk{Kind: wire.Chunk_KIND_FINAL, Raw: s.usageRaw, FinishReason: s.finishReason, Usage: s.usage}); err != nil {
 		s.a.log.Warn("final chunk not sent", "request", s.job.GetRequestId(), "err", err)
 	}
@@ -132,6 +136,10 @@ func (s *stream) fail(e *wire.Error) {
 		return
 	}
 	s.ended = true
+	// What the engine produced before it failed still reaches the client.
+	if err := s.flush(); err != nil {
+		s.a.log.Warn("token chunk not sent", "request", s.job.GetRequestId(), "err", err)
+	}
 	if err := s.send(&wire.Chunk{Kind: wire.Chunk_KIND_ERROR, Error: e}); err != nil {
 		s.a.log.Warn("error chunk not sent", "request", s.job.GetRequestId(), "err", err)
 	}

@@ -56,9 +56,10 @@ type Call struct {
 	replyTo string
 	ch      chan *wire.Chunk
 
-	mu       sync.Mutex // guards attempt and nextSeq (reply goroutine vs reader)
+	mu       sync.Mutex // guards attempt, nextSeq and speaker (reply goroutine vs reader)
 	attempt  uint32
 	nextSeq  uint64
+	speaker  string // the agent whose stream of this attempt is relayed
 	failOnce sync.Once
 	failed   chan struct{}
 	failErr  error
@@ -235,7 +236,7 @@ func (c *Call) retry(ctx context.Context, why error) error {
 	c.mu.Lock()
 	old := c.attempt
 	c.attempt++
-	c.nextSeq = 0
+	c.nextSeq, c.speaker = 0, ""
 	c.mu.Unlock()
 	c.cancelAttempt(old)
 	c.b.metrics.retries.WithLabelValues(retryReason(why)).Inc()
@@ -318,6 +319,15 @@ func (b *Broker) onReply(m *nats.Msg) {
 	// The prefill leg speaks only to say it started or failed, outside the
 	// decode leg's sequence.
 	if chunk.GetStage() != wire.Chunk_STAGE_PREFILL {
+		// Agents speak before their ack is confirmed, so in a failover two
+		// may run one attempt: the first to speak is the one relayed.
+		switch id := chunk.GetAgentId(); {
+		case c.speaker == "":
+			c.speaker = id
+		case id != c.speaker:
+			c.mu.Unlock()
+			return
+		}
 		switch seq := chunk.GetSeq(); {
 		case seq < c.nextSeq:
 			c.mu.Unlock()
@@ -503,23 +513,37 @@ func (c *Call) agentGone(m *dispatch.Model, id string) error {
 func (c *Call) deliver(ch *wire.Chunk) *wire.Chunk {
 	switch ch.GetKind() {
 	case wire.Chunk_KIND_TOKEN:
-		c.sent.WriteString(ch.GetDeltaText())
+		events := ch.GetEvents()
+		if len(events) == 0 {
+			break
+		}
 		now := time.Now()
+		route := c.Route.String()
 		if c.firstToken.IsZero() {
 			c.firstToken = now
 			var head struct {
 				ID string `json:"id"`
 			}
-			if json.Unmarshal(ch.GetRaw(), &head) == nil {
+			if json.Unmarshal(events[0].GetRaw(), &head) == nil {
 				c.streamID = head.ID
 			}
-			c.b.metrics.ttft.WithLabelValues(c.Model, c.Route.String()).Observe(now.Sub(c.Started).Seconds())
+			c.b.metrics.ttft.WithLabelValues(c.Model, route).Observe(now.Sub(c.Started).Seconds())
 		} else {
-			c.b.metrics.itl.WithLabelValues(c.Model, c.Route.String()).Observe(now.Sub(c.lastToken).Seconds())
+			c.b.metrics.itl.WithLabelValues(c.Model, route).Observe(now.Sub(c.lastToken).Seconds())
+		}
+		// The events of one message reach the client together.
+		if n := len(events) - 1; n > 0 {
+			itl := c.b.metrics.itl.WithLabelValues(c.Model, route)
+			for range n {
+				itl.Observe(0)
+			}
 		}
 		c.lastToken = now
-		if ch.GetDeltaText() != "" {
-			c.tokens++
+		for _, ev := range events {
+			if t := ev.GetDeltaText(); t != "" {
+				c.sent.WriteString(t)
+				c.tokens++
+			}
 		}
 	case wire.Chunk_KIND_FINAL:
 		c.ended.Store(true)

@@ -56,7 +56,7 @@ func (c *Call) migrate(ctx context.Context, why error) error {
 	c.mu.Lock()
 	old := c.attempt
 	c.attempt++
-	c.nextSeq = 0
+	c.nextSeq, c.speaker = 0, ""
 	c.mu.Unlock()
 	c.cancelAttempt(old)
 	c.b.metrics.migrations.Inc()
@@ -121,7 +121,9 @@ func continuation(api wire.API, body []byte, sent string, sentTokens int) ([]byt
 func (c *Call) continued(ch *wire.Chunk) {
 	switch ch.GetKind() {
 	case wire.Chunk_KIND_TOKEN:
-		ch.Raw = rewriteChunk(ch.Raw, c.streamID, nil)
+		for _, ev := range ch.GetEvents() {
+			ev.Raw = rewriteChunk(ev.Raw, c.streamID, nil)
+		}
 	case wire.Chunk_KIND_FINAL:
 		if u := ch.GetUsage(); u != nil {
 			n := uint32(c.sentTokens)

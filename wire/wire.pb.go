@@ -82,7 +82,7 @@ type Chunk_Kind int32
 const (
 	Chunk_KIND_UNSPECIFIED Chunk_Kind = 0
 	Chunk_KIND_ACCEPTED    Chunk_Kind = 1 // an agent took the job
-	Chunk_KIND_TOKEN       Chunk_Kind = 2 // one engine chunk with output
+	Chunk_KIND_TOKEN       Chunk_Kind = 2 // one or more engine chunks with output (events)
 	Chunk_KIND_FINAL       Chunk_Kind = 3 // the attempt ended well; carries usage and finish reason
 	Chunk_KIND_ERROR       Chunk_Kind = 4 // the attempt failed
 )
@@ -129,7 +129,7 @@ func (x Chunk_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Chunk_Kind.Descriptor instead.
 func (Chunk_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_wire_proto_rawDescGZIP(), []int{5, 0}
+	return file_wire_proto_rawDescGZIP(), []int{6, 0}
 }
 
 // Stage tells the prefill leg's messages (accepted, error) from the decode
@@ -177,7 +177,7 @@ func (x Chunk_Stage) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Chunk_Stage.Descriptor instead.
 func (Chunk_Stage) EnumDescriptor() ([]byte, []int) {
-	return file_wire_proto_rawDescGZIP(), []int{5, 1}
+	return file_wire_proto_rawDescGZIP(), []int{6, 1}
 }
 
 // Job is one attempt at one client request, as published on
@@ -593,28 +593,93 @@ func (x *Error) GetRetryable() bool {
 	return false
 }
 
+// Event is one engine chunk with output, as the engine sent it.
+type Event struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Raw           []byte                 `protobuf:"bytes,1,opt,name=raw,proto3" json:"raw,omitempty"`                                       // the engine's OpenAI chunk JSON, unchanged
+	DeltaText     string                 `protobuf:"bytes,2,opt,name=delta_text,json=deltaText,proto3" json:"delta_text,omitempty"`          // text of choices[0] in this chunk
+	FinishReason  string                 `protobuf:"bytes,3,opt,name=finish_reason,json=finishReason,proto3" json:"finish_reason,omitempty"` // choices[0].finish_reason, when set
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Event) Reset() {
+	*x = Event{}
+	mi := &file_wire_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Event) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Event) ProtoMessage() {}
+
+func (x *Event) ProtoReflect() protoreflect.Message {
+	mi := &file_wire_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Event.ProtoReflect.Descriptor instead.
+func (*Event) Descriptor() ([]byte, []int) {
+	return file_wire_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *Event) GetRaw() []byte {
+	if x != nil {
+		return x.Raw
+	}
+	return nil
+}
+
+func (x *Event) GetDeltaText() string {
+	if x != nil {
+		return x.DeltaText
+	}
+	return ""
+}
+
+func (x *Event) GetFinishReason() string {
+	if x != nil {
+		return x.FinishReason
+	}
+	return ""
+}
+
 // Chunk is one message of an attempt on its reply subject.
 type Chunk struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	RequestId     string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
-	Attempt       uint32                 `protobuf:"varint,2,opt,name=attempt,proto3" json:"attempt,omitempty"`
-	Seq           uint64                 `protobuf:"varint,3,opt,name=seq,proto3" json:"seq,omitempty"` // strictly increasing from 0 within an attempt
-	AgentId       string                 `protobuf:"bytes,4,opt,name=agent_id,json=agentId,proto3" json:"agent_id,omitempty"`
-	Kind          Chunk_Kind             `protobuf:"varint,5,opt,name=kind,proto3,enum=switchyard.wire.v1.Chunk_Kind" json:"kind,omitempty"`
-	Raw           []byte                 `protobuf:"bytes,6,opt,name=raw,proto3" json:"raw,omitempty"`                              // the engine's OpenAI chunk JSON, unchanged
-	DeltaText     string                 `protobuf:"bytes,7,opt,name=delta_text,json=deltaText,proto3" json:"delta_text,omitempty"` // text of choices[0] in this chunk
-	FinishReason  string                 `protobuf:"bytes,8,opt,name=finish_reason,json=finishReason,proto3" json:"finish_reason,omitempty"`
-	Usage         *Usage                 `protobuf:"bytes,9,opt,name=usage,proto3" json:"usage,omitempty"`
-	Error         *Error                 `protobuf:"bytes,10,opt,name=error,proto3" json:"error,omitempty"`
-	PrefillAgent  string                 `protobuf:"bytes,11,opt,name=prefill_agent,json=prefillAgent,proto3" json:"prefill_agent,omitempty"` // for PD, in the accepted chunk of the decode stage
-	Stage         Chunk_Stage            `protobuf:"varint,12,opt,name=stage,proto3,enum=switchyard.wire.v1.Chunk_Stage" json:"stage,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	RequestId    string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	Attempt      uint32                 `protobuf:"varint,2,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	Seq          uint64                 `protobuf:"varint,3,opt,name=seq,proto3" json:"seq,omitempty"` // strictly increasing from 0 within an attempt
+	AgentId      string                 `protobuf:"bytes,4,opt,name=agent_id,json=agentId,proto3" json:"agent_id,omitempty"`
+	Kind         Chunk_Kind             `protobuf:"varint,5,opt,name=kind,proto3,enum=switchyard.wire.v1.Chunk_Kind" json:"kind,omitempty"`
+	Raw          []byte                 `protobuf:"bytes,6,opt,name=raw,proto3" json:"raw,omitempty"`                                       // KIND_FINAL: the engine's usage chunk JSON, unchanged
+	FinishReason string                 `protobuf:"bytes,8,opt,name=finish_reason,json=finishReason,proto3" json:"finish_reason,omitempty"` // KIND_FINAL
+	Usage        *Usage                 `protobuf:"bytes,9,opt,name=usage,proto3" json:"usage,omitempty"`
+	Error        *Error                 `protobuf:"bytes,10,opt,name=error,proto3" json:"error,omitempty"`
+	PrefillAgent string                 `protobuf:"bytes,11,opt,name=prefill_agent,json=prefillAgent,proto3" json:"prefill_agent,omitempty"` // for PD, in the accepted chunk of the decode stage
+	Stage        Chunk_Stage            `protobuf:"varint,12,opt,name=stage,proto3,enum=switchyard.wire.v1.Chunk_Stage" json:"stage,omitempty"`
+	// KIND_TOKEN: the engine chunks in order. An agent sends one chunk per
+	// event when the engine is slow to speak and gathers the events that
+	// arrived together (up to a bound) when it is fast, so the per-message
+	// cost of NATS and of the broker's SSE write is paid once per burst.
+	Events        []*Event `protobuf:"bytes,13,rep,name=events,proto3" json:"events,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Chunk) Reset() {
 	*x = Chunk{}
-	mi := &file_wire_proto_msgTypes[5]
+	mi := &file_wire_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -626,7 +691,7 @@ func (x *Chunk) String() string {
 func (*Chunk) ProtoMessage() {}
 
 func (x *Chunk) ProtoReflect() protoreflect.Message {
-	mi := &file_wire_proto_msgTypes[5]
+	mi := &file_wire_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -639,7 +704,7 @@ func (x *Chunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Chunk.ProtoReflect.Descriptor instead.
 func (*Chunk) Descriptor() ([]byte, []int) {
-	return file_wire_proto_rawDescGZIP(), []int{5}
+	return file_wire_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Chunk) GetRequestId() string {
@@ -684,13 +749,6 @@ func (x *Chunk) GetRaw() []byte {
 	return nil
 }
 
-func (x *Chunk) GetDeltaText() string {
-	if x != nil {
-		return x.DeltaText
-	}
-	return ""
-}
-
 func (x *Chunk) GetFinishReason() string {
 	if x != nil {
 		return x.FinishReason
@@ -726,6 +784,13 @@ func (x *Chunk) GetStage() Chunk_Stage {
 	return Chunk_STAGE_MAIN
 }
 
+func (x *Chunk) GetEvents() []*Event {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
 // Heartbeat is an agent's advertisement, published every interval on
 // sy.hb.<model>.<pool>.<agent> as JSON.
 type Heartbeat struct {
@@ -755,7 +820,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_wire_proto_msgTypes[6]
+	mi := &file_wire_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -767,7 +832,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_wire_proto_msgTypes[6]
+	mi := &file_wire_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -780,7 +845,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_wire_proto_rawDescGZIP(), []int{6}
+	return file_wire_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Heartbeat) GetAgentId() string {
@@ -961,7 +1026,12 @@ const file_wire_proto_rawDesc = "" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12\x1f\n" +
 	"\vhttp_status\x18\x03 \x01(\rR\n" +
 	"httpStatus\x12\x1c\n" +
-	"\tretryable\x18\x04 \x01(\bR\tretryable\"\xc2\x04\n" +
+	"\tretryable\x18\x04 \x01(\bR\tretryable\"]\n" +
+	"\x05Event\x12\x10\n" +
+	"\x03raw\x18\x01 \x01(\fR\x03raw\x12\x1d\n" +
+	"\n" +
+	"delta_text\x18\x02 \x01(\tR\tdeltaText\x12#\n" +
+	"\rfinish_reason\x18\x03 \x01(\tR\ffinishReason\"\xe8\x04\n" +
 	"\x05Chunk\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x18\n" +
@@ -969,15 +1039,14 @@ const file_wire_proto_rawDesc = "" +
 	"\x03seq\x18\x03 \x01(\x04R\x03seq\x12\x19\n" +
 	"\bagent_id\x18\x04 \x01(\tR\aagentId\x122\n" +
 	"\x04kind\x18\x05 \x01(\x0e2\x1e.switchyard.wire.v1.Chunk.KindR\x04kind\x12\x10\n" +
-	"\x03raw\x18\x06 \x01(\fR\x03raw\x12\x1d\n" +
-	"\n" +
-	"delta_text\x18\a \x01(\tR\tdeltaText\x12#\n" +
+	"\x03raw\x18\x06 \x01(\fR\x03raw\x12#\n" +
 	"\rfinish_reason\x18\b \x01(\tR\ffinishReason\x12/\n" +
 	"\x05usage\x18\t \x01(\v2\x19.switchyard.wire.v1.UsageR\x05usage\x12/\n" +
 	"\x05error\x18\n" +
 	" \x01(\v2\x19.switchyard.wire.v1.ErrorR\x05error\x12#\n" +
 	"\rprefill_agent\x18\v \x01(\tR\fprefillAgent\x125\n" +
-	"\x05stage\x18\f \x01(\x0e2\x1f.switchyard.wire.v1.Chunk.StageR\x05stage\"_\n" +
+	"\x05stage\x18\f \x01(\x0e2\x1f.switchyard.wire.v1.Chunk.StageR\x05stage\x121\n" +
+	"\x06events\x18\r \x03(\v2\x19.switchyard.wire.v1.EventR\x06events\"_\n" +
 	"\x04Kind\x12\x14\n" +
 	"\x10KIND_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rKIND_ACCEPTED\x10\x01\x12\x0e\n" +
@@ -990,7 +1059,8 @@ const file_wire_proto_rawDesc = "" +
 	"\x05Stage\x12\x0e\n" +
 	"\n" +
 	"STAGE_MAIN\x10\x00\x12\x11\n" +
-	"\rSTAGE_PREFILL\x10\x01\"\xca\x05\n" +
+	"\rSTAGE_PREFILL\x10\x01J\x04\b\a\x10\bR\n" +
+	"delta_text\"\xca\x05\n" +
 	"\tHeartbeat\x12\x19\n" +
 	"\bagent_id\x18\x01 \x01(\tR\aagentId\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x12\x12\n" +
@@ -1035,7 +1105,7 @@ func file_wire_proto_rawDescGZIP() []byte {
 }
 
 var file_wire_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_wire_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_wire_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_wire_proto_goTypes = []any{
 	(API)(0),                      // 0: switchyard.wire.v1.API
 	(Chunk_Kind)(0),               // 1: switchyard.wire.v1.Chunk.Kind
@@ -1045,30 +1115,32 @@ var file_wire_proto_goTypes = []any{
 	(*Continuation)(nil),          // 5: switchyard.wire.v1.Continuation
 	(*Usage)(nil),                 // 6: switchyard.wire.v1.Usage
 	(*Error)(nil),                 // 7: switchyard.wire.v1.Error
-	(*Chunk)(nil),                 // 8: switchyard.wire.v1.Chunk
-	(*Heartbeat)(nil),             // 9: switchyard.wire.v1.Heartbeat
-	nil,                           // 10: switchyard.wire.v1.Job.TraceEntry
-	(*timestamppb.Timestamp)(nil), // 11: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 12: google.protobuf.Duration
+	(*Event)(nil),                 // 8: switchyard.wire.v1.Event
+	(*Chunk)(nil),                 // 9: switchyard.wire.v1.Chunk
+	(*Heartbeat)(nil),             // 10: switchyard.wire.v1.Heartbeat
+	nil,                           // 11: switchyard.wire.v1.Job.TraceEntry
+	(*timestamppb.Timestamp)(nil), // 12: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 13: google.protobuf.Duration
 }
 var file_wire_proto_depIdxs = []int32{
 	0,  // 0: switchyard.wire.v1.Job.api:type_name -> switchyard.wire.v1.API
-	11, // 1: switchyard.wire.v1.Job.deadline:type_name -> google.protobuf.Timestamp
-	10, // 2: switchyard.wire.v1.Job.trace:type_name -> switchyard.wire.v1.Job.TraceEntry
+	12, // 1: switchyard.wire.v1.Job.deadline:type_name -> google.protobuf.Timestamp
+	11, // 2: switchyard.wire.v1.Job.trace:type_name -> switchyard.wire.v1.Job.TraceEntry
 	4,  // 3: switchyard.wire.v1.Job.pd:type_name -> switchyard.wire.v1.PDHandoff
 	5,  // 4: switchyard.wire.v1.Job.continuation:type_name -> switchyard.wire.v1.Continuation
 	1,  // 5: switchyard.wire.v1.Chunk.kind:type_name -> switchyard.wire.v1.Chunk.Kind
 	6,  // 6: switchyard.wire.v1.Chunk.usage:type_name -> switchyard.wire.v1.Usage
 	7,  // 7: switchyard.wire.v1.Chunk.error:type_name -> switchyard.wire.v1.Error
 	2,  // 8: switchyard.wire.v1.Chunk.stage:type_name -> switchyard.wire.v1.Chunk.Stage
-	11, // 9: switchyard.wire.v1.Heartbeat.ready_since:type_name -> google.protobuf.Timestamp
-	12, // 10: switchyard.wire.v1.Heartbeat.interval:type_name -> google.protobuf.Duration
-	11, // 11: switchyard.wire.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
-	12, // [12:12] is the sub-list for method output_type
-	12, // [12:12] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	8,  // 9: switchyard.wire.v1.Chunk.events:type_name -> switchyard.wire.v1.Event
+	12, // 10: switchyard.wire.v1.Heartbeat.ready_since:type_name -> google.protobuf.Timestamp
+	13, // 11: switchyard.wire.v1.Heartbeat.interval:type_name -> google.protobuf.Duration
+	12, // 12: switchyard.wire.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
+	13, // [13:13] is the sub-list for method output_type
+	13, // [13:13] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_wire_proto_init() }
@@ -1076,14 +1148,14 @@ func file_wire_proto_init() {
 	if File_wire_proto != nil {
 		return
 	}
-	file_wire_proto_msgTypes[6].OneofWrappers = []any{}
+	file_wire_proto_msgTypes[7].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_wire_proto_rawDesc), len(file_wire_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   8,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -133,7 +133,7 @@ func TestErrorIs(t *testing.T) {
 }
 
 func FuzzDecodeChunk(f *testing.F) {
-	seed, _ := proto.Marshal(&Chunk{RequestId: "r1", Seq: 3, Kind: Chunk_KIND_TOKEN, Raw: []byte(`{"x":1}`), DeltaText: " hi"})
+	seed, _ := proto.Marshal(&Chunk{RequestId: "r1", Seq: 3, Kind: Chunk_KIND_TOKEN, Events: []*Event{{Raw: []byte(`{"x":1}`), DeltaText: " hi"}, {Raw: []byte(`{"x":2}`), DeltaText: " there"}}})
 	f.Add(seed)
 	job, _ := proto.Marshal(&Job{RequestId: "r1", Model: "m", Body: []byte(`{}`), Pd: &PDHandoff{BootstrapRoom: 7}})
 	f.Add(job)

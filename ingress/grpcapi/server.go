@@ -245,16 +245,18 @@ func (s *Server) serve(stream grpc.ServerStreamingServer[switchyardv1.StreamResp
 			if err := start(c); err != nil {
 				return gone(err)
 			}
-			if f := c.GetFinishReason(); f != "" {
-				finish = f
-			}
-			err := stream.Send(&switchyardv1.StreamResponse{Event: &switchyardv1.StreamResponse_Delta{Delta: &switchyardv1.StreamDelta{
-				DeltaText:    c.GetDeltaText(),
-				FinishReason: c.GetFinishReason(),
-				RawChunkJson: c.GetRaw(),
-			}}})
-			if err != nil {
-				return gone(err)
+			for _, ev := range c.GetEvents() {
+				if f := ev.GetFinishReason(); f != "" {
+					finish = f
+				}
+				err := stream.Send(&switchyardv1.StreamResponse{Event: &switchyardv1.StreamResponse_Delta{Delta: &switchyardv1.StreamDelta{
+					DeltaText:    ev.GetDeltaText(),
+					FinishReason: ev.GetFinishReason(),
+					RawChunkJson: ev.GetRaw(),
+				}}})
+				if err != nil {
+					return gone(err)
+				}
 			}
 		case wire.Chunk_KIND_FINAL:
 			if err := start(c); err != nil {

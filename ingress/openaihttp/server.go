@@ -180,21 +180,26 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, call *broker.Cal
 		started = true
 	}
 	buf := make([]byte, 0, 1024)
-	write := func(data []byte) error {
+	// write sends the events as SSE in one write. Under load several
+	// chunks wait at once: they are all written before one flush, one
+	// write(2) per burst instead of per token.
+	write := func(data ...[]byte) error {
 		_ = rc.SetWriteDeadline(time.Now().Add(s.cfg.StreamWriteTimeout))
-		buf = append(buf[:0], "data: "...)
-		buf = append(buf, data...)
-		buf = append(buf, "\n\n"...)
+		buf = buf[:0]
+		for _, d := range data {
+			buf = append(buf, "data: "...)
+			buf = append(buf, d...)
+			buf = append(buf, "\n\n"...)
+		}
 		if _, err := w.Write(buf); err != nil {
 			return err
 		}
-		// Under load several chunks wait at once: write them all and
-		// flush once, one write(2) per burst instead of per token.
 		if call.Buffered() > 0 {
 			return nil
 		}
 		return rc.Flush()
 	}
+	var events [][]byte
 	fail := func(e *apiError) {
 		if !started {
 			writeError(w, e)
@@ -222,7 +227,11 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, call *broker.Cal
 			if !started {
 				start()
 			}
-			if err := write(c.GetRaw()); err != nil {
+			events = events[:0]
+			for _, ev := range c.GetEvents() {
+				events = append(events, ev.GetRaw())
+			}
+			if err := write(events...); err != nil {
 				call.SetOutcome(broker.OutcomeCancelled)
 				return
 			}
@@ -283,12 +292,14 @@ func (s *Server) assemble(w http.ResponseWriter, r *http.Request, call *broker.C
 			w.Header().Set("X-Switchyard-Route", call.Route.String())
 			w.Header().Set("X-Switchyard-Agent", agentHeader(c))
 		case wire.Chunk_KIND_TOKEN:
-			if head.ID == "" {
-				_ = json.Unmarshal(c.GetRaw(), &head)
-			}
-			text.WriteString(c.GetDeltaText())
-			if f := c.GetFinishReason(); f != "" {
-				finish = f
+			for _, ev := range c.GetEvents() {
+				if head.ID == "" {
+					_ = json.Unmarshal(ev.GetRaw(), &head)
+				}
+				text.WriteString(ev.GetDeltaText())
+				if f := ev.GetFinishReason(); f != "" {
+					finish = f
+				}
 			}
 		case wire.Chunk_KIND_ERROR:
 			writeError(w, fromWire(c.GetError()))

@@ -95,7 +95,7 @@ func Path(api wire.API) (string, error) {
 }
 
 // Stream posts the request and relays each SSE data event.
-func (a *Adapter) Stream(ctx context.Context, r *agent.Request, emit func([]byte) error) error {
+func (a *Adapter) Stream(ctx context.Context, r *agent.Request, emit agent.Emit) error {
 	path, err := Path(r.API)
 	if err != nil {
 		return err
@@ -105,7 +105,7 @@ func (a *Adapter) Stream(ctx context.Context, r *agent.Request, emit func([]byte
 
 // Post sends body to path and relays the SSE data events of the answer; it
 // is exported for the PD adapters, which post variants of the request.
-func (a *Adapter) Post(ctx context.Context, path string, body []byte, emit func([]byte) error) error {
+func (a *Adapter) Post(ctx context.Context, path string, body []byte, emit agent.Emit) error {
 	req, err := a.newRequest(ctx, http.MethodPost, path, body)
 	if err != nil {
 		return err
@@ -128,7 +128,7 @@ func (a *Adapter) Post(ctx context.Context, path string, body []byte, emit func(
 		if err != nil {
 			return &wire.Error{Code: wire.CodeEngine, Message: err.Error()}
 		}
-		return emit(data)
+		return emit(data, false)
 	}
 	return ReadSSE(resp.Body, emit)
 }
@@ -136,7 +136,9 @@ func (a *Adapter) Post(ctx context.Context, path string, body []byte, emit func(
 // ReadSSE calls emit with the data of each server-sent event until
 // "data: [DONE]" or the end of the body. An error event (an object with an
 // "error" member, as vLLM sends mid-stream) ends the stream with that error.
-func ReadSSE(body io.Reader, emit func([]byte) error) error {
+// emit's more is true when the next whole event is already read, so a burst
+// of events that arrived in one read can travel on as one message.
+func ReadSSE(body io.Reader, emit agent.Emit) error {
 	br := bufio.NewReaderSize(body, 64<<10)
 	var data []byte
 	for {
@@ -167,7 +169,7 @@ func ReadSSE(body io.Reader, emit func([]byte) error) error {
 				if e := eventError(data); e != nil {
 					return e
 				}
-				if err := emit(data); err != nil {
+				if err := emit(data, eventBuffered(br)); err != nil {
 					return err
 				}
 				data = data[:0]
@@ -191,6 +193,17 @@ func ReadSSE(body io.Reader, emit func([]byte) error) error {
 			return &wire.Error{Code: wire.CodeEngine, Message: "reading engine stream: " + err.Error()}
 		}
 	}
+}
+
+// eventBuffered reports whether br holds the end of another event: the
+// next chunk can be read without waiting on the engine.
+func eventBuffered(br *bufio.Reader) bool {
+	n := br.Buffered()
+	if n == 0 {
+		return false
+	}
+	next, _ := br.Peek(n)
+	return bytes.Contains(next, []byte("\n\n")) || bytes.Contains(next, []byte("\r\n\r\n"))
 }
 
 func eventError(data []byte) *wire.Error {

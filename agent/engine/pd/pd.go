@@ -91,7 +91,7 @@ func (a *Adapter) Load(ctx context.Context) (agent.Load, error) {
 }
 
 // Stream serves a regular job unchanged and a decode job with its hand-off.
-func (a *Adapter) Stream(ctx context.Context, r *agent.Request, emit func([]byte) error) error {
+func (a *Adapter) Stream(ctx context.Context, r *agent.Request, emit agent.Emit) error {
 	h := r.Job.GetPd()
 	if h == nil {
 		return a.inner.Stream(ctx, r, emit)
@@ -157,7 +157,7 @@ func (a *Adapter) prefillSGLang(ctx context.Context, r *agent.Request, handoff f
 	leg := *r
 	leg.Body = body
 	// The prefill engine's own output is not the client's; drain it.
-	return a.inner.Stream(ctx, &leg, func([]byte) error { return nil })
+	return a.inner.Stream(ctx, &leg, func([]byte, bool) error { return nil })
 }
 
 // vllmPrefillParams asks the prefill engine to keep the KV cache for a
@@ -177,7 +177,7 @@ func (a *Adapter) prefillVLLM(ctx context.Context, r *agent.Request, handoff fun
 	leg := *r
 	leg.Body = body
 	var params json.RawMessage
-	err = a.inner.Stream(ctx, &leg, func(data []byte) error {
+	err = a.inner.Stream(ctx, &leg, func(data []byte, _ bool) error {
 		var resp struct {
 			KV json.RawMessage `json:"kv_transfer_params"`
 		}

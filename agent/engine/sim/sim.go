@@ -27,12 +27,13 @@ func New(e *simengine.Engine) *Adapter { return &Adapter{e: e} }
 func (a *Adapter) Engine() *simengine.Engine { return a.e }
 
 // Stream runs the request on the simulator.
-func (a *Adapter) Stream(ctx context.Context, r *agent.Request, emit func([]byte) error) error {
+func (a *Adapter) Stream(ctx context.Context, r *agent.Request, emit agent.Emit) error {
 	api := simengine.APIChat
 	if r.API == wire.API_API_COMPLETION {
 		api = simengine.APICompletion
 	}
-	err := a.e.Stream(ctx, api, r.Body, emit)
+	// The simulator makes each chunk when it is due: none is ever at hand early.
+	err := a.e.Stream(ctx, api, r.Body, func(b []byte) error { return emit(b, false) })
 	var se *simengine.Error
 	if errors.As(err, &se) {
 		code := wire.CodeEngine

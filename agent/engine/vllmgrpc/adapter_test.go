@@ -75,9 +75,9 @@ type collected struct {
 	afterDone bool // a chunk after the usage chunk
 }
 
-func collect(t testing.TB, api wire.API) (*collected, func([]byte) error) {
+func collect(t testing.TB, api wire.API) (*collected, agent.Emit) {
 	c := &collected{}
-	return c, func(raw []byte) error {
+	return c, func(raw []byte, _ bool) error {
 		var ch struct {
 			Object  string `json:"object"`
 			Choices []struct {
@@ -224,7 +224,7 @@ func TestStreamCancelAborts(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	got := 0
-	err := a.Stream(ctx, request(wire.API_API_COMPLETION, `{"prompt":"x","max_tokens":100000}`), func([]byte) error {
+	err := a.Stream(ctx, request(wire.API_API_COMPLETION, `{"prompt":"x","max_tokens":100000}`), func([]byte, bool) error {
 		if got++; got == 3 {
 			cancel()
 		}
@@ -256,7 +256,7 @@ func TestHealthAndLoad(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		once := false
-		done <- a.Stream(ctx, request(wire.API_API_COMPLETION, `{"prompt":"x","max_tokens":100000}`), func([]byte) error {
+		done <- a.Stream(ctx, request(wire.API_API_COMPLETION, `{"prompt":"x","max_tokens":100000}`), func([]byte, bool) error {
 			if !once {
 				once = true
 				close(started)
@@ -301,7 +301,7 @@ func TestBadRequests(t *testing.T) {
 		{"not json", wire.API_API_CHAT, `{`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			err := a.Stream(t.Context(), request(tc.api, tc.body), func([]byte) error {
+			err := a.Stream(t.Context(), request(tc.api, tc.body), func([]byte, bool) error {
 				t.Error("emitted a chunk")
 				return nil
 			})
@@ -360,7 +360,7 @@ func TestVLLMPD(t *testing.T) {
 			// The hand-off is single use, and another prompt's is refused.
 			dreq = request(api, body)
 			dreq.Job.Pd = h
-			if err := da.Stream(t.Context(), dreq, func([]byte) error { return nil }); !errors.Is(err, &wire.Error{Code: wire.CodeEngine}) {
+			if err := da.Stream(t.Context(), dreq, func([]byte, bool) error { return nil }); !errors.Is(err, &wire.Error{Code: wire.CodeEngine}) {
 				t.Fatalf("reused hand-off: %v", err)
 			}
 		})
@@ -371,7 +371,7 @@ func TestVLLMPD(t *testing.T) {
 		forged := `{"do_remote_prefill":true,"do_remote_decode":false,"remote_engine_id":"sim-nope","remote_block_ids":[1,2],"remote_host":"127.0.0.1","remote_port":1,"tp_size":1}`
 		req := request(wire.API_API_COMPLETION, `{"prompt":"x","max_tokens":3}`)
 		req.Job.Pd = &wire.PDHandoff{Protocol: "vllm", KvTransferParamsJson: []byte(forged)}
-		err := da.Stream(t.Context(), req, func([]byte) error { return nil })
+		err := da.Stream(t.Context(), req, func([]byte, bool) error { return nil })
 		if !errors.Is(err, &wire.Error{Code: wire.CodeEngine}) || !strings.Contains(err.Error(), "kv_transfer_failed") {
 			t.Fatalf("forged hand-off: %v", err)
 		}
@@ -381,7 +381,7 @@ func TestVLLMPD(t *testing.T) {
 	})
 
 	t.Run("decode without hand-off", func(t *testing.T) {
-		err := da.Stream(t.Context(), request(wire.API_API_COMPLETION, `{"prompt":"x"}`), func([]byte) error { return nil })
+		err := da.Stream(t.Context(), request(wire.API_API_COMPLETION, `{"prompt":"x"}`), func([]byte, bool) error { return nil })
 		if !errors.Is(err, &wire.Error{Code: wire.CodeBadRequest}) {
 			t.Fatalf("got %v, want bad request", err)
 		}

@@ -155,7 +155,9 @@ func (f *fleet) call(api wire.API, body string) (string, *wire.Chunk, error) {
 		}
 		switch ch.GetKind() {
 		case wire.Chunk_KIND_TOKEN:
-			sb.WriteString(ch.GetDeltaText())
+			for _, ev := range ch.GetEvents() {
+				sb.WriteString(ev.GetDeltaText())
+			}
 		case wire.Chunk_KIND_FINAL:
 			return sb.String(), ch, nil
 		case wire.Chunk_KIND_ERROR:

@@ -211,7 +211,7 @@ func engineID(r *agent.Request) string {
 
 // Stream runs the request, or the decode leg of a vLLM PD job when the job
 // carries kv_transfer_params.
-func (a *Adapter) Stream(ctx context.Context, r *agent.Request, emit func([]byte) error) error {
+func (a *Adapter) Stream(ctx context.Context, r *agent.Request, emit agent.Emit) error {
 	j, err := buildRequest(r.API, r.Body, a.tmpl)
 	if err != nil {
 		return err
@@ -232,7 +232,7 @@ func (a *Adapter) Stream(ctx context.Context, r *agent.Request, emit func([]byte
 	return a.stream(ctx, r.API, j, v, model, emit)
 }
 
-func (a *Adapter) stream(ctx context.Context, api wire.API, j *job, v Vocabulary, model string, emit func([]byte) error) error {
+func (a *Adapter) stream(ctx context.Context, api wire.API, j *job, v Vocabulary, model string, emit agent.Emit) error {
 	id := j.req.GetRequestId()
 	gctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -250,7 +250,8 @@ func (a *Adapter) stream(ctx context.Context, api wire.API, j *job, v Vocabulary
 		started  bool
 	)
 	send := func(b []byte) error {
-		if err := emit(b); err != nil {
+		// A gRPC stream cannot tell whether the next response is here.
+		if err := emit(b, false); err != nil {
 			a.abort(ctx, id)
 			return err
 		}

@@ -1,0 +1,202 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/switchyard-ai/switchyard/simengine"
+	"github.com/switchyard-ai/switchyard/wire"
+)
+
+// replySpy records every chunk on the broker's reply subjects.
+type replySpy struct {
+	mu     sync.Mutex
+	chunks []*wire.Chunk
+}
+
+func spyReplies(t *testing.T, natsURL string, on func(nc *nats.Conn, m *nats.Msg, c *wire.Chunk)) *replySpy {
+	t.Helper()
+	nc, err := nats.Connect(natsURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	s := &replySpy{}
+	_, err = nc.Subscribe("sy.reply.>", func(m *nats.Msg) {
+		c := new(wire.Chunk)
+		if err := proto.Unmarshal(m.Data, c); err != nil {
+			t.Errorf("undecodable chunk on %s: %v", m.Subject, err)
+			return
+		}
+		s.mu.Lock()
+		s.chunks = append(s.chunks, c)
+		s.mu.Unlock()
+		if on != nil {
+			on(nc, m, c)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// burstEngine serves the simulator's API, except that a chat stream is
+// written in bursts: each burst's events in one write and one flush, a
+// pause between bursts, as a fast engine under load sends them.
+func burstEngine(t *testing.T, bursts, perBurst int) string {
+	t.Helper()
+	se, err := simengine.New(simengine.Config{Model: model, Slots: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = se.Close() })
+	sim := se.Handler()
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost || r.URL.Path != "/v1/chat/completions" {
+			sim.ServeHTTP(w, r)
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		rc := http.NewResponseController(w)
+		n := 0
+		for range bursts {
+			var b strings.Builder
+			for range perBurst {
+				fmt.Fprintf(&b, "data: {\"id\":\"burst\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":%q,\"choices\":[{\"index\":0,\"delta\":{\"content\":\" w%d\"},\"finish_reason\":null}]}\n\n", model, n)
+				n++
+			}
+			_, _ = w.Write([]byte(b.String()))
+			_ = rc.Flush()
+			time.Sleep(20 * time.Millisecond)
+		}
+		fmt.Fprintf(w, "data: {\"id\":\"burst\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":%q,\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"length\"}]}\n\n", model)
+		fmt.Fprintf(w, "data: {\"id\":\"burst\",\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":%d,\"total_tokens\":%d}}\n\ndata: [DONE]\n\n", n, n+3)
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: h}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	return "http://" + ln.Addr().String()
+}
+
+// TestBurstsTravelTogether: engine chunks that arrive together leave the
+// agent as one NATS message (never more than one burst per message), and
+// the client still gets every event, in order, as its own SSE event.
+func TestBurstsTravelTogether(t *testing.T) {
+	const bursts, perBurst = 5, 20
+	b := startBroker(t)
+	url := burstEngine(t, bursts, perBurst)
+	e := &engine{URL: url}
+	startAgent(t, b.NATS, "a1", e, 4)
+	waitEligible(t, b.HTTP, "a1")
+	spy := spyReplies(t, b.NATS, nil)
+
+	r, err := rawStream(context.Background(), b.HTTP, "bursts", 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.status != http.StatusOK || !r.done || r.errMsg != "" {
+		t.Fatalf("status %d done %v err %q", r.status, r.done, r.errMsg)
+	}
+	var want strings.Builder
+	for i := range bursts * perBurst {
+		fmt.Fprintf(&want, " w%d", i)
+	}
+	if r.text != want.String() {
+		t.Fatalf("client got %q, want %q", r.text, want.String())
+	}
+	spy.mu.Lock()
+	defer spy.mu.Unlock()
+	var sizes []int
+	events := 0
+	for _, c := range spy.chunks {
+		if c.GetKind() == wire.Chunk_KIND_TOKEN {
+			sizes = append(sizes, len(c.GetEvents()))
+			events += len(c.GetEvents())
+		}
+	}
+	// 100 content events and the finish event.
+	if events != bursts*perBurst+1 {
+		t.Fatalf("%d events in token messages %v, want %d", events, sizes, bursts*perBurst+1)
+	}
+	// One burst is one read at the agent in the common case; allow a
+	// burst to be split by the TCP stack, never merged with the next
+	// (the engine pauses between them).
+	if len(sizes) < bursts || len(sizes) > 3*bursts {
+		t.Fatalf("token messages %v: want about one per burst (%d bursts)", sizes, bursts)
+	}
+	for _, n := range sizes {
+		if n > perBurst+1 {
+			t.Fatalf("token messages %v: a message holds more than a burst", sizes)
+		}
+	}
+	t.Logf("%d events in %d token messages: %v", events, len(sizes), sizes)
+}
+
+// TestOneSpeakerPerAttempt: agents speak before their ack is confirmed, so
+// in a failover two agents could run one attempt. The broker relays only
+// the first that spoke; the other's chunks never reach the client.
+func TestOneSpeakerPerAttempt(t *testing.T) {
+	b := startBroker(t)
+	e := startEngine(t, simengine.Config{Model: model, TTFT: 30 * time.Millisecond, ITL: time.Millisecond, Slots: 4})
+	startAgent(t, b.NATS, "a1", e, 4)
+	waitEligible(t, b.HTTP, "a1")
+	var once sync.Once
+	spy := spyReplies(t, b.NATS, func(nc *nats.Conn, m *nats.Msg, c *wire.Chunk) {
+		if c.GetAgentId() != "a1" || c.GetKind() != wire.Chunk_KIND_ACCEPTED {
+			return
+		}
+		// A second agent claims the same attempt while a1's engine is
+		// still before its first token.
+		once.Do(func() {
+			for i, k := range []wire.Chunk_Kind{wire.Chunk_KIND_ACCEPTED, wire.Chunk_KIND_TOKEN, wire.Chunk_KIND_TOKEN} {
+				g := &wire.Chunk{RequestId: c.GetRequestId(), Attempt: c.GetAttempt(), Seq: uint64(i), AgentId: "ghost", Kind: k}
+				if k == wire.Chunk_KIND_TOKEN {
+					g.Events = []*wire.Event{{Raw: []byte(`{"id":"ghost","choices":[{"index":0,"delta":{"content":" GHOST"}}]}`), DeltaText: " GHOST"}}
+				}
+				data, _ := proto.Marshal(g)
+				_ = nc.Publish(m.Subject, data)
+			}
+		})
+	})
+	const prompt = "only one voice"
+	r, err := rawStream(context.Background(), b.HTTP, prompt, 12)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := expect(t, simengine.APIChat, fmt.Sprintf(`{"messages":[{"role":"user","content":%q}],"max_tokens":12}`, prompt))
+	if r.status != http.StatusOK || !r.done || r.errMsg != "" || r.text != want.Text {
+		t.Fatalf("status %d done %v err %q text %q, want %q", r.status, r.done, r.errMsg, r.text, want.Text)
+	}
+	if r.agent != "a1" {
+		t.Fatalf("x-switchyard-agent %q, want a1", r.agent)
+	}
+	spy.mu.Lock()
+	defer spy.mu.Unlock()
+	ghost := 0
+	for _, c := range spy.chunks {
+		if c.GetAgentId() == "ghost" {
+			ghost++
+		}
+	}
+	if ghost != 3 {
+		t.Fatalf("the ghost sent %d chunks, want 3 (the test did not exercise the race)", ghost)
+	}
+}
