@@ -14,6 +14,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -70,6 +71,9 @@ type Call struct {
 
 	// Owned by the reading goroutine.
 	deadline, stall *time.Timer
+	asked           time.Time // when the reader last asked for a chunk (see Next)
+	itl             prometheus.Observer
+	itlRoute        dispatch.Route
 	attemptStart    time.Time
 	agent           string // the agent that accepted the current attempt
 	prefillAgent    string
@@ -368,11 +372,13 @@ func (c *Call) fail(err error) {
 // failed or stuck attempts itself.
 func (c *Call) Next(ctx context.Context) (*wire.Chunk, error) {
 	// One goroutine reads a call, so its timers are reused across chunks.
+	// The stall timer is not reset per chunk (a timer operation per token
+	// adds up): when it fires, it is pushed back by the time since the
+	// reader last asked.
+	c.asked = time.Now()
 	if c.deadline == nil {
 		c.deadline = time.NewTimer(time.Until(c.Deadline))
 		c.stall = time.NewTimer(c.b.cfg.StallTimeout)
-	} else {
-		c.stall.Reset(c.b.cfg.StallTimeout)
 	}
 	// The watch looks for dead agents and, before the first token, for
 	// jobs no one can take. It is one ticker per request in flight.
@@ -398,7 +404,7 @@ func (c *Call) Next(ctx context.Context) (*wire.Chunk, error) {
 					if err := c.recover(ctx, br.err); err != nil {
 						return nil, err
 					}
-					c.stall.Reset(c.b.cfg.StallTimeout)
+					c.restartStall()
 				}
 				continue
 			case <-ctx.Done():
@@ -406,10 +412,14 @@ func (c *Call) Next(ctx context.Context) (*wire.Chunk, error) {
 			case <-c.deadline.C:
 				return nil, fmt.Errorf("%w: request %s", ErrTimeout, c.ID)
 			case <-c.stall.C:
+				if idle := time.Since(c.asked); idle < c.b.cfg.StallTimeout {
+					c.stall.Reset(c.b.cfg.StallTimeout - idle)
+					continue
+				}
 				if err := c.recover(ctx, fmt.Errorf("%w: request %s: nothing for %s", ErrStalled, c.ID, c.b.cfg.StallTimeout)); err != nil {
 					return nil, err
 				}
-				c.stall.Reset(c.b.cfg.StallTimeout)
+				c.restartStall()
 				continue
 			case <-watch:
 				if c.agent == "" && c.firstToken.IsZero() && c.b.now().Sub(c.Started) > c.b.cfg.QueueTimeout {
@@ -421,7 +431,7 @@ func (c *Call) Next(ctx context.Context) (*wire.Chunk, error) {
 					if err := c.recover(ctx, why); err != nil {
 						return nil, err
 					}
-					c.stall.Reset(c.b.cfg.StallTimeout)
+					c.restartStall()
 				}
 				continue
 			}
@@ -460,6 +470,12 @@ func (c *Call) Next(ctx context.Context) (*wire.Chunk, error) {
 		}
 		return c.deliver(ch), nil
 	}
+}
+
+// restartStall gives a new attempt the whole stall timeout.
+func (c *Call) restartStall() {
+	c.asked = time.Now()
+	c.stall.Reset(c.b.cfg.StallTimeout)
 }
 
 // Buffered reports how many chunks wait to be read. A writer that finds
@@ -528,15 +544,17 @@ func (c *Call) deliver(ch *wire.Chunk) *wire.Chunk {
 				c.streamID = head.ID
 			}
 			c.b.metrics.ttft.WithLabelValues(c.Model, route).Observe(now.Sub(c.Started).Seconds())
-		} else {
-			c.b.metrics.itl.WithLabelValues(c.Model, route).Observe(now.Sub(c.lastToken).Seconds())
+		}
+		// The observer is looked up once per route, not per token.
+		if c.itl == nil || c.itlRoute != c.Route {
+			c.itl, c.itlRoute = c.b.metrics.itl.WithLabelValues(c.Model, route), c.Route
+		}
+		if !c.lastToken.IsZero() {
+			c.itl.Observe(now.Sub(c.lastToken).Seconds())
 		}
 		// The events of one message reach the client together.
-		if n := len(events) - 1; n > 0 {
-			itl := c.b.metrics.itl.WithLabelValues(c.Model, route)
-			for range n {
-				itl.Observe(0)
-			}
+		for range len(events) - 1 {
+			c.itl.Observe(0)
 		}
 		c.lastToken = now
 		for _, ev := range events {

@@ -200,3 +200,59 @@ func TestOneSpeakerPerAttempt(t *testing.T) {
 		t.Fatalf("the ghost sent %d chunks, want 3 (the test did not exercise the race)", ghost)
 	}
 }
+
+// TestStallTimeout: an agent that keeps heartbeating but whose engine goes
+// quiet mid-stream is given up on after --stall-timeout: the stream is
+// migrated once (the engine stalls again) and then ends with one error
+// event, the stall measured from the last chunk, not from the request.
+func TestStallTimeout(t *testing.T) {
+	const stall = 400 * time.Millisecond
+	b := startBroker(t, "--stall-timeout", stall.String())
+	se, err := simengine.New(simengine.Config{Model: model, Slots: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = se.Close() })
+	sim := se.Handler()
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			sim.ServeHTTP(w, r)
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		rc := http.NewResponseController(w)
+		// Tokens for a while (the stall must count from the last one),
+		// then silence until the agent hangs up.
+		for i := range 8 {
+			fmt.Fprintf(w, "data: {\"id\":\"s\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\" t%d\"},\"finish_reason\":null}]}\n\n", i)
+			_ = rc.Flush()
+			time.Sleep(stall / 4)
+		}
+		<-r.Context().Done()
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: h}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	startAgent(t, b.NATS, "a1", &engine{URL: "http://" + ln.Addr().String()}, 4)
+	waitEligible(t, b.HTTP, "a1")
+
+	start := time.Now()
+	r, err := rawStream(context.Background(), b.HTTP, "a stalling engine", 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(start)
+	if r.status != http.StatusOK || r.done || !strings.Contains(r.errMsg, "nothing for") {
+		t.Fatalf("status %d done %v err %q: want one stall error event", r.status, r.done, r.errMsg)
+	}
+	// Two attempts of 8 tokens at stall/4 each (2 stalls' worth), each then
+	// given up after one stall: about 6 stalls in all.
+	if took < 5*stall || took > 12*stall {
+		t.Fatalf("stream ended after %s, want about %s", took, 6*stall)
+	}
+	t.Logf("ended after %s (stall timeout %s): %s", took.Round(time.Millisecond), stall, r.errMsg)
+}

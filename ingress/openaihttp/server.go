@@ -183,8 +183,14 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, call *broker.Cal
 	// write sends the events as SSE in one write. Under load several
 	// chunks wait at once: they are all written before one flush, one
 	// write(2) per burst instead of per token.
+	// The write deadline is moved on at most every 1/16 of the timeout, not
+	// per write: a client is still cut off after 15/16 to 16/16 of it.
+	var deadlineSet time.Time
 	write := func(data ...[]byte) error {
-		_ = rc.SetWriteDeadline(time.Now().Add(s.cfg.StreamWriteTimeout))
+		if now := time.Now(); now.Sub(deadlineSet) > s.cfg.StreamWriteTimeout/16 {
+			_ = rc.SetWriteDeadline(now.Add(s.cfg.StreamWriteTimeout))
+			deadlineSet = now
+		}
 		buf = buf[:0]
 		for _, d := range data {
 			buf = append(buf, "data: "...)
