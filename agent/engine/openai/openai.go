@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/switchyard-ai/switchyard/agent"
@@ -133,13 +134,22 @@ func (a *Adapter) Post(ctx context.Context, path string, body []byte, emit agent
 	return ReadSSE(resp.Body, emit)
 }
 
+// sseReaders recycles ReadSSE's buffers: a fresh 64 KiB per engine request
+// was most of the agent's garbage.
+var sseReaders = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 64<<10) }}
+
 // ReadSSE calls emit with the data of each server-sent event until
 // "data: [DONE]" or the end of the body. An error event (an object with an
 // "error" member, as vLLM sends mid-stream) ends the stream with that error.
 // emit's more is true when the next whole event is already read, so a burst
 // of events that arrived in one read can travel on as one message.
 func ReadSSE(body io.Reader, emit agent.Emit) error {
-	br := bufio.NewReaderSize(body, 64<<10)
+	br := sseReaders.Get().(*bufio.Reader)
+	br.Reset(body)
+	defer func() {
+		br.Reset(nil)
+		sseReaders.Put(br)
+	}()
 	var data []byte
 	for {
 		line, err := br.ReadSlice('\n')
