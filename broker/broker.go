@@ -136,7 +136,7 @@ func (b *Broker) EnsureStream(ctx context.Context) error {
 		defer cancel()
 	}
 	maxAge := b.cfg.RequestTimeout + time.Minute
-	_, err := b.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+	cfg := jetstream.StreamConfig{
 		Name:                 b.cfg.Stream,
 		Description:          "Switchyard jobs, one subject per model and pool",
 		Subjects:             []string{b.subj.JobsAll()},
@@ -145,13 +145,32 @@ func (b *Broker) EnsureStream(ctx context.Context) error {
 		DiscardNewPerSubject: true,
 		MaxMsgsPerSubject:    int64(b.cfg.QueueMax),
 		MaxAge:               maxAge,
-		Storage:              jetstream.FileStorage,
+		Storage:              b.storage(),
 		Replicas:             b.cfg.Replicas,
-	})
+	}
+	_, err := b.js.CreateOrUpdateStream(ctx, cfg)
+	if err != nil {
+		// JetStream cannot change the storage of a stream: one created
+		// with the other storage keeps it (delete the stream, which holds
+		// only jobs in flight, to change it).
+		if st, serr := b.js.Stream(ctx, b.cfg.Stream); serr == nil && st.CachedInfo().Config.Storage != cfg.Storage {
+			b.log.Warn("jobs stream keeps the storage it was created with", "stream", b.cfg.Stream,
+				"storage", st.CachedInfo().Config.Storage.String(), "wanted", cfg.Storage.String())
+			cfg.Storage = st.CachedInfo().Config.Storage
+			_, err = b.js.CreateOrUpdateStream(ctx, cfg)
+		}
+	}
 	if err != nil {
 		return fmt.Errorf("broker: stream %s: %w", b.cfg.Stream, err)
 	}
 	return nil
+}
+
+func (b *Broker) storage() jetstream.StorageType {
+	if b.cfg.FileStorage {
+		return jetstream.FileStorage
+	}
+	return jetstream.MemoryStorage
 }
 
 // Run subscribes to heartbeats and replies, keeps the capacity table fresh,

@@ -80,7 +80,9 @@ func waitServes(t *testing.T, l *ledger, base, tag string) time.Duration {
 // store was empty) and requests succeed.
 func TestNATSRestart(t *testing.T) {
 	ns := startNATSProcess(t, t.TempDir())
-	b := startBroker(t, "--nats-url", ns.URL(), "--stall-timeout", "2s", "--request-timeout", "30s")
+	// File storage, so the first restart keeps the stream; the second
+	// loses it as a memory stream (the default) always does.
+	b := startBroker(t, "--nats-url", ns.URL(), "--stall-timeout", "2s", "--request-timeout", "30s", "--jobs-storage", "file")
 	e1 := startEngine(t, simengine.Config{Model: model, TTFT: time.Millisecond, ITL: 20 * time.Millisecond, Slots: 8})
 	e2 := startEngine(t, simengine.Config{Model: model, TTFT: time.Millisecond, ITL: 20 * time.Millisecond, Slots: 8})
 	startAgent(t, ns.URL(), "a1", e1, 8)

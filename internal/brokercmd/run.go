@@ -54,6 +54,7 @@ type options struct {
 	prefix        string
 	id            string
 	replicas      int
+	jobsStorage   string
 	queueMax      int
 	hbInterval    time.Duration
 	reqTimeout    time.Duration
@@ -103,6 +104,7 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*o
 	fs.StringVar(&o.prefix, "prefix", subjects.DefaultPrefix, "first token(s) of every NATS subject")
 	fs.StringVar(&o.id, "id", "", "broker id in reply subjects, unique per NATS (default random)")
 	fs.IntVar(&o.replicas, "replicas", 1, "replicas of the jobs stream (3 on a cluster)")
+	fs.StringVar(&o.jobsStorage, "jobs-storage", "memory", "storage of the jobs stream: memory, or file to keep queued jobs through a NATS server restart")
 	fs.IntVar(&o.queueMax, "queue-max", broker.DefaultQueueMax, "jobs waiting per model and pool before 429")
 	fs.DurationVar(&o.hbInterval, "heartbeat-interval", broker.DefaultHeartbeatInterval, "agents' heartbeat interval; /readyz waits one")
 	fs.DurationVar(&o.reqTimeout, "request-timeout", broker.DefaultRequestTimeout, "deadline of a request")
@@ -147,7 +149,7 @@ Usage:
   broker --demo                       also run simulated agents, ready for curl`, []cli.Section{
 		{Title: "Client API", Flags: []string{"http", "grpc", "max-body", "read-header-timeout", "idle-timeout", "write-timeout", "stream-write-timeout", "grpc-max-recv-bytes", "grpc-max-send-bytes", "api-key", "api-keys-file", "tls-cert", "tls-key"}},
 		{Title: "Dispatch", Flags: []string{"dispatch-mode", "slow-start", "heartbeat-interval", "queue-max", "queue-timeout", "request-timeout", "stall-timeout", "retry-limit", "migration-limit"}},
-		{Title: "NATS", Flags: []string{"nats-url", "nats-listen", "nats-config", "nats-monitor", "data-dir", "nats-max-payload", "replicas", "prefix", "id",
+		{Title: "NATS", Flags: []string{"nats-url", "nats-listen", "nats-config", "nats-monitor", "data-dir", "nats-max-payload", "replicas", "jobs-storage", "prefix", "id",
 			"nats-creds", "nats-nkey", "nats-user", "nats-password", "nats-token", "nats-tls-ca", "nats-tls-cert", "nats-tls-key", "nats-inbox-prefix"}},
 		{Title: "Lifecycle and logs", Flags: []string{"shutdown-grace", "shutdown-delay", "log-format", "log-level"}},
 		{Title: "Demo", Flags: []string{"demo", "demo-agents", "demo-model", "demo-pd-protocol", "demo-slots", "demo-ttft", "demo-itl"}},
@@ -160,6 +162,9 @@ Usage:
 	}
 	if err := cli.ApplyEnv(fs, getenv); err != nil {
 		return nil, err
+	}
+	if o.jobsStorage != "memory" && o.jobsStorage != "file" {
+		return nil, fmt.Errorf("--jobs-storage %q: want memory or file", o.jobsStorage)
 	}
 	return o, nil
 }
@@ -268,6 +273,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		ID:                o.id,
 		Prefix:            o.prefix,
 		Replicas:          o.replicas,
+		FileStorage:       o.jobsStorage == "file",
 		QueueMax:          o.queueMax,
 		HeartbeatInterval: o.hbInterval,
 		RequestTimeout:    o.reqTimeout,
