@@ -128,7 +128,7 @@ func (e *env) memory(d *doc) error {
 	mu.Unlock()
 	var b strings.Builder
 	fmt.Fprintf(&b, "## Broker memory at %d concurrent streams\n\n", streams)
-	fmt.Fprintf(&b, "A broker on embedded NATS (JetStream on disk) and one agent with the in-process simulator (`--slots 1100`, 100 ms per token), %d closed-loop streams of up to %d tokens (about 10 s each) for %s. "+
+	fmt.Fprintf(&b, "A broker on embedded NATS (jobs stream in memory, the default) and one agent with the in-process simulator (`--slots 1100`, 100 ms per token), %d closed-loop streams of up to %d tokens (about 10 s each) for %s. "+
 		"RSS is VmRSS of the broker process from /proc/<pid>/status, sampled every 100 ms; the broker process includes the embedded NATS server.\n\n", streams, tokens, dur)
 	fmt.Fprintf(&b, "| broker RSS idle | broker RSS peak | added per open stream | peak active jobs (agent heartbeat) | requests finished | errors |\n|---|---|---|---|---|---|\n")
 	fmt.Fprintf(&b, "| %.1f MiB | %.1f MiB | %.1f KiB | %d | %d | %d |\n\n", float64(idle)/1024, float64(peakRSS)/1024,

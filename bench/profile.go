@@ -164,7 +164,7 @@ func seconds(v string) float64 {
 // paths are the call paths worth naming in either profile.
 var paths = []struct{ label, fn string }{
 	{"HTTP ingress, per request", "openaihttp.(*Server).ServeHTTP"},
-	{"SSE write and flush per chunk (one write(2) each)", "net/http.(*ResponseController).Flush"},
+	{"SSE flush (one write(2) per burst of waiting chunks)", "net/http.(*ResponseController).Flush"},
 	{"JetStream pull consumer walking its waiting pull requests", "server.(*consumer).processWaiting"},
 	{"… of which subject-interest checks", "server.(*Sublist).hasInterest"},
 	{"NATS server reading clients (agents' chunks, pulls, acks)", "server.(*client).readLoop"},
@@ -173,9 +173,10 @@ var paths = []struct{ label, fn string }{
 	{"nats.go read loop", "(*Conn).readLoop"},
 	{"agent: job handling", "agent.(*Agent).handle"},
 	{"agent: reading the engine's SSE", "openai.ReadSSE"},
-	{"JSON decoding (in the agent: every engine event)", "encoding/json.Unmarshal"},
+	{"JSON decoding (encoding/json: request bodies, heartbeats; engine chunks use chunkjson)", "encoding/json.Unmarshal"},
+	{"agent: parsing engine chunks (chunkjson)", "chunkjson.Scan"},
 	{"agent: publishing chunks", "agent.(*stream).emit"},
-	{"agent: pulling jobs (one Fetch(1) per free slot)", "(*pullConsumer).fetch"},
+	{"agent: pulling jobs (one batched pull per agent)", "(*pullConsumer).fetch"},
 	{"garbage collector", "runtime.gcBgMarkWorker"},
 }
 

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# A/B of two builds on the same machine, back to back: CPU per relayed token
+# (broker + agents, from /proc), output tokens/s and TTFT p50.
+#
+#   git worktree add /tmp/before <commit> && (cd /tmp/before && go build -o /tmp/before-bin/ ./cmd/...)
+#   go build -o /tmp/after-bin/ ./cmd/...
+#   bench/ab.sh /tmp/before-bin /tmp/after-bin        # STREAMS=128 REQUESTS=3000 ITL=1ms TOKENS=32 ROUNDS=2
+#
+# Two sim-engines, a broker on embedded NATS and two agents per run, on
+# fixed loopback ports (18001, 18002, 18080, 14222); the load generator is
+# the second build's. Interleave rounds: this machine's speed drifts.
+set -euo pipefail
+[ $# -ge 2 ] || { echo "usage: $0 BIN_A BIN_B [...]" >&2; exit 2; }
+STREAMS=${STREAMS:-128} REQUESTS=${REQUESTS:-3000} ITL=${ITL:-1ms} TOKENS=${TOKENS:-32} ROUNDS=${ROUNDS:-2}
+last="${*: -1}"
+pids=()
+stop() { for p in "${pids[@]:-}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; pids=(); }
+trap stop EXIT
+cpu() { local t=0 f; for p in "$@"; do read -r -a f < "/proc/$p/stat"; t=$((t + f[13] + f[14])); done; echo "$t"; }
+one() {
+	local bin=$1 data
+	data=$(mktemp -d)
+	"$bin/sim-engine" --listen 127.0.0.1:18001 --ttft 0 --itl "$ITL" --slots 512 --model sim-model >/dev/null 2>&1 & pids+=($!)
+	"$bin/sim-engine" --listen 127.0.0.1:18002 --ttft 0 --itl "$ITL" --slots 512 --model sim-model >/dev/null 2>&1 & pids+=($!)
+	sleep 0.3
+	"$bin/broker" --http 127.0.0.1:18080 --grpc "" --nats-listen 127.0.0.1:14222 --data-dir "$data" --log-level warn >/dev/null 2>&1 & pids+=($!); local bp=$!
+	sleep 1
+	"$bin/worker-agent" --engine openai --engine-url http://127.0.0.1:18001 --model sim-model --slots 512 --nats-url nats://127.0.0.1:14222 --log-level warn >/dev/null 2>&1 & pids+=($!); local a1=$!
+	"$bin/worker-agent" --engine openai --engine-url http://127.0.0.1:18002 --model sim-model --slots 512 --nats-url nats://127.0.0.1:14222 --log-level warn >/dev/null 2>&1 & pids+=($!); local a2=$!
+	sleep 2
+	local c0 c1 out
+	c0=$(cpu "$bp" "$a1" "$a2")
+	out=$("$last/loadgen" --url http://127.0.0.1:18080 --model sim-model --concurrency "$STREAMS" --requests "$REQUESTS" \
+		--prompt-tokens 16 --max-tokens "$TOKENS" --json 2>/dev/null)
+	c1=$(cpu "$bp" "$a1" "$a2")
+	stop
+	rm -rf "$data"
+	echo "$out" | python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+ticks, hz, name = int(sys.argv[1]), 100, sys.argv[2]
+toks, tps, ttft = d["output_tokens"], d["output_tokens_per_s"], d["ttft_ms"]["p50"]
+errs = d["errors"]
+nerr = sum(errs.values()) if isinstance(errs, dict) else errs
+print("%s: %.1f us CPU per token, %.0f tokens/s, TTFT p50 %.1f ms, errors %s" % (name, 1e6 * ticks / hz / max(toks, 1), tps, ttft, nerr))
+' "$((c1 - c0))" "$bin"
+}
+for _ in $(seq "$ROUNDS"); do
+	for b in "$@"; do one "$b"; done
+done
