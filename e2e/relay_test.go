@@ -53,10 +53,9 @@ func spyReplies(t *testing.T, natsURL string, on func(nc *nats.Conn, m *nats.Msg
 	return s
 }
 
-// burstEngine serves the simulator's API, except that a chat stream is
-// written in bursts: each burst's events in one write and one flush, a
-// pause between bursts, as a fast engine under load sends them.
-func burstEngine(t *testing.T, bursts, perBurst int) string {
+// scriptedEngine serves the simulator's API (models, health, metrics)
+// with POSTs answered by post: an engine whose stream the test writes.
+func scriptedEngine(t *testing.T, post http.HandlerFunc) *engine {
 	t.Helper()
 	se, err := simengine.New(simengine.Config{Model: model, Slots: 4})
 	if err != nil {
@@ -64,11 +63,27 @@ func burstEngine(t *testing.T, bursts, perBurst int) string {
 	}
 	t.Cleanup(func() { _ = se.Close() })
 	sim := se.Handler()
-	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method != http.MethodPost || r.URL.Path != "/v1/chat/completions" {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
 			sim.ServeHTTP(w, r)
 			return
 		}
+		post(w, r)
+	})}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	return &engine{URL: "http://" + ln.Addr().String()}
+}
+
+// burstEngine writes a chat stream in bursts: each burst's events in one
+// write and one flush, a pause between bursts, as a fast engine under load
+// sends them.
+func burstEngine(t *testing.T, bursts, perBurst int) *engine {
+	return scriptedEngine(t, func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
 		w.WriteHeader(http.StatusOK)
 		rc := http.NewResponseController(w)
@@ -86,14 +101,6 @@ func burstEngine(t *testing.T, bursts, perBurst int) string {
 		fmt.Fprintf(w, "data: {\"id\":\"burst\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":%q,\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"length\"}]}\n\n", model)
 		fmt.Fprintf(w, "data: {\"id\":\"burst\",\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":%d,\"total_tokens\":%d}}\n\ndata: [DONE]\n\n", n, n+3)
 	})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: h}
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(func() { _ = srv.Close() })
-	return "http://" + ln.Addr().String()
 }
 
 // TestBurstsTravelTogether: engine chunks that arrive together leave the
@@ -102,9 +109,7 @@ func burstEngine(t *testing.T, bursts, perBurst int) string {
 func TestBurstsTravelTogether(t *testing.T) {
 	const bursts, perBurst = 5, 20
 	b := startBroker(t)
-	url := burstEngine(t, bursts, perBurst)
-	e := &engine{URL: url}
-	startAgent(t, b.NATS, "a1", e, 4)
+	startAgent(t, b.NATS, "a1", burstEngine(t, bursts, perBurst), 4)
 	waitEligible(t, b.HTTP, "a1")
 	spy := spyReplies(t, b.NATS, nil)
 
@@ -208,17 +213,7 @@ func TestOneSpeakerPerAttempt(t *testing.T) {
 func TestStallTimeout(t *testing.T) {
 	const stall = 400 * time.Millisecond
 	b := startBroker(t, "--stall-timeout", stall.String())
-	se, err := simengine.New(simengine.Config{Model: model, Slots: 4})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = se.Close() })
-	sim := se.Handler()
-	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method != http.MethodPost {
-			sim.ServeHTTP(w, r)
-			return
-		}
+	e := scriptedEngine(t, func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
 		rc := http.NewResponseController(w)
 		// Tokens for a while (the stall must count from the last one),
@@ -230,14 +225,7 @@ func TestStallTimeout(t *testing.T) {
 		}
 		<-r.Context().Done()
 	})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: h}
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(func() { _ = srv.Close() })
-	startAgent(t, b.NATS, "a1", &engine{URL: "http://" + ln.Addr().String()}, 4)
+	startAgent(t, b.NATS, "a1", e, 4)
 	waitEligible(t, b.HTTP, "a1")
 
 	start := time.Now()

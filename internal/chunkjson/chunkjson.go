@@ -203,7 +203,7 @@ func (st *state) top(d []byte, i int) (int, error) {
 			return j, err
 		}
 		i = j
-		switch topKey(d[ks:ke], fl) {
+		switch lookupKey(d[ks:ke], fl, topKeys) {
 		case keyChoices:
 			i, err = st.choicesValue(d, i)
 		case keyUsage:
@@ -344,7 +344,7 @@ func choiceValue(d []byte, i int, c *choice) (int, error) {
 			return j, err
 		}
 		i = j
-		switch choiceKey(d[ks:ke], fl) {
+		switch lookupKey(d[ks:ke], fl, choiceKeys) {
 		case keyText:
 			i, err = stringValue(d, i, &c.text, "text")
 		case keyDelta:
@@ -390,7 +390,7 @@ func deltaValue(d []byte, i int, c *choice) (int, error) {
 			return j, err
 		}
 		i = j
-		if keyIs(d[ks:ke], fl, "content") {
+		if lookupKey(d[ks:ke], fl, deltaKeys) == keyContent {
 			i, err = stringValue(d, i, &c.content, "content")
 		} else {
 			i, err = skipValue(d, i, depthDelta)
@@ -428,7 +428,7 @@ func (st *state) usageValue(d []byte, i int) (int, error) {
 			return j, err
 		}
 		i = j
-		switch usageKey(d[ks:ke], fl) {
+		switch lookupKey(d[ks:ke], fl, usageKeys) {
 		case keyPromptTokens:
 			i, err = uint32Value(d, i, &st.prompt)
 		case keyCompletionTokens:
@@ -829,58 +829,32 @@ func getu4(s []byte) rune {
 	return r
 }
 
-func topKey(k []byte, fl uint8) int {
-	if fl != 0 {
-		var buf [maxKey]byte
-		k = foldKey(k, &buf)
-	}
-	switch {
-	case foldEq(k, "choices"):
-		return keyChoices
-	case foldEq(k, "usage"):
-		return keyUsage
-	}
-	return keyOther
+// keyName maps a field name to the key the scanner switches on.
+type keyName struct {
+	name string
+	key  int
 }
 
-func choiceKey(k []byte, fl uint8) int {
+var (
+	topKeys    = []keyName{{"choices", keyChoices}, {"usage", keyUsage}}
+	choiceKeys = []keyName{{"text", keyText}, {"delta", keyDelta}, {"finish_reason", keyFinishReason}}
+	usageKeys  = []keyName{{"prompt_tokens", keyPromptTokens}, {"completion_tokens", keyCompletionTokens}, {"total_tokens", keyTotalTokens}}
+	deltaKeys  = []keyName{{"content", keyContent}}
+)
+
+// lookupKey returns the key of the field k names among names (compared as
+// encoding/json does), or keyOther. fl marks a key that needs folding.
+func lookupKey(k []byte, fl uint8, names []keyName) int {
 	if fl != 0 {
 		var buf [maxKey]byte
 		k = foldKey(k, &buf)
 	}
-	switch {
-	case foldEq(k, "text"):
-		return keyText
-	case foldEq(k, "delta"):
-		return keyDelta
-	case foldEq(k, "finish_reason"):
-		return keyFinishReason
+	for _, n := range names {
+		if foldEq(k, n.name) {
+			return n.key
+		}
 	}
 	return keyOther
-}
-
-func usageKey(k []byte, fl uint8) int {
-	if fl != 0 {
-		var buf [maxKey]byte
-		k = foldKey(k, &buf)
-	}
-	switch {
-	case foldEq(k, "prompt_tokens"):
-		return keyPromptTokens
-	case foldEq(k, "completion_tokens"):
-		return keyCompletionTokens
-	case foldEq(k, "total_tokens"):
-		return keyTotalTokens
-	}
-	return keyOther
-}
-
-func keyIs(k []byte, fl uint8, name string) bool {
-	if fl != 0 {
-		var buf [maxKey]byte
-		k = foldKey(k, &buf)
-	}
-	return foldEq(k, name)
 }
 
 // foldEq reports whether the ASCII key k equals the lower-case ASCII name
