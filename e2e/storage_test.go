@@ -4,12 +4,16 @@ package e2e
 
 import (
 	"context"
+	"fmt"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/switchyard-ai/switchyard/simengine"
 )
 
 func jobsStorage(t *testing.T, natsURL string) jetstream.StorageType {
@@ -74,4 +78,74 @@ func TestJobsStorage(t *testing.T) {
 			t.Fatalf("err %v", err)
 		}
 	})
+}
+
+// TestQueuedJobOutlivesMemoryStream: a job still queued when the NATS
+// server holding the (memory) jobs stream restarts is lost with the
+// stream; the broker notices that nobody accepted it and the queue reads
+// empty, dispatches it again, and the client gets its whole answer.
+func TestQueuedJobOutlivesMemoryStream(t *testing.T) {
+	ns := startNATSProcess(t, t.TempDir())
+	// Heartbeats every second: the agent stays in the table (3 missed
+	// intervals) while the server restarts.
+	b := startBroker(t, "--nats-url", ns.URL(), "--heartbeat-interval", "1s")
+	e := startEngine(t, simengine.Config{Model: model, TTFT: time.Millisecond, ITL: 40 * time.Millisecond, Slots: 1})
+	startAgent(t, ns.URL(), "a1", e, 1, "--heartbeat", "1s")
+	waitEligible(t, b.HTTP, "a1")
+
+	// The only slot is busy for a few seconds: the simulator answers this
+	// prompt with 174 tokens, 7 s at 40 ms each...
+	const hold = "holding the only slot 154"
+	hangUp, held := openStream(t, b.HTTP, hold, 400)
+	defer hangUp()
+	// ...so the next request waits in the queue.
+	const prompt = "queued through a restart"
+	got := make(chan streamResult, 1)
+	go func() {
+		r, err := rawStream(context.Background(), b.HTTP, prompt, 8)
+		if err != nil {
+			r.errMsg = err.Error()
+		}
+		got <- r
+	}()
+	checkFor(t, 3*time.Second, 5*time.Millisecond, func() error {
+		for _, m := range getFleetFull(t, b.HTTP).Models {
+			if m.Queue["regular"] == 1 {
+				return nil
+			}
+		}
+		select {
+		case r := <-got:
+			t.Fatalf("the request ended before the restart: %+v; engine peak %d served %d", r, e.peak.Load(), e.served.Load())
+		default:
+		}
+		return fmt.Errorf("the request is not queued yet: %+v", getFleetFull(t, b.HTTP).Models)
+	})
+	ns.Stop(t)
+	ns.Start(t)
+	// The holding stream ends with an error (NATS went away under it) and
+	// the client hangs up, which frees the slot once NATS carries the cancel.
+	hangUp()
+	<-held
+
+	select {
+	case r := <-got:
+		want := expect(t, simengine.APIChat, fmt.Sprintf(`{"messages":[{"role":"user","content":%q}],"max_tokens":8}`, prompt))
+		if r.status != http.StatusOK || !r.done || r.errMsg != "" || r.text != want.Text {
+			t.Fatalf("queued request: status %d done %v err %q text %q, want %q", r.status, r.done, r.errMsg, r.text, want.Text)
+		}
+		// It was served by a second attempt: the first one's job died
+		// with the stream.
+		resp, err := http.Get(b.HTTP + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		metrics := readAll(resp)
+		resp.Body.Close()
+		if !strings.Contains(metrics, `switchyard_retries_total{reason="agent_lost"} 1`) {
+			t.Fatalf("want one agent_lost retry in the metrics:\n%s", metrics)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the queued request did not finish")
+	}
 }
