@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -44,8 +45,8 @@ type Agent struct {
 
 	metrics *Metrics
 
-	mu        sync.Mutex // guards jobs and cancelled
-	jobs      map[string]heldJob
+	mu        sync.Mutex           // guards jobs and cancelled
+	jobs      map[string][]heldJob // by request: a migrated request may have two attempts here a moment
 	cancelled map[string]cancelMark
 }
 
@@ -67,7 +68,7 @@ func New(nc *nats.Conn, engine Engine, cfg Config, opts ...Option) (*Agent, erro
 		engine:    engine,
 		subj:      subjects.Must(cfg.Prefix),
 		stateCh:   make(chan struct{}, 1),
-		jobs:      make(map[string]heldJob),
+		jobs:      make(map[string][]heldJob),
 		cancelled: make(map[string]cancelMark),
 	}
 	a.hbSubj, _ = a.subj.Heartbeat(cfg.Model, cfg.Pool, cfg.ID)
@@ -383,7 +384,12 @@ func (a *Agent) onCancel(m *nats.Msg) {
 	}
 	now := time.Now()
 	a.mu.Lock()
-	j, held := a.jobs[id]
+	var cancels []context.CancelCauseFunc
+	for _, j := range a.jobs[id] {
+		if j.attempt <= upTo {
+			cancels = append(cancels, j.cancel)
+		}
+	}
 	if c, ok := a.cancelled[id]; !ok || upTo > c.upTo {
 		a.cancelled[id] = cancelMark{upTo: upTo, at: now}
 	}
@@ -395,8 +401,8 @@ func (a *Agent) onCancel(m *nats.Msg) {
 		}
 	}
 	a.mu.Unlock()
-	if held && j.attempt <= upTo {
-		j.cancel(errCancelled)
+	for _, cancel := range cancels {
+		cancel(errCancelled)
 	}
 }
 
@@ -469,14 +475,23 @@ func (a *Agent) handle(ctx context.Context, msg jetstream.Msg) {
 			}
 		}()
 	}
+	// Held by request and attempt: a stream migrated to this same agent
+	// starts its new attempt while the old one may still be ending, and
+	// each must stay reachable by its own cancel.
+	id, attempt := job.GetRequestId(), job.GetAttempt()
 	a.mu.Lock()
-	a.jobs[job.GetRequestId()] = heldJob{attempt: job.GetAttempt(), cancel: cancel}
+	a.jobs[id] = append(a.jobs[id], heldJob{attempt: attempt, cancel: cancel})
 	a.mu.Unlock()
 	a.active.Add(1)
 	defer func() {
 		a.active.Add(-1)
 		a.mu.Lock()
-		delete(a.jobs, job.GetRequestId())
+		held := slices.DeleteFunc(a.jobs[id], func(h heldJob) bool { return h.attempt == attempt })
+		if len(held) == 0 {
+			delete(a.jobs, id)
+		} else {
+			a.jobs[id] = held
+		}
 		a.mu.Unlock()
 	}()
 	body, err := streamingBody(job.GetBody())

@@ -2,6 +2,7 @@ package agent_test
 
 import (
 	"context"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -97,12 +98,18 @@ func start(t *testing.T, slots int, delay time.Duration) *fixture {
 // publish sends a job and returns a subscription to its replies.
 func (f *fixture) publish(t *testing.T, id string, deadline time.Time) *nats.Subscription {
 	t.Helper()
-	reply := "sy.reply.test." + id
+	return f.publishAttempt(t, id, 0, deadline)
+}
+
+// publishAttempt sends attempt n of a job, replies on their own subject.
+func (f *fixture) publishAttempt(t *testing.T, id string, n uint32, deadline time.Time) *nats.Subscription {
+	t.Helper()
+	reply := fmt.Sprintf("sy.reply.test.%s-%d", id, n)
 	sub, err := f.nc.SubscribeSync(reply)
 	if err != nil {
 		t.Fatal(err)
 	}
-	job := &wire.Job{RequestId: id, Model: "m", Api: wire.API_API_CHAT, Body: []byte(`{"messages":[{"role":"user","content":"x"}]}`),
+	job := &wire.Job{RequestId: id, Attempt: n, Model: "m", Api: wire.API_API_CHAT, Body: []byte(`{"messages":[{"role":"user","content":"x"}]}`),
 		ReplySubject: reply, Deadline: timestamppb.New(deadline)}
 	data, _ := proto.Marshal(job)
 	if _, err := f.js.Publish(context.Background(), "sy.jobs.m.regular", data); err != nil {
@@ -201,4 +208,41 @@ func TestNeverAboveSlots(t *testing.T) {
 	if p := f.eng.peak.Load(); p > 3 || p < 2 {
 		t.Fatalf("peak concurrency %d with 3 slots", p)
 	}
+}
+
+// TestCancelEachAttempt: a stream migrated to the agent that already holds
+// its previous attempt has two attempts of one request here at once; the
+// old one ending must not make the new one unreachable by its cancel.
+func TestCancelEachAttempt(t *testing.T) {
+	f := start(t, 2, time.Minute)
+	cancelUpTo := func(n uint32) {
+		t.Helper()
+		if err := f.nc.Publish("sy.cancel.m1", []byte(fmt.Sprint(n))); err != nil {
+			t.Fatal(err)
+		}
+		_ = f.nc.Flush()
+	}
+	old := f.publishAttempt(t, "m1", 0, time.Now().Add(time.Minute))
+	if c := next(t, old); c.GetKind() != wire.Chunk_KIND_ACCEPTED {
+		t.Fatalf("got %v", c)
+	}
+	cur := f.publishAttempt(t, "m1", 1, time.Now().Add(time.Minute))
+	if c := next(t, cur); c.GetKind() != wire.Chunk_KIND_ACCEPTED {
+		t.Fatalf("got %v", c)
+	}
+	waitRunning := func(want int32) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for f.eng.now.Load() != want {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d jobs at the engine, want %d", f.eng.now.Load(), want)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	waitRunning(2)
+	cancelUpTo(0) // the migration abandons attempt 0 only
+	waitRunning(1)
+	cancelUpTo(1) // the client goes away
+	waitRunning(0)
 }
