@@ -468,12 +468,11 @@ func (a *Agent) handle(ctx context.Context, msg jetstream.Msg) {
 		if err := out.send(&wire.Chunk{Kind: wire.Chunk_KIND_ACCEPTED, PrefillAgent: job.GetPd().GetPrefillAgent()}); err != nil {
 			a.log.Warn("accepted chunk not sent", "request", job.GetRequestId(), "err", err)
 		}
-		go func() {
-			// Not tied to the job: a job that ends quickly must still be acked.
-			if err := a.doubleAck(context.WithoutCancel(ctx), msg); err != nil {
-				a.log.Warn("job ack not confirmed", "request", job.GetRequestId(), "err", err)
-			}
-		}()
+		// A plain ack: nothing waits for its confirmation any more, so the
+		// server's reply would only cost a message and a goroutine per job.
+		if err := msg.Ack(); err != nil {
+			a.log.Warn("job ack not sent", "request", job.GetRequestId(), "err", err)
+		}
 	}
 	// Held by request and attempt: a stream migrated to this same agent
 	// starts its new attempt while the old one may still be ending, and
