@@ -79,6 +79,21 @@ func scriptedEngine(t *testing.T, post http.HandlerFunc) *engine {
 	return &engine{URL: "http://" + ln.Addr().String()}
 }
 
+// waitFinal waits until the spy has seen an attempt's final chunk.
+func (s *replySpy) waitFinal(t *testing.T) {
+	t.Helper()
+	checkFor(t, 5*time.Second, 5*time.Millisecond, func() error {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		for _, c := range s.chunks {
+			if c.GetKind() == wire.Chunk_KIND_FINAL {
+				return nil
+			}
+		}
+		return fmt.Errorf("no final chunk seen yet")
+	})
+}
+
 // burstEngine writes a chat stream in bursts: each burst's events in one
 // write and one flush, a pause between bursts, as a fast engine under load
 // sends them.
@@ -127,6 +142,8 @@ func TestBurstsTravelTogether(t *testing.T) {
 	if r.text != want.String() {
 		t.Fatalf("client got %q, want %q", r.text, want.String())
 	}
+	// The spy's own subscription may still be behind the broker's.
+	spy.waitFinal(t)
 	spy.mu.Lock()
 	defer spy.mu.Unlock()
 	var sizes []int
@@ -193,6 +210,7 @@ func TestOneSpeakerPerAttempt(t *testing.T) {
 	if r.agent != "a1" {
 		t.Fatalf("x-switchyard-agent %q, want a1", r.agent)
 	}
+	spy.waitFinal(t)
 	spy.mu.Lock()
 	defer spy.mu.Unlock()
 	ghost := 0
