@@ -480,7 +480,13 @@ func (a *Agent) handle(ctx context.Context, msg jetstream.Msg) {
 	id, attempt := job.GetRequestId(), job.GetAttempt()
 	a.mu.Lock()
 	a.jobs[id] = append(a.jobs[id], heldJob{attempt: attempt, cancel: cancel})
+	// A cancel that came after the check above but before this found no
+	// job to stop; it is on record, so honour it here.
+	mark, cancelled := a.cancelled[id]
 	a.mu.Unlock()
+	if cancelled && attempt <= mark.upTo {
+		cancel(errCancelled)
+	}
 	a.active.Add(1)
 	defer func() {
 		a.active.Add(-1)

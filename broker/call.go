@@ -534,7 +534,6 @@ func (c *Call) deliver(ch *wire.Chunk) *wire.Chunk {
 			break
 		}
 		now := time.Now()
-		route := c.Route.String()
 		if c.firstToken.IsZero() {
 			c.firstToken = now
 			var head struct {
@@ -543,11 +542,11 @@ func (c *Call) deliver(ch *wire.Chunk) *wire.Chunk {
 			if json.Unmarshal(events[0].GetRaw(), &head) == nil {
 				c.streamID = head.ID
 			}
-			c.b.metrics.ttft.WithLabelValues(c.Model, route).Observe(now.Sub(c.Started).Seconds())
+			c.b.metrics.ttft.WithLabelValues(c.Model, c.Route.String()).Observe(now.Sub(c.Started).Seconds())
 		}
 		// The observer is looked up once per route, not per token.
 		if c.itl == nil || c.itlRoute != c.Route {
-			c.itl, c.itlRoute = c.b.metrics.itl.WithLabelValues(c.Model, route), c.Route
+			c.itl, c.itlRoute = c.b.metrics.itl.WithLabelValues(c.Model, c.Route.String()), c.Route
 		}
 		if !c.lastToken.IsZero() {
 			c.itl.Observe(now.Sub(c.lastToken).Seconds())
