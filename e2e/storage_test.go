@@ -27,12 +27,14 @@ func jobsStorage(t *testing.T, natsURL string) jetstream.StorageType {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	st, err := js.Stream(ctx, "SWITCHYARD_JOBS")
-	if err != nil {
-		t.Fatal(err)
-	}
+	// The broker listens before it has made the stream: wait for it.
+	var st jetstream.Stream
+	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		st, err = js.Stream(ctx, "SWITCHYARD_JOBS")
+		return err
+	})
 	return st.CachedInfo().Config.Storage
 }
 
