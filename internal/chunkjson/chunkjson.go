@@ -123,6 +123,50 @@ func Scan(raw []byte, f *Fields) error {
 	return nil
 }
 
+// Members walks the members of the JSON object d, which must be one
+// object with nothing but white space around it, validating the whole
+// document with encoding/json's rules. fn gets each member's key as
+// written between its quotes, whether the key needs unquoting (an escape
+// or a non-ASCII byte) before it compares equal to a Go string, and the
+// member itself, from its key's opening quote to the end of its value.
+// Members does not retain d; key and member alias it.
+func Members(d []byte, fn func(key []byte, quoted bool, member []byte)) error {
+	i := skipSpace(d, 0)
+	if i >= len(d) {
+		return errEOF(d)
+	}
+	if d[i] != '{' {
+		return typeError(d, i, "top-level object")
+	}
+	i = skipSpace(d, i+1)
+	if i < len(d) && d[i] == '}' {
+		i++
+	} else {
+		for {
+			ks, ke, fl, j, err := objectKey(d, i)
+			if err != nil {
+				return err
+			}
+			end, err := skipValue(d, j, depthTop)
+			if err != nil {
+				return err
+			}
+			fn(d[ks:ke], fl != 0, d[ks-1:end])
+			var last bool
+			if i, last, err = nextMember(d, end); err != nil {
+				return err
+			}
+			if last {
+				break
+			}
+		}
+	}
+	if i = skipSpace(d, i); i < len(d) {
+		return syntaxError(i, "invalid character "+quoteChar(d[i])+" after top-level value")
+	}
+	return nil
+}
+
 // maxDepth is encoding/json's limit on nested arrays and objects.
 const maxDepth = 10000
 

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -644,4 +645,27 @@ func ExampleScan() {
 	err := Scan([]byte(`{"id":"chatcmpl-1","choices":[{"index":0,"delta":{"content":" hi"},"finish_reason":"stop"}]}`), &f)
 	fmt.Printf("%v %+v\n", err, f)
 	// Output: <nil> {Choices:1 Text: hi FinishReason:stop HasFinish:true HasUsage:false PromptTokens:0 CompletionTokens:0 TotalTokens:0}
+}
+
+func TestMembers(t *testing.T) {
+	var got []string
+	err := Members([]byte(" {\"a\" : 1, \"b\\u0062\":{\"c\":[1,{}]},\"é\":\"x\"\n} "), func(key []byte, quoted bool, member []byte) {
+		got = append(got, fmt.Sprintf("%s|%v|%s", key, quoted, member))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{`a|false|"a" : 1`, `b\u0062|true|"b\u0062":{"c":[1,{}]}`, `é|true|"é":"x"`}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("members %q, want %q", got, want)
+	}
+	if err := Members([]byte(`{}`), func([]byte, bool, []byte) { t.Error("member in {}") }); err != nil {
+		t.Error(err)
+	}
+	// Errors where encoding/json errors, and on anything but an object.
+	for _, bad := range []string{``, ` `, `null`, `[]`, `1`, `{`, `{"a"}`, `{"a":1,}`, `{"a":1}x`, `{"a":tru}`, `{"a":"\x01"}`} {
+		if err := Members([]byte(bad), func([]byte, bool, []byte) {}); err == nil {
+			t.Errorf("Members(%q): no error", bad)
+		}
+	}
 }
