@@ -609,7 +609,7 @@ func streamingBody(body []byte) ([]byte, error) {
 	out := make([]byte, 1, len(body)+len(streamingMembers)+1)
 	out[0] = '{'
 	quoted := false
-	err := chunkjson.Members(body, func(key []byte, q bool, member []byte) {
+	err := chunkjson.Members(body, func(key []byte, q bool, member, _ []byte) {
 		if q {
 			quoted = true
 			return

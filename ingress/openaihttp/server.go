@@ -8,7 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"strings"
 	"time"
 
 	"github.com/switchyard-ai/switchyard/broker"
@@ -257,30 +256,20 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, call *broker.Cal
 	}
 }
 
-// chunkHead is the identity of an engine chunk, reused in the assembled
-// response.
-type chunkHead struct {
-	ID      string `json:"id"`
-	Created int64  `json:"created"`
-	Model   string `json:"model"`
-}
-
 type usage struct {
 	PromptTokens     uint32 `json:"prompt_tokens"`
 	CompletionTokens uint32 `json:"completion_tokens"`
 	TotalTokens      uint32 `json:"total_tokens"`
 }
 
-// assemble collects a whole stream into one OpenAI response.
+// assemble collects a whole stream into one OpenAI response (see
+// assembler).
 func (s *Server) assemble(w http.ResponseWriter, r *http.Request, call *broker.Call, kind apiKind) {
 	if s.cfg.WriteTimeout > 0 {
 		_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
 	}
-	var (
-		text   strings.Builder
-		head   chunkHead
-		finish string
-	)
+	a := &assembler{chat: kind.api == wire.API_API_CHAT}
+	finish := ""
 	for {
 		c, err := call.Next(r.Context())
 		if err != nil {
@@ -299,76 +288,34 @@ func (s *Server) assemble(w http.ResponseWriter, r *http.Request, call *broker.C
 			w.Header().Set("X-Switchyard-Agent", agentHeader(c))
 		case wire.Chunk_KIND_TOKEN:
 			for _, ev := range c.GetEvents() {
-				if head.ID == "" {
-					_ = json.Unmarshal(ev.GetRaw(), &head)
-				}
-				text.WriteString(ev.GetDeltaText())
-				if f := ev.GetFinishReason(); f != "" {
-					finish = f
-				}
+				a.add(ev)
 			}
 		case wire.Chunk_KIND_ERROR:
 			writeError(w, fromWire(c.GetError()))
 			return
 		case wire.Chunk_KIND_FINAL:
-			if f := c.GetFinishReason(); f != "" {
-				finish = f
-			}
-			if head.ID == "" {
-				head.ID = newID()
-				head.Created = time.Now().Unix()
-				head.Model = call.Model
+			finish = c.GetFinishReason()
+			if a.id == "" {
+				a.id = newID()
+				a.created = time.Now().Unix()
+				a.model = call.Model
 			}
 			var u usage
 			if cu := c.GetUsage(); cu != nil {
 				u = usage{cu.GetPromptTokens(), cu.GetCompletionTokens(), cu.GetTotalTokens()}
 			}
-			writeJSON(w, http.StatusOK, response(kind, head, text.String(), finish, u))
+			writeJSON(w, http.StatusOK, a.response(kind, finish, u))
 			return
 		}
 	}
 }
 
-func response(kind apiKind, head chunkHead, text, finish string, u usage) any {
-	type chatChoice struct {
-		Index   int `json:"index"`
-		Message struct {
-			Role    string `json:"role"`
-			Content string `json:"content"`
-		} `json:"message"`
-		Logprobs     any    `json:"logprobs"`
-		FinishReason string `json:"finish_reason"`
-	}
-	type textChoice struct {
-		Index        int    `json:"index"`
-		Text         string `json:"text"`
-		Logprobs     any    `json:"logprobs"`
-		FinishReason string `json:"finish_reason"`
-	}
-	type resp struct {
-		ID      string `json:"id"`
-		Object  string `json:"object"`
-		Created int64  `json:"created"`
-		Model   string `json:"model"`
-		Choices any    `json:"choices"`
-		Usage   usage  `json:"usage"`
-	}
-	out := resp{ID: head.ID, Object: kind.object, Created: head.Created, Model: head.Model, Usage: u}
-	if kind.api == wire.API_API_CHAT {
-		c := chatChoice{FinishReason: finish}
-		c.Message.Role = "assistant"
-		c.Message.Content = text
-		out.Choices = []chatChoice{c}
-	} else {
-		out.Choices = []textChoice{{Text: text, FinishReason: finish}}
-	}
-	return out
-}
-
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false) // as OpenAI's API and the engines answer
+	_ = enc.Encode(v)
 }
 
 func (s *Server) models(w http.ResponseWriter, r *http.Request) {

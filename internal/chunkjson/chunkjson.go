@@ -127,10 +127,10 @@ func Scan(raw []byte, f *Fields) error {
 // object with nothing but white space around it, validating the whole
 // document with encoding/json's rules. fn gets each member's key as
 // written between its quotes, whether the key needs unquoting (an escape
-// or a non-ASCII byte) before it compares equal to a Go string, and the
-// member itself, from its key's opening quote to the end of its value.
-// Members does not retain d; key and member alias it.
-func Members(d []byte, fn func(key []byte, quoted bool, member []byte)) error {
+// or a non-ASCII byte) before it compares equal to a Go string, the member
+// itself, from its key's opening quote to the end of its value, and the
+// value alone. Members does not retain d; the slices alias it.
+func Members(d []byte, fn func(key []byte, quoted bool, member, value []byte)) error {
 	i := skipSpace(d, 0)
 	if i >= len(d) {
 		return errEOF(d)
@@ -151,7 +151,7 @@ func Members(d []byte, fn func(key []byte, quoted bool, member []byte)) error {
 			if err != nil {
 				return err
 			}
-			fn(d[ks:ke], fl != 0, d[ks-1:end])
+			fn(d[ks:ke], fl != 0, d[ks-1:end], d[j:end])
 			var last bool
 			if i, last, err = nextMember(d, end); err != nil {
 				return err

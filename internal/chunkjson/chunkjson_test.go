@@ -649,22 +649,22 @@ func ExampleScan() {
 
 func TestMembers(t *testing.T) {
 	var got []string
-	err := Members([]byte(" {\"a\" : 1, \"b\\u0062\":{\"c\":[1,{}]},\"é\":\"x\"\n} "), func(key []byte, quoted bool, member []byte) {
-		got = append(got, fmt.Sprintf("%s|%v|%s", key, quoted, member))
+	err := Members([]byte(" {\"a\" : 1, \"b\\u0062\":{\"c\":[1,{}]},\"é\":\"x\"\n} "), func(key []byte, quoted bool, member, value []byte) {
+		got = append(got, fmt.Sprintf("%s|%v|%s|%s", key, quoted, member, value))
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []string{`a|false|"a" : 1`, `b\u0062|true|"b\u0062":{"c":[1,{}]}`, `é|true|"é":"x"`}
+	want := []string{`a|false|"a" : 1|1`, `b\u0062|true|"b\u0062":{"c":[1,{}]}|{"c":[1,{}]}`, `é|true|"é":"x"|"x"`}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("members %q, want %q", got, want)
 	}
-	if err := Members([]byte(`{}`), func([]byte, bool, []byte) { t.Error("member in {}") }); err != nil {
+	if err := Members([]byte(`{}`), func([]byte, bool, []byte, []byte) { t.Error("member in {}") }); err != nil {
 		t.Error(err)
 	}
 	// Errors where encoding/json errors, and on anything but an object.
 	for _, bad := range []string{``, ` `, `null`, `[]`, `1`, `{`, `{"a"}`, `{"a":1,}`, `{"a":1}x`, `{"a":tru}`, `{"a":"\x01"}`} {
-		if err := Members([]byte(bad), func([]byte, bool, []byte) {}); err == nil {
+		if err := Members([]byte(bad), func([]byte, bool, []byte, []byte) {}); err == nil {
 			t.Errorf("Members(%q): no error", bad)
 		}
 	}
