@@ -164,6 +164,8 @@ func agentHeader(c *wire.Chunk) string {
 	return c.GetAgentId()
 }
 
+var sseDone = []byte("[DONE]")
+
 // stream relays chunks as SSE. Headers are held back until the first token
 // so that a failure before any output is still a proper HTTP error.
 func (s *Server) stream(w http.ResponseWriter, r *http.Request, call *broker.Call, p *parsed) {
@@ -185,7 +187,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, call *broker.Cal
 	// The write deadline is moved on at most every 1/16 of the timeout, not
 	// per write: a client is still cut off after 15/16 to 16/16 of it.
 	var deadlineSet time.Time
-	write := func(data ...[]byte) error {
+	put := func(data ...[]byte) error {
 		if now := time.Now(); now.Sub(deadlineSet) > s.cfg.StreamWriteTimeout/16 {
 			_ = rc.SetWriteDeadline(now.Add(s.cfg.StreamWriteTimeout))
 			deadlineSet = now
@@ -196,7 +198,11 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, call *broker.Cal
 			buf = append(buf, d...)
 			buf = append(buf, "\n\n"...)
 		}
-		if _, err := w.Write(buf); err != nil {
+		_, err := w.Write(buf)
+		return err
+	}
+	write := func(data ...[]byte) error {
+		if err := put(data...); err != nil {
 			return err
 		}
 		if call.Buffered() > 0 {
@@ -204,13 +210,16 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, call *broker.Cal
 		}
 		return rc.Flush()
 	}
+	// The stream's last events are not flushed: net/http sends them with
+	// the body's terminating chunk when the handler returns, one write(2)
+	// and one wake-up of the client instead of two.
 	var events [][]byte
 	fail := func(e *apiError) {
 		if !started {
 			writeError(w, e)
 			return
 		}
-		_ = write(errorEvent(e))
+		_ = put(errorEvent(e))
 	}
 	for {
 		c, err := call.Next(ctx)
@@ -244,10 +253,11 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, call *broker.Cal
 			if !started {
 				start()
 			}
+			events = events[:0]
 			if p.IncludeUsage && len(c.GetRaw()) > 0 {
-				_ = write(c.GetRaw())
+				events = append(events, c.GetRaw())
 			}
-			_ = write([]byte("[DONE]"))
+			_ = put(append(events, sseDone)...)
 			return
 		case wire.Chunk_KIND_ERROR:
 			fail(fromWire(c.GetError()))
