@@ -31,8 +31,13 @@ type Request struct {
 	Body            []byte // validated OpenAI request JSON
 	ClientRequestID string
 	Need            dispatch.Need
-	Deadline        time.Time // zero: now + RequestTimeout
-	Trace           map[string]string
+	// NoMigration, when set, says why a stream of this request cannot be
+	// continued on another agent from its text so far (n > 1 choices, or
+	// tools whose calls may be half sent): after its first token, a broken
+	// stream ends with an error instead of a migration.
+	NoMigration string
+	Deadline    time.Time // zero: now + RequestTimeout
+	Trace       map[string]string
 }
 
 // Call is one request in flight. The ingress reads its chunks with Next and

@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -8,6 +9,14 @@ import (
 
 	"github.com/switchyard-ai/switchyard/wire"
 )
+
+// Declared reports whether a request member's JSON value (such as "tools")
+// holds something: present, not null and not an empty array. The ingresses
+// use it to set Request.NoMigration.
+func Declared(raw json.RawMessage) bool {
+	t := bytes.TrimSpace(raw)
+	return len(t) > 0 && !bytes.Equal(t, []byte("null")) && !bytes.Equal(bytes.Join(bytes.Fields(t), nil), []byte("[]"))
+}
 
 // recoverable reports whether an attempt's error may be repaired by another
 // attempt. Before the first token that is what the agent says (nothing
@@ -40,6 +49,9 @@ func (c *Call) recover(ctx context.Context, why error) error {
 // the client's stream. Usage is adjusted so the client sees the totals of
 // one uninterrupted request.
 func (c *Call) migrate(ctx context.Context, why error) error {
+	if r := c.req.NoMigration; r != "" {
+		return fmt.Errorf("request %s: stream broken after %d tokens; a stream with %s is not continued on another agent: %w", c.ID, c.tokens, r, why)
+	}
 	if c.migrations >= c.b.cfg.MigrationLimit {
 		return fmt.Errorf("request %s: stream broken after %d tokens and %d migrations: %w", c.ID, c.tokens, c.migrations, why)
 	}

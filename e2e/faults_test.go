@@ -307,7 +307,9 @@ func TestTwoBrokers(t *testing.T) {
 // the text already sent, and the client receives exactly the text of an
 // uninterrupted request, byte for byte, with usage of one request.
 func TestMigrationAfterFirstToken(t *testing.T) {
-	for _, api := range []string{"chat", "completion"} {
+	// "tools": a stream that may carry half-sent tool calls cannot be
+	// continued from its text; it ends with one clear error instead.
+	for _, api := range []string{"chat", "completion", "tools"} {
 		t.Run(api, func(t *testing.T) {
 			b := startBroker(t)
 			slowish := startEngine(t, simengine.Config{Model: model, TTFT: time.Millisecond, ITL: 40 * time.Millisecond, Slots: 4})
@@ -327,11 +329,15 @@ func TestMigrationAfterFirstToken(t *testing.T) {
 
 			var body, path string
 			var want simengine.Expectation
-			if api == "chat" {
+			switch api {
+			case "chat", "tools":
 				body = `{"model":"sim-model","messages":[{"role":"user","content":"never stop talking"}],"max_tokens":30,"stream":true,"stream_options":{"include_usage":true}}`
+				if api == "tools" {
+					body = strings.Replace(body, `"max_tokens"`, `"tools":[{"type":"function","function":{"name":"f","parameters":{}}}],"max_tokens"`, 1)
+				}
 				path = "/v1/chat/completions"
 				want = expect(t, simengine.APIChat, body)
-			} else {
+			default:
 				body = `{"model":"sim-model","prompt":"a river runs","max_tokens":30,"stream":true,"stream_options":{"include_usage":true}}`
 				path = "/v1/completions"
 				want = expect(t, simengine.APICompletion, body)
@@ -407,6 +413,15 @@ func TestMigrationAfterFirstToken(t *testing.T) {
 					nc.Close() // the agent is gone mid-stream
 					arrivals = append(arrivals, time.Now())
 				}
+			}
+			if api == "tools" {
+				if !killed || errors != 1 || !strings.HasPrefix(want.Text, text.String()) || text.Len() == len(want.Text) {
+					t.Fatalf("killed %v errors %d; text %q must be a strict prefix of %q", killed, errors, text.String(), want.Text)
+				}
+				if n := survivorEng.served.Load(); n != 0 {
+					t.Fatalf("the survivor served %d requests; a stream with tools must not move", n)
+				}
+				return
 			}
 			if !killed || !done || errors != 0 {
 				t.Fatalf("killed %v done %v errors %d", killed, done, errors)

@@ -1,9 +1,11 @@
 package grpcapi
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -184,6 +186,13 @@ func (s *Server) serve(stream grpc.ServerStreamingServer[switchyardv1.StreamResp
 		Body:            body,
 		ClientRequestID: rid,
 		Trace:           traceContext(ctx),
+	}
+	// extra_json may declare tools (never n, which is the ingress's own).
+	if bytes.Contains(body, []byte(`"tools"`)) || bytes.Contains(body, []byte(`"functions"`)) {
+		var t struct{ Tools, Functions json.RawMessage }
+		if json.Unmarshal(body, &t) == nil && (broker.Declared(t.Tools) || broker.Declared(t.Functions)) {
+			req.NoMigration = "tools"
+		}
 	}
 	if d, ok := ctx.Deadline(); ok {
 		req.Deadline = d

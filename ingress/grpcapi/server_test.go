@@ -26,9 +26,11 @@ type fakeBackend struct {
 	err      error
 	notReady atomic.Bool
 	models   []string
+	last     atomic.Pointer[broker.Request] // the last request submitted
 }
 
-func (f *fakeBackend) Submit(context.Context, broker.Request) (*broker.Call, error) {
+func (f *fakeBackend) Submit(_ context.Context, req broker.Request) (*broker.Call, error) {
+	f.last.Store(&req)
 	return nil, f.err
 }
 
@@ -90,6 +92,31 @@ func TestSubmitErrors(t *testing.T) {
 				t.Errorf("x-request-id %q, want the client's", got)
 			}
 		})
+	}
+}
+
+// TestNoMigrationWithTools: tools declared through extra_json mark the
+// request, so a broken stream is not continued from its text alone.
+func TestNoMigrationWithTools(t *testing.T) {
+	fb := &fakeBackend{err: broker.ErrClosed}
+	client := switchyardv1.NewSwitchyardClient(serve(t, New(fb, Config{}), Config{}))
+	for extra, want := range map[string]string{
+		``:             "",
+		`{"top_k":2}`:  "",
+		`{"tools":[]}`: "",
+		`{"tools":[{"type":"function","function":{"name":"f"}}]}`: "tools",
+		`{"functions":[{"name":"f"}]}`:                            "tools",
+	} {
+		stream, err := client.Chat(t.Context(), &switchyardv1.ChatRequest{Model: "m", Messages: user("hi"), ExtraJson: extra})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := stream.Recv(); status.Code(err) != codes.Unavailable {
+			t.Fatalf("extra %s: got %v, want Unavailable", extra, err)
+		}
+		if got := fb.last.Load().NoMigration; got != want {
+			t.Errorf("extra %s: NoMigration %q, want %q", extra, got, want)
+		}
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"io"
 	"unicode/utf8"
 
+	"github.com/switchyard-ai/switchyard/broker"
 	"github.com/switchyard-ai/switchyard/dispatch"
 	"github.com/switchyard-ai/switchyard/wire"
 )
@@ -29,6 +30,9 @@ type parsed struct {
 	IncludeUsage bool
 	N            int
 	Need         dispatch.Need
+	// NoMigration says why a broken stream of this request cannot be
+	// continued on another agent (see broker.Request).
+	NoMigration string
 }
 
 // request holds the typed fields the broker checks. Everything else is the
@@ -47,6 +51,8 @@ type request struct {
 	Stop                json.RawMessage `json:"stop"`
 	Temperature         *float64        `json:"temperature"`
 	TopP                *float64        `json:"top_p"`
+	Tools               json.RawMessage `json:"tools"`
+	Functions           json.RawMessage `json:"functions"`
 }
 
 type message struct {
@@ -128,6 +134,12 @@ func parseRequest(api wire.API, body []byte) (*parsed, *apiError) {
 	}
 	if p.N > 1 {
 		p.Need = dispatch.Need{NoPD: true, Reason: "n > 1 is not supported by the PD pipeline"}
+		p.NoMigration = "n > 1"
+	}
+	if broker.Declared(r.Tools) || broker.Declared(r.Functions) {
+		// A continuation carries the text so far, not a half-sent tool
+		// call: the new attempt would start the call again.
+		p.NoMigration = "tools"
 	}
 	return p, nil
 }

@@ -82,3 +82,25 @@ func FuzzParseRequest(f *testing.F) {
 		}
 	})
 }
+
+// TestNoMigration: streams a continuation cannot resume are marked.
+func TestNoMigration(t *testing.T) {
+	const msgs = `"messages":[{"role":"user","content":"hi"}]`
+	for body, want := range map[string]string{
+		`{` + msgs + `}`:              "",
+		`{` + msgs + `,"n":1}`:        "",
+		`{` + msgs + `,"n":2}`:        "n > 1",
+		`{` + msgs + `,"tools":null}`: "",
+		`{` + msgs + `,"tools":[ ]}`:  "",
+		`{` + msgs + `,"tools":[{"type":"function","function":{"name":"f"}}]}`: "tools",
+		`{` + msgs + `,"functions":[{"name":"f"}]}`:                            "tools",
+	} {
+		p, err := parseRequest(wire.API_API_CHAT, []byte(body))
+		if err != nil {
+			t.Fatalf("%s: %+v", body, *err)
+		}
+		if p.NoMigration != want {
+			t.Errorf("%s: NoMigration %q, want %q", body, p.NoMigration, want)
+		}
+	}
+}

@@ -129,6 +129,7 @@ func (s *Server) completions(kind apiKind) http.HandlerFunc {
 			Body:            body,
 			ClientRequestID: rid,
 			Need:            p.Need,
+			NoMigration:     p.NoMigration,
 			Trace:           traceContext(r),
 		})
 		if err != nil {
