@@ -46,9 +46,10 @@ type Agent struct {
 
 	metrics *Metrics
 
-	mu        sync.Mutex           // guards jobs and cancelled
-	jobs      map[string][]heldJob // by request: a migrated request may have two attempts here a moment
-	cancelled map[string]cancelMark
+	mu           sync.Mutex           // guards jobs, cancelled and drainExpired
+	jobs         map[string][]heldJob // by request: a migrated request may have two attempts here a moment
+	cancelled    map[string]cancelMark
+	drainExpired bool // the drain timeout passed: jobs end as they register
 }
 
 // New returns an agent that serves engine over nc (owned by the caller).
@@ -146,10 +147,10 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.pull(ctx, ref, &jobs)
 	}()
 	<-ctx.Done()
+	drainStart := time.Now()
 	a.setState(wire.StateDraining)
 	a.log.Info("agent draining", "active", a.Active())
-	<-pulled
-	jobs.Wait()
+	a.waitJobs(pulled, &jobs, drainStart)
 	// A prefill engine keeps each hand-off (KV cache, bootstrap room) for
 	// its decode leg; stay up until the last one has had time to be taken.
 	if last := a.lastHandoff.Load(); last != 0 {
@@ -161,6 +162,48 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.log.Info("agent drained")
 	return nil
 }
+
+// waitJobs waits for the pull loop to stop (it may sit in a pull request
+// for up to PullWait) and the jobs held to end; with a DrainTimeout, only
+// until it has passed since the drain began: then it ends the rest with
+// errDrainTimeout (a retryable error the broker repairs on another agent)
+// and waits for them to report it.
+func (a *Agent) waitJobs(pulled <-chan struct{}, jobs *sync.WaitGroup, since time.Time) {
+	done := make(chan struct{})
+	go func() {
+		<-pulled // no job is added after this
+		jobs.Wait()
+		close(done)
+	}()
+	if a.cfg.DrainTimeout <= 0 {
+		<-done
+		return
+	}
+	t := time.NewTimer(time.Until(since.Add(a.cfg.DrainTimeout)))
+	defer t.Stop()
+	select {
+	case <-done:
+		return
+	case <-t.C:
+	}
+	a.mu.Lock()
+	a.drainExpired = true // a job registering from now on ends at once
+	var cancels []context.CancelCauseFunc
+	for _, held := range a.jobs {
+		for _, j := range held {
+			cancels = append(cancels, j.cancel)
+		}
+	}
+	a.mu.Unlock()
+	a.log.Warn("drain timeout: ending the jobs still running; the broker continues them on other agents",
+		"jobs", len(cancels), "timeout", a.cfg.DrainTimeout)
+	for _, cancel := range cancels {
+		cancel(errDrainTimeout)
+	}
+	<-done
+}
+
+var errDrainTimeout = errors.New("agent drain timeout")
 
 func (a *Agent) waitHealthy(ctx context.Context) error {
 	hc, ok := a.engine.(HealthChecker)
@@ -409,6 +452,13 @@ func (a *Agent) onCancel(m *nats.Msg) {
 
 var errCancelled = errors.New("cancelled by the broker")
 
+// drainedError ends a job cut short by the drain timeout: retryable, since
+// before its first token nothing reached the client, and after it the
+// broker migrates the stream.
+func drainedError(agentID string) *wire.Error {
+	return &wire.Error{Code: wire.CodeDraining, Message: "agent " + agentID + " drained before the request finished", Retryable: true}
+}
+
 type cancelMark struct {
 	upTo uint32
 	at   time.Time
@@ -484,9 +534,13 @@ func (a *Agent) handle(ctx context.Context, msg jetstream.Msg) {
 	// A cancel that came after the check above but before this found no
 	// job to stop; it is on record, so honour it here.
 	mark, cancelled := a.cancelled[id]
+	drainExpired := a.drainExpired
 	a.mu.Unlock()
-	if cancelled && attempt <= mark.upTo {
+	switch {
+	case cancelled && attempt <= mark.upTo:
 		cancel(errCancelled)
+	case drainExpired:
+		cancel(errDrainTimeout)
 	}
 	a.active.Add(1)
 	defer func() {
@@ -520,6 +574,10 @@ func (a *Agent) handle(ctx context.Context, msg jetstream.Msg) {
 	case context.Cause(actx) == errCancelled:
 		a.metrics.jobs.WithLabelValues(JobCancelled).Inc()
 		a.log.Debug("job cancelled", "request", job.GetRequestId())
+	case context.Cause(actx) == errDrainTimeout:
+		a.metrics.jobs.WithLabelValues(JobDrained).Inc()
+		a.log.Info("job ended by the drain timeout", "request", job.GetRequestId(), "tokens", out.tokens)
+		out.fail(drainedError(a.cfg.ID))
 	case errors.Is(actx.Err(), context.DeadlineExceeded):
 		a.metrics.jobs.WithLabelValues(JobExpired).Inc()
 		out.fail(&wire.Error{Code: wire.CodeDeadlineExceeded, Message: "request deadline exceeded in the engine"})
@@ -568,6 +626,9 @@ func (a *Agent) prefill(ctx context.Context, req *Request, out *stream) {
 	case context.Cause(ctx) == errCancelled:
 		a.metrics.jobs.WithLabelValues(JobCancelled).Inc()
 		a.log.Debug("prefill cancelled", "request", req.RequestID)
+	case context.Cause(ctx) == errDrainTimeout && !handedOff:
+		a.metrics.jobs.WithLabelValues(JobDrained).Inc()
+		out.fail(drainedError(a.cfg.ID))
 	default:
 		a.metrics.jobs.WithLabelValues(JobError).Inc()
 		var we *wire.Error

@@ -48,9 +48,11 @@ type fixture struct {
 	js    jetstream.JetStream
 	eng   *countingEngine
 	agent *agent.Agent
+	stop  context.CancelFunc // SIGTERM
+	done  chan error         // what Run returned
 }
 
-func start(t *testing.T, slots int, delay time.Duration) *fixture {
+func start(t *testing.T, slots int, delay time.Duration, opts ...func(*agent.Config)) *fixture {
 	t.Helper()
 	s := natstest.RunJetStream(t)
 	nc, err := nats.Connect(s.ClientURL())
@@ -71,7 +73,11 @@ func start(t *testing.T, slots int, delay time.Duration) *fixture {
 	}
 	t.Cleanup(anc.Close)
 	eng := &countingEngine{delay: delay}
-	a, err := agent.New(anc, eng, agent.Config{ID: "a1", Model: "m", Slots: slots, Heartbeat: 50 * time.Millisecond, PullWait: 200 * time.Millisecond})
+	cfg := agent.Config{ID: "a1", Model: "m", Slots: slots, Heartbeat: 50 * time.Millisecond, PullWait: 200 * time.Millisecond}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	a, err := agent.New(anc, eng, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,7 +86,9 @@ func start(t *testing.T, slots int, delay time.Duration) *fixture {
 	go func() { done <- a.Run(ctx) }()
 	t.Cleanup(func() {
 		cancel()
-		if err := <-done; err != nil {
+		err := <-done
+		done <- err
+		if err != nil {
 			t.Errorf("agent returned %v", err)
 		}
 	})
@@ -92,7 +100,7 @@ func start(t *testing.T, slots int, delay time.Duration) *fixture {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	return &fixture{nc: nc, js: js, eng: eng, agent: a}
+	return &fixture{nc: nc, js: js, eng: eng, agent: a, stop: cancel, done: done}
 }
 
 // publish sends a job and returns a subscription to its replies.
@@ -245,4 +253,32 @@ func TestCancelEachAttempt(t *testing.T) {
 	waitRunning(1)
 	cancelUpTo(1) // the client goes away
 	waitRunning(0)
+}
+
+// TestDrainTimeoutEndsJobs: past --drain-timeout a draining agent ends the
+// job it still runs with a retryable draining error, which the broker
+// repairs elsewhere, and Run returns.
+func TestDrainTimeoutEndsJobs(t *testing.T) {
+	f := start(t, 1, time.Minute, func(c *agent.Config) { c.DrainTimeout = 100 * time.Millisecond })
+	sub := f.publish(t, "d1", time.Now().Add(time.Minute))
+	if c := next(t, sub); c.GetKind() != wire.Chunk_KIND_ACCEPTED {
+		t.Fatalf("got %v", c)
+	}
+	f.stop()
+	c := next(t, sub)
+	if c.GetKind() != wire.Chunk_KIND_ERROR || c.GetError().GetCode() != wire.CodeDraining || !c.GetError().GetRetryable() {
+		t.Fatalf("got %v, want a retryable draining error", c)
+	}
+	select {
+	case err := <-f.done:
+		f.done <- err
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return after the drain timeout")
+	}
+	if n := f.eng.now.Load(); n != 0 {
+		t.Fatalf("%d requests still at the engine", n)
+	}
 }

@@ -51,6 +51,11 @@ type Config struct {
 	// HandoffGrace is how long a draining prefill agent stays after its last
 	// hand-off, so the decode leg can still take the KV cache.
 	HandoffGrace time.Duration
+	// DrainTimeout bounds a drain: jobs still running this long after it
+	// began are ended with a retryable "draining" error, which the broker
+	// answers by retrying each elsewhere (or migrating it, after its first
+	// token), and the agent exits. Zero waits for every job to finish.
+	DrainTimeout time.Duration
 }
 
 func (c *Config) setDefaults() {

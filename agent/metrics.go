@@ -19,13 +19,14 @@ const (
 	JobCancelled = "cancelled"
 	JobExpired   = "expired"
 	JobHandedOff = "handed_off"
+	JobDrained   = "drained" // ended by the drain timeout, continued elsewhere
 )
 
 func newMetrics(a *Agent) *Metrics {
 	return &Metrics{
 		a: a,
 		jobs: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "switchyard_agent_jobs_total", Help: "Jobs this agent ended, by outcome (ok, error, cancelled, expired, handed_off).",
+			Name: "switchyard_agent_jobs_total", Help: "Jobs this agent ended, by outcome (ok, error, cancelled, expired, handed_off, drained).",
 		}, []string{"outcome"}),
 		ttft: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "switchyard_agent_engine_time_to_first_token_seconds", Help: "Time from calling the engine to its first token.",

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/switchyard-ai/switchyard/agent"
 	"github.com/switchyard-ai/switchyard/agent/engine/openai"
+	"github.com/switchyard-ai/switchyard/internal/agentcmd"
 	"github.com/switchyard-ai/switchyard/simengine"
 )
 
@@ -447,6 +449,66 @@ func TestMigrationAfterFirstToken(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestDrainTimeout: an agent told to stop with --drain-timeout ends the
+// stream it still serves when the timeout passes, and exits; the broker
+// migrates the stream to another agent at once (no heartbeat loss to wait
+// for), and the client gets the whole answer, byte for byte.
+func TestDrainTimeout(t *testing.T) {
+	b := startBroker(t)
+	slow := startEngine(t, simengine.Config{Model: model, TTFT: time.Millisecond, ITL: 50 * time.Millisecond, Slots: 4})
+	old := start(t, agentcmd.Run, "--nats-url", b.NATS, "--engine", "openai", "--engine-url", slow.URL, "--id", "old",
+		"--slots", "4", "--heartbeat", "100ms", "--log-level", "warn", "--drain-timeout", "300ms")
+	waitEligible(t, b.HTTP, "old")
+	const prompt, maxTokens = "a long story about the last train", 40
+	want := expect(t, simengine.APIChat, fmt.Sprintf(`{"messages":[{"role":"user","content":%q}],"max_tokens":%d}`, prompt, maxTokens))
+	if want.CompletionTokens < 20 {
+		t.Fatalf("prompt too short for the test: %d tokens", want.CompletionTokens)
+	}
+	res := make(chan streamResult, 1)
+	go func() {
+		r, err := rawStream(context.Background(), b.HTTP, prompt, maxTokens)
+		if err != nil {
+			r.errMsg = err.Error()
+		}
+		res <- r
+	}()
+	checkFor(t, 5*time.Second, 5*time.Millisecond, func() error {
+		if slow.served.Load() == 0 {
+			return errors.New("the old agent's engine has not been called")
+		}
+		return nil
+	})
+	survivor := fastEngine(t, 4)
+	startAgent(t, b.NATS, "survivor", survivor, 4)
+	waitEligible(t, b.HTTP, "survivor")
+	stopAt := time.Now()
+	old.cancel() // SIGTERM
+	var exited time.Duration
+	select {
+	case err := <-old.done:
+		old.done <- err
+		exited = time.Since(stopAt)
+		if err != nil {
+			t.Fatalf("old agent: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("old agent still draining 10s after SIGTERM; stderr:\n%s", old.errs.String())
+	}
+	r := <-res
+	if r.status != http.StatusOK || !r.done || r.errMsg != "" {
+		t.Fatalf("status %d done %v err %q", r.status, r.done, r.errMsg)
+	}
+	if r.text != want.Text {
+		t.Fatalf("drained stream:\n got %q\nwant %q", r.text, want.Text)
+	}
+	if survivor.served.Load() != 1 {
+		t.Fatalf("the survivor served %d requests; the stream must have moved to it", survivor.served.Load())
+	}
+	// The survivor's call proves the old agent gave the stream up rather
+	// than finishing it (2 s of tokens on its engine).
+	t.Logf("old agent exited %s after SIGTERM; stream migrated and complete", exited.Round(time.Millisecond))
 }
 
 // TestQueueTimeout: a request no agent takes within --queue-timeout ends

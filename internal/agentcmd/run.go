@@ -33,28 +33,29 @@ import (
 )
 
 type options struct {
-	natsURL   string
-	engine    string
-	engineURL string
-	engineKey string
-	role      string
-	model     string
-	slots     int
-	heartbeat time.Duration
-	id        string
-	prefix    string
-	simTTFT   time.Duration
-	simITL    time.Duration
-	pdProto   string
-	bsHost    string
-	bsPort    int
-	closers   []func() error
-	tokenizer string
-	grpcTLS   bool
-	natsAuth  *natsauth.ClientFlags
-	metrics   string
-	logFormat string
-	logLevel  string
+	natsURL      string
+	engine       string
+	engineURL    string
+	engineKey    string
+	role         string
+	model        string
+	slots        int
+	heartbeat    time.Duration
+	drainTimeout time.Duration
+	id           string
+	prefix       string
+	simTTFT      time.Duration
+	simITL       time.Duration
+	pdProto      string
+	bsHost       string
+	bsPort       int
+	closers      []func() error
+	tokenizer    string
+	grpcTLS      bool
+	natsAuth     *natsauth.ClientFlags
+	metrics      string
+	logFormat    string
+	logLevel     string
 }
 
 func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*options, error) {
@@ -76,6 +77,7 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*o
 	fs.StringVar(&o.model, "model", "", "model id to serve (default: the engine's first model from /v1/models)")
 	fs.IntVar(&o.slots, "slots", agent.DefaultSlots, "jobs held at once (the engine's useful concurrency)")
 	fs.DurationVar(&o.heartbeat, "heartbeat", agent.DefaultHeartbeat, "heartbeat interval")
+	fs.DurationVar(&o.drainTimeout, "drain-timeout", 0, "on SIGTERM, end the jobs still running after this long with a retryable error, so the broker continues them on other agents, and exit (set it a few seconds under the orchestrator's kill grace, e.g. 25s for Kubernetes' 30s; 0: wait for every job)")
 	fs.StringVar(&o.id, "id", "", "agent id (default hostname-pid)")
 	fs.StringVar(&o.prefix, "prefix", subjects.DefaultPrefix, "first token(s) of every NATS subject")
 	fs.DurationVar(&o.simTTFT, "sim-ttft", 20*time.Millisecond, "sim engine: base time to first token")
@@ -92,6 +94,7 @@ Usage:
   worker-agent --engine sim                  an in-process simulated engine`, []cli.Section{
 		{Title: "Engine", Flags: []string{"engine", "engine-url", "engine-api-key", "model", "slots", "tokenizer", "engine-grpc-tls"}},
 		{Title: "Role", Flags: []string{"role", "pd-protocol", "bootstrap-host", "bootstrap-port"}},
+		{Title: "Shutdown", Flags: []string{"drain-timeout"}},
 		{Title: "NATS", Flags: []string{"nats-url", "id", "heartbeat", "prefix",
 			"nats-creds", "nats-nkey", "nats-user", "nats-password", "nats-token", "nats-tls-ca", "nats-tls-cert", "nats-tls-key", "nats-inbox-prefix"}},
 		{Title: "Observability", Flags: []string{"metrics-listen", "log-format", "log-level"}},
@@ -145,7 +148,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	defer nc.Close()
 	a, err := agent.New(nc, eng, agent.Config{
-		ID: o.id, Model: o.model, Pool: o.role, Slots: o.slots, Heartbeat: o.heartbeat,
+		ID: o.id, Model: o.model, Pool: o.role, Slots: o.slots, Heartbeat: o.heartbeat, DrainTimeout: o.drainTimeout,
 		Prefix: o.prefix, Engine: o.engine, Transport: transport,
 		PDProtocol: o.pdProto, BootstrapHost: o.bsHost, BootstrapPort: o.bsPort,
 	}, agent.WithLogger(log))
