@@ -457,7 +457,7 @@ func TestMigrationAfterFirstToken(t *testing.T) {
 // for), and the client gets the whole answer, byte for byte.
 func TestDrainTimeout(t *testing.T) {
 	b := startBroker(t)
-	slow := startEngine(t, simengine.Config{Model: model, TTFT: time.Millisecond, ITL: 50 * time.Millisecond, Slots: 4})
+	slow := startEngine(t, simengine.Config{Model: model, TTFT: time.Millisecond, ITL: 100 * time.Millisecond, Slots: 4})
 	old := start(t, agentcmd.Run, "--nats-url", b.NATS, "--engine", "openai", "--engine-url", slow.URL, "--id", "old",
 		"--slots", "4", "--heartbeat", "100ms", "--log-level", "warn", "--drain-timeout", "300ms")
 	waitEligible(t, b.HTTP, "old")
@@ -507,7 +507,7 @@ func TestDrainTimeout(t *testing.T) {
 		t.Fatalf("the survivor served %d requests; the stream must have moved to it", survivor.served.Load())
 	}
 	// The survivor's call proves the old agent gave the stream up rather
-	// than finishing it (2 s of tokens on its engine).
+	// than finishing it (4 s of tokens on its engine).
 	t.Logf("old agent exited %s after SIGTERM; stream migrated and complete", exited.Round(time.Millisecond))
 }
 
