@@ -19,7 +19,7 @@ import (
 // system_fingerprint, then the usage chunk.
 func vllmLikeEngine(t *testing.T) *engine {
 	chat := []string{
-		`{"id":"chatcmpl-1","object":"chat.completion.chunk","created":7,"model":"sim-model","system_fingerprint":"fp-1","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null},{"index":1,"delta":{"role":"assistant"},"logprobs":null,"finish_reason":null}]}`,
+		`{"id":"chatcmpl-1","object":"chat.completion.chunk","created":7,"model":"sim-model","system_fingerprint":"fp-1","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null},{"index":1,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`,
 		`{"id":"chatcmpl-1","object":"chat.completion.chunk","created":7,"model":"sim-model","system_fingerprint":"fp-1","choices":[{"index":0,"delta":{"reasoning_content":"The user "},"logprobs":null,"finish_reason":null}]}`,
 		`{"id":"chatcmpl-1","object":"chat.completion.chunk","created":7,"model":"sim-model","system_fingerprint":"fp-1","choices":[{"index":1,"delta":{"tool_calls":[{"index":0,"id":"call_a","type":"function","function":{"name":"get_weather","arguments":""}}]},"logprobs":null,"finish_reason":null}]}`,
 		`{"id":"chatcmpl-1","object":"chat.completion.chunk","created":7,"model":"sim-model","system_fingerprint":"fp-1","choices":[{"index":0,"delta":{"reasoning_content":"greets me."},"logprobs":null,"finish_reason":null}]}`,

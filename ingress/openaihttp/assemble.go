@@ -32,7 +32,6 @@ type choiceAcc struct {
 	index      int
 	role       string
 	content    strings.Builder
-	hasContent bool
 	reasoning  map[string]*strings.Builder // reasoning_content or reasoning, as the engine names it
 	refusal    strings.Builder
 	hasRefusal bool
@@ -271,10 +270,7 @@ func (a *assembler) add(ev *wire.Event) {
 	pc, err := parseChunk(ev.GetRaw())
 	if err != nil {
 		c := a.choice(0)
-		if t := ev.GetDeltaText(); t != "" {
-			c.content.WriteString(t)
-			c.hasContent = true
-		}
+		c.content.WriteString(ev.GetDeltaText())
 		if f := ev.GetFinishReason(); f != "" {
 			c.finish = f
 		}
@@ -294,7 +290,6 @@ func (a *assembler) apply(pc *parsedChoice) {
 	passThrough(&c.extra, pc.all, choiceOwn)
 	if pc.Text != nil {
 		c.content.WriteString(*pc.Text)
-		c.hasContent = true
 	}
 	if pc.FinishReason != nil && *pc.FinishReason != "" {
 		c.finish = *pc.FinishReason
@@ -315,7 +310,6 @@ func (a *assembler) apply(pc *parsedChoice) {
 	}
 	if d.Content != nil {
 		c.content.WriteString(*d.Content)
-		c.hasContent = true
 	}
 	if d.Refusal != nil {
 		c.refusal.WriteString(*d.Refusal)
@@ -434,9 +428,10 @@ func (c *choiceAcc) message() object {
 		role = "assistant"
 	}
 	m := object{{"role", role}}
-	// As OpenAI answers: content is null when the model only called tools.
+	// As OpenAI answers: content is null when the model only called tools
+	// (vLLM's first delta of every choice carries an empty content).
 	var content any
-	if c.hasContent || len(c.tools) == 0 {
+	if c.content.Len() > 0 || len(c.tools) == 0 {
 		content = c.content.String()
 	}
 	m = append(m, member{"content", content})
