@@ -77,7 +77,7 @@ type logprobsAcc struct {
 	other  map[string]json.RawMessage
 }
 
-func (l *logprobsAcc) add(o *parsedObject) {
+func (l *logprobsAcc) add(o *parsedLogprobs) {
 	for _, k := range o.keys {
 		if !slices.Contains(l.keys, k) {
 			l.keys = append(l.keys, k)
@@ -107,16 +107,10 @@ func (l *logprobsAcc) MarshalJSON() ([]byte, error) {
 	return o.MarshalJSON()
 }
 
-// parsedObject is a JSON object's members in order, with the elements of
-// the ones that are arrays.
-type parsedObject struct {
-	keys   []string
-	vals   map[string]json.RawMessage
-	arrays map[string][]json.RawMessage
-}
-
-func parseObject(raw []byte) (*parsedObject, error) {
-	o := &parsedObject{vals: map[string]json.RawMessage{}, arrays: map[string][]json.RawMessage{}}
+// parseObject reads the members of the JSON object raw in order, keys
+// unquoted.
+func parseObject(raw []byte) (*members, error) {
+	o := &members{}
 	var err error
 	if merr := chunkjson.Members(raw, func(key []byte, quoted bool, _, value []byte) {
 		k := string(key)
@@ -125,22 +119,35 @@ func parseObject(raw []byte) (*parsedObject, error) {
 				err = e
 			}
 		}
-		if _, ok := o.vals[k]; !ok {
-			o.keys = append(o.keys, k)
-		}
-		o.vals[k] = value
-		delete(o.arrays, k)
-		if value[0] == '[' {
-			var elems []json.RawMessage
-			if e := json.Unmarshal(value, &elems); e != nil && err == nil {
-				err = e
-			}
-			o.arrays[k] = elems
-		}
+		o.set(k, value)
 	}); merr != nil {
 		return nil, merr
 	}
 	return o, err
+}
+
+// parsedLogprobs is a logprobs object with the elements of its arrays.
+type parsedLogprobs struct {
+	members
+	arrays map[string][]json.RawMessage
+}
+
+func parseLogprobs(raw []byte) (*parsedLogprobs, error) {
+	o, err := parseObject(raw)
+	if err != nil {
+		return nil, err
+	}
+	l := &parsedLogprobs{members: *o, arrays: map[string][]json.RawMessage{}}
+	for _, k := range l.keys {
+		if v := l.vals[k]; v[0] == '[' {
+			var elems []json.RawMessage
+			if err := json.Unmarshal(v, &elems); err != nil {
+				return nil, err
+			}
+			l.arrays[k] = elems
+		}
+	}
+	return l, nil
 }
 
 // The members of a chunk, choice, delta and tool call the assembler builds
@@ -192,21 +199,21 @@ type (
 type (
 	parsedChunk struct {
 		rawChunk
-		all     *parsedObject
+		all     *members
 		choices []parsedChoice
 	}
 	parsedChoice struct {
 		rawChoice
-		all      *parsedObject
-		logprobs *parsedObject // nil when absent or null
-		delta    *rawDelta     // nil when absent or null
-		deltaAll *parsedObject
+		all      *members
+		logprobs *parsedLogprobs // nil when absent or null
+		delta    *rawDelta       // nil when absent or null
+		deltaAll *members
 		whole    bool // a message, not a delta
 		tools    []parsedTool
 	}
 	parsedTool struct {
 		rawTool
-		all *parsedObject
+		all *members
 	}
 )
 
@@ -216,7 +223,7 @@ func isNull(raw json.RawMessage) bool {
 }
 
 // decode reads raw into the typed view v and into its members in order.
-func decode(raw []byte, v any) (*parsedObject, error) {
+func decode(raw []byte, v any) (*members, error) {
 	if err := json.Unmarshal(raw, v); err != nil {
 		return nil, err
 	}
@@ -235,7 +242,7 @@ func parseChunk(raw []byte) (*parsedChunk, error) {
 			return nil, err
 		}
 		if !isNull(c.Logprobs) {
-			if c.logprobs, err = parseObject(c.Logprobs); err != nil {
+			if c.logprobs, err = parseLogprobs(c.Logprobs); err != nil {
 				return nil, err
 			}
 		}
@@ -352,7 +359,7 @@ func (a *assembler) apply(pc *parsedChoice) {
 }
 
 // passThrough records the members of o not in own.
-func passThrough(m *members, o *parsedObject, own []string) {
+func passThrough(m *members, o *members, own []string) {
 	for _, k := range o.keys {
 		if !slices.Contains(own, k) {
 			m.set(k, o.vals[k])
