@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -92,6 +93,25 @@ func (b Builder) Jobs(model, pool string) (string, error) {
 	return b.dot + kindJobs + "." + m + "." + pool, nil
 }
 
+// PDJobs returns the subject of model's job queue for a PD pool (prefill or
+// decode) of one pairing: sy.jobs.<model>.<pool>.<pair>, pair escaped. Agents
+// pull only from the queue of their own pairing, so a prefill agent hands
+// off only to decode agents that can take its hand-off (see PairKey).
+func (b Builder) PDJobs(model, pool, pair string) (string, error) {
+	if pool != PoolPrefill && pool != PoolDecode {
+		return "", fmt.Errorf("%w: PD pool %q", ErrNotMatch, pool)
+	}
+	base, err := b.Jobs(model, pool)
+	if err != nil {
+		return "", err
+	}
+	p, err := Escape(pair)
+	if err != nil {
+		return "", fmt.Errorf("pairing %q: %w", pair, err)
+	}
+	return base + "." + p, nil
+}
+
 // JobsAll is the filter of the jobs stream: every model and pool.
 func (b Builder) JobsAll() string { return b.dot + kindJobs + ".>" }
 
@@ -158,14 +178,17 @@ func validID(id string) bool {
 	return true
 }
 
-// Jobs is a parsed jobs subject.
-type Jobs struct{ Model, Pool string }
+// Jobs is a parsed jobs subject. Pair is set for PD queues (PDJobs).
+type Jobs struct{ Model, Pool, Pair string }
 
-// ParseJobs parses a subject built by Jobs.
+// ParseJobs parses a subject built by Jobs or PDJobs.
 func (b Builder) ParseJobs(subject string) (Jobs, error) {
 	toks, err := b.split(subject, kindJobs, 2)
 	if err != nil {
-		return Jobs{}, err
+		var err3 error
+		if toks, err3 = b.split(subject, kindJobs, 3); err3 != nil {
+			return Jobs{}, err
+		}
 	}
 	m, err := Unescape(toks[0])
 	if err != nil {
@@ -174,7 +197,16 @@ func (b Builder) ParseJobs(subject string) (Jobs, error) {
 	if !validPool(toks[1]) {
 		return Jobs{}, fmt.Errorf("%w: pool %q", ErrNotMatch, toks[1])
 	}
-	return Jobs{Model: m, Pool: toks[1]}, nil
+	j := Jobs{Model: m, Pool: toks[1]}
+	if len(toks) == 3 {
+		if j.Pool == PoolRegular {
+			return Jobs{}, fmt.Errorf("%w: regular queue with a pairing %q", ErrNotMatch, subject)
+		}
+		if j.Pair, err = Unescape(toks[2]); err != nil {
+			return Jobs{}, err
+		}
+	}
+	return j, nil
 }
 
 // Heartbeat is a parsed heartbeat subject.
@@ -260,6 +292,58 @@ func ConsumerName(model, pool string) (string, error) {
 		m = m[:maxConsumerModel-17] + "_" + hex.EncodeToString(sum[:8])
 	}
 	return "jobs-" + m + "-" + pool, nil
+}
+
+// PDConsumerName returns the durable consumer shared by the agents of one
+// PD pool of one pairing (see PDJobs). The pairing enters the name as a
+// short hash, so any pairing key gives a valid name.
+func PDConsumerName(model, pool, pair string) (string, error) {
+	if pool != PoolPrefill && pool != PoolDecode {
+		return "", fmt.Errorf("%w: PD pool %q", ErrNotMatch, pool)
+	}
+	name, err := ConsumerName(model, pool)
+	if err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256([]byte(pair))
+	return name + "-" + hex.EncodeToString(sum[:6]), nil
+}
+
+// PairKey is the pairing key of a PD agent: its PD protocol and the labels
+// its operator declared must match (KV connector, engine version, ...), so
+// the key is the protocol, then the canonical labels after a "+". labels
+// must be canonical (see CanonicalLabels).
+func PairKey(protocol, labels string) string {
+	if labels == "" {
+		return protocol
+	}
+	return protocol + "+" + labels
+}
+
+// CanonicalLabels parses "k=v,k=v" (spaces around items allowed) into the
+// canonical form: sorted by key, no duplicates, keys and values non-empty
+// and free of ',', '=' and whitespace.
+func CanonicalLabels(s string) (string, error) {
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return "", nil
+	}
+	items := strings.Split(s, ",")
+	seen := make(map[string]bool, len(items))
+	out := make([]string, 0, len(items))
+	for _, it := range items {
+		k, v, ok := strings.Cut(strings.TrimSpace(it), "=")
+		if !ok || k == "" || v == "" || strings.ContainsAny(k, "=, \t\n") || strings.ContainsAny(v, "=, \t\n") {
+			return "", fmt.Errorf("%w: label %q (want key=value)", ErrBadToken, it)
+		}
+		if seen[k] {
+			return "", fmt.Errorf("%w: label %q declared twice", ErrBadToken, k)
+		}
+		seen[k] = true
+		out = append(out, k+"="+v)
+	}
+	slices.Sort(out)
+	return strings.Join(out, ","), nil
 }
 
 // maxConsumerModel keeps consumer names well under the 255 bytes that file

@@ -87,7 +87,7 @@ func TestBuildParse(t *testing.T) {
 				t.Fatalf("Jobs = %q, %v; want %q", j, err, tc.want)
 			}
 			pj, err := b.ParseJobs(j)
-			if err != nil || pj != (Jobs{tc.model, tc.pool}) {
+			if err != nil || pj != (Jobs{Model: tc.model, Pool: tc.pool}) {
 				t.Fatalf("ParseJobs = %+v, %v", pj, err)
 			}
 			h, err := b.Heartbeat(tc.model, tc.pool, tc.agent)
@@ -142,7 +142,7 @@ func TestBuildErrors(t *testing.T) {
 			}
 		})
 	}
-	for _, s := range []string{"sy.jobs.m.regular", "prod.sy.jobs.m", "prod.sy.jobs.m.regular.x", "prod.sy.hb.m.other.a", "prod.sy.jobs.a_2eb.regular"} {
+	for _, s := range []string{"sy.jobs.m.regular", "prod.sy.jobs.m", "prod.sy.jobs.m.regular.x", "prod.sy.jobs.m.prefill.a.b", "prod.sy.jobs.m.decode._2e", "prod.sy.hb.m.other.a", "prod.sy.jobs.a_2eb.regular"} {
 		if _, err := b.ParseJobs(s); err == nil {
 			t.Errorf("ParseJobs(%q) accepted", s)
 		}
@@ -259,5 +259,64 @@ func TestConsumerName(t *testing.T) {
 	}
 	if _, err := ConsumerName("m", "x"); err == nil {
 		t.Fatal("bad pool accepted")
+	}
+}
+
+func TestPDJobs(t *testing.T) {
+	b := Must("sy")
+	for _, tc := range []struct {
+		name, model, pool, pair, want string
+	}{
+		{"vllm", "m", PoolPrefill, "vllm", "sy.jobs.m.prefill.vllm"},
+		{"labels", "org/m.1", PoolDecode, PairKey("sglang", "kv=mooncake,v=0.5.2"), "sy.jobs.org_2Fm_2E1.decode.sglang_2Bkv_3Dmooncake_2Cv_3D0_2E5_2E2"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := b.PDJobs(tc.model, tc.pool, tc.pair)
+			if err != nil || got != tc.want {
+				t.Fatalf("PDJobs = %q, %v; want %q", got, err, tc.want)
+			}
+			pj, err := b.ParseJobs(got)
+			if err != nil || pj != (Jobs{Model: tc.model, Pool: tc.pool, Pair: tc.pair}) {
+				t.Fatalf("ParseJobs = %+v, %v", pj, err)
+			}
+		})
+	}
+	if _, err := b.PDJobs("m", PoolRegular, "vllm"); err == nil {
+		t.Fatal("regular PD queue accepted")
+	}
+	if _, err := b.PDJobs("m", PoolPrefill, ""); err == nil {
+		t.Fatal("empty pairing accepted")
+	}
+	if _, err := b.ParseJobs("sy.jobs.m.regular.vllm"); err == nil {
+		t.Fatal("regular queue with a pairing parsed")
+	}
+	a, _ := PDConsumerName("m", PoolPrefill, "vllm")
+	c, _ := PDConsumerName("m", PoolPrefill, "sglang")
+	if a == c || !validToken(a) || !strings.HasPrefix(a, "jobs-m-prefill-") {
+		t.Fatalf("PD consumer names %q %q", a, c)
+	}
+}
+
+func TestCanonicalLabels(t *testing.T) {
+	for _, tc := range []struct {
+		name, in, want string
+		bad            bool
+	}{
+		{name: "empty", in: "  ", want: ""},
+		{name: "sorted", in: "version=0.11, kv=nixl", want: "kv=nixl,version=0.11"},
+		{name: "no value", in: "kv", bad: true},
+		{name: "empty value", in: "kv=", bad: true},
+		{name: "twice", in: "kv=a,kv=b", bad: true},
+		{name: "space inside", in: "kv=a b", bad: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := CanonicalLabels(tc.in)
+			if (err != nil) != tc.bad || got != tc.want {
+				t.Fatalf("CanonicalLabels(%q) = %q, %v", tc.in, got, err)
+			}
+		})
+	}
+	if PairKey("vllm", "") != "vllm" || PairKey("vllm", "kv=nixl") != "vllm+kv=nixl" {
+		t.Fatal("PairKey")
 	}
 }

@@ -34,6 +34,7 @@ const (
 	API_API_UNSPECIFIED API = 0
 	API_API_CHAT        API = 1 // POST /v1/chat/completions
 	API_API_COMPLETION  API = 2 // POST /v1/completions
+	API_API_EMBEDDINGS  API = 3 // POST /v1/embeddings (regular pool only, one JSON answer)
 )
 
 // Enum value maps for API.
@@ -42,11 +43,13 @@ var (
 		0: "API_UNSPECIFIED",
 		1: "API_CHAT",
 		2: "API_COMPLETION",
+		3: "API_EMBEDDINGS",
 	}
 	API_value = map[string]int32{
 		"API_UNSPECIFIED": 0,
 		"API_CHAT":        1,
 		"API_COMPLETION":  2,
+		"API_EMBEDDINGS":  3,
 	}
 )
 
@@ -85,6 +88,10 @@ const (
 	Chunk_KIND_TOKEN       Chunk_Kind = 2 // one or more engine chunks with output (events)
 	Chunk_KIND_FINAL       Chunk_Kind = 3 // the attempt ended well; carries usage and finish reason
 	Chunk_KIND_ERROR       Chunk_Kind = 4 // the attempt failed
+	// The engine is still working on an attempt that has no token yet (a
+	// long prefill, a busy engine): the broker's stall timer does not run
+	// before the first token while these arrive. Outside the sequence.
+	Chunk_KIND_KEEPALIVE Chunk_Kind = 5
 )
 
 // Enum value maps for Chunk_Kind.
@@ -95,6 +102,7 @@ var (
 		2: "KIND_TOKEN",
 		3: "KIND_FINAL",
 		4: "KIND_ERROR",
+		5: "KIND_KEEPALIVE",
 	}
 	Chunk_Kind_value = map[string]int32{
 		"KIND_UNSPECIFIED": 0,
@@ -102,6 +110,7 @@ var (
 		"KIND_TOKEN":       2,
 		"KIND_FINAL":       3,
 		"KIND_ERROR":       4,
+		"KIND_KEEPALIVE":   5,
 	}
 )
 
@@ -197,8 +206,15 @@ type Job struct {
 	BrokerId        string                 `protobuf:"bytes,11,opt,name=broker_id,json=brokerId,proto3" json:"broker_id,omitempty"`
 	Pd              *PDHandoff             `protobuf:"bytes,12,opt,name=pd,proto3" json:"pd,omitempty"`                     // set for jobs of the PD pipeline
 	Continuation    *Continuation          `protobuf:"bytes,13,opt,name=continuation,proto3" json:"continuation,omitempty"` // set when migrating a stream that already sent output
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The PD pairing key (protocol and declared labels, see subjects.PairKey)
+	// of the pipeline this job was routed to; empty for regular jobs.
+	PdPair string `protobuf:"bytes,14,opt,name=pd_pair,json=pdPair,proto3" json:"pd_pair,omitempty"`
+	// The subject's JetStream sequence is not known to the publisher of a
+	// decode job; a prefill agent sets how long its engine holds the KV
+	// blocks of this hand-off, so a decode job not taken in time ends.
+	HandoffExpires *timestamppb.Timestamp `protobuf:"bytes,15,opt,name=handoff_expires,json=handoffExpires,proto3" json:"handoff_expires,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Job) Reset() {
@@ -318,6 +334,20 @@ func (x *Job) GetPd() *PDHandoff {
 func (x *Job) GetContinuation() *Continuation {
 	if x != nil {
 		return x.Continuation
+	}
+	return nil
+}
+
+func (x *Job) GetPdPair() string {
+	if x != nil {
+		return x.PdPair
+	}
+	return ""
+}
+
+func (x *Job) GetHandoffExpires() *timestamppb.Timestamp {
+	if x != nil {
+		return x.HandoffExpires
 	}
 	return nil
 }
@@ -814,6 +844,16 @@ type Heartbeat struct {
 	PdProtocol    string                 `protobuf:"bytes,17,opt,name=pd_protocol,json=pdProtocol,proto3" json:"pd_protocol,omitempty"`          // for prefill/decode agents: "vllm" or "sglang"
 	BootstrapHost string                 `protobuf:"bytes,18,opt,name=bootstrap_host,json=bootstrapHost,proto3" json:"bootstrap_host,omitempty"` // SGLang prefill: its bootstrap server
 	BootstrapPort uint32                 `protobuf:"varint,19,opt,name=bootstrap_port,json=bootstrapPort,proto3" json:"bootstrap_port,omitempty"`
+	// Why the agent does not serve now, for the fleet view: warming ("engine
+	// not healthy yet: ..."), or an engine that refuses the agent ("engine
+	// answered 401 ..."). Empty while it serves.
+	StateReason string `protobuf:"bytes,20,opt,name=state_reason,json=stateReason,proto3" json:"state_reason,omitempty"`
+	// Labels the operator declared for PD pairing (canonical "k=v,k=v",
+	// sorted); a prefill and a decode agent hand off to each other only when
+	// their pd_protocol and pd_labels are equal.
+	PdLabels string `protobuf:"bytes,21,opt,name=pd_labels,json=pdLabels,proto3" json:"pd_labels,omitempty"`
+	// The most jobs the agent holds now: its slow-start ramp (<= slots).
+	PullLimit     uint32 `protobuf:"varint,22,opt,name=pull_limit,json=pullLimit,proto3" json:"pull_limit,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -981,12 +1021,33 @@ func (x *Heartbeat) GetBootstrapPort() uint32 {
 	return 0
 }
 
+func (x *Heartbeat) GetStateReason() string {
+	if x != nil {
+		return x.StateReason
+	}
+	return ""
+}
+
+func (x *Heartbeat) GetPdLabels() string {
+	if x != nil {
+		return x.PdLabels
+	}
+	return ""
+}
+
+func (x *Heartbeat) GetPullLimit() uint32 {
+	if x != nil {
+		return x.PullLimit
+	}
+	return 0
+}
+
 var File_wire_proto protoreflect.FileDescriptor
 
 const file_wire_proto_rawDesc = "" +
 	"\n" +
 	"\n" +
-	"wire.proto\x12\x12switchyard.wire.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xba\x04\n" +
+	"wire.proto\x12\x12switchyard.wire.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x98\x05\n" +
 	"\x03Job\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x18\n" +
@@ -1002,7 +1063,9 @@ const file_wire_proto_rawDesc = "" +
 	" \x01(\tR\x0fclientRequestId\x12\x1b\n" +
 	"\tbroker_id\x18\v \x01(\tR\bbrokerId\x12-\n" +
 	"\x02pd\x18\f \x01(\v2\x1d.switchyard.wire.v1.PDHandoffR\x02pd\x12D\n" +
-	"\fcontinuation\x18\r \x01(\v2 .switchyard.wire.v1.ContinuationR\fcontinuation\x1a8\n" +
+	"\fcontinuation\x18\r \x01(\v2 .switchyard.wire.v1.ContinuationR\fcontinuation\x12\x17\n" +
+	"\apd_pair\x18\x0e \x01(\tR\x06pdPair\x12C\n" +
+	"\x0fhandoff_expires\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampR\x0ehandoffExpires\x1a8\n" +
 	"\n" +
 	"TraceEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
@@ -1031,7 +1094,7 @@ const file_wire_proto_rawDesc = "" +
 	"\x03raw\x18\x01 \x01(\fR\x03raw\x12\x1d\n" +
 	"\n" +
 	"delta_text\x18\x02 \x01(\tR\tdeltaText\x12#\n" +
-	"\rfinish_reason\x18\x03 \x01(\tR\ffinishReason\"\xe8\x04\n" +
+	"\rfinish_reason\x18\x03 \x01(\tR\ffinishReason\"\xfc\x04\n" +
 	"\x05Chunk\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x18\n" +
@@ -1046,7 +1109,7 @@ const file_wire_proto_rawDesc = "" +
 	" \x01(\v2\x19.switchyard.wire.v1.ErrorR\x05error\x12#\n" +
 	"\rprefill_agent\x18\v \x01(\tR\fprefillAgent\x125\n" +
 	"\x05stage\x18\f \x01(\x0e2\x1f.switchyard.wire.v1.Chunk.StageR\x05stage\x121\n" +
-	"\x06events\x18\r \x03(\v2\x19.switchyard.wire.v1.EventR\x06events\"_\n" +
+	"\x06events\x18\r \x03(\v2\x19.switchyard.wire.v1.EventR\x06events\"s\n" +
 	"\x04Kind\x12\x14\n" +
 	"\x10KIND_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rKIND_ACCEPTED\x10\x01\x12\x0e\n" +
@@ -1055,12 +1118,13 @@ const file_wire_proto_rawDesc = "" +
 	"\n" +
 	"KIND_FINAL\x10\x03\x12\x0e\n" +
 	"\n" +
-	"KIND_ERROR\x10\x04\"*\n" +
+	"KIND_ERROR\x10\x04\x12\x12\n" +
+	"\x0eKIND_KEEPALIVE\x10\x05\"*\n" +
 	"\x05Stage\x12\x0e\n" +
 	"\n" +
 	"STAGE_MAIN\x10\x00\x12\x11\n" +
 	"\rSTAGE_PREFILL\x10\x01J\x04\b\a\x10\bR\n" +
-	"delta_text\"\xca\x05\n" +
+	"delta_text\"\xa9\x06\n" +
 	"\tHeartbeat\x12\x19\n" +
 	"\bagent_id\x18\x01 \x01(\tR\aagentId\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x12\x12\n" +
@@ -1083,14 +1147,19 @@ const file_wire_proto_rawDesc = "" +
 	"\vpd_protocol\x18\x11 \x01(\tR\n" +
 	"pdProtocol\x12%\n" +
 	"\x0ebootstrap_host\x18\x12 \x01(\tR\rbootstrapHost\x12%\n" +
-	"\x0ebootstrap_port\x18\x13 \x01(\rR\rbootstrapPortB\x11\n" +
+	"\x0ebootstrap_port\x18\x13 \x01(\rR\rbootstrapPort\x12!\n" +
+	"\fstate_reason\x18\x14 \x01(\tR\vstateReason\x12\x1b\n" +
+	"\tpd_labels\x18\x15 \x01(\tR\bpdLabels\x12\x1d\n" +
+	"\n" +
+	"pull_limit\x18\x16 \x01(\rR\tpullLimitB\x11\n" +
 	"\x0f_engine_runningB\x11\n" +
 	"\x0f_engine_waitingB\x11\n" +
-	"\x0f_kv_cache_usage*<\n" +
+	"\x0f_kv_cache_usage*P\n" +
 	"\x03API\x12\x13\n" +
 	"\x0fAPI_UNSPECIFIED\x10\x00\x12\f\n" +
 	"\bAPI_CHAT\x10\x01\x12\x12\n" +
-	"\x0eAPI_COMPLETION\x10\x02B*Z(github.com/switchyard-ai/switchyard/wireb\x06proto3"
+	"\x0eAPI_COMPLETION\x10\x02\x12\x12\n" +
+	"\x0eAPI_EMBEDDINGS\x10\x03B*Z(github.com/switchyard-ai/switchyard/wireb\x06proto3"
 
 var (
 	file_wire_proto_rawDescOnce sync.Once
@@ -1128,19 +1197,20 @@ var file_wire_proto_depIdxs = []int32{
 	11, // 2: switchyard.wire.v1.Job.trace:type_name -> switchyard.wire.v1.Job.TraceEntry
 	4,  // 3: switchyard.wire.v1.Job.pd:type_name -> switchyard.wire.v1.PDHandoff
 	5,  // 4: switchyard.wire.v1.Job.continuation:type_name -> switchyard.wire.v1.Continuation
-	1,  // 5: switchyard.wire.v1.Chunk.kind:type_name -> switchyard.wire.v1.Chunk.Kind
-	6,  // 6: switchyard.wire.v1.Chunk.usage:type_name -> switchyard.wire.v1.Usage
-	7,  // 7: switchyard.wire.v1.Chunk.error:type_name -> switchyard.wire.v1.Error
-	2,  // 8: switchyard.wire.v1.Chunk.stage:type_name -> switchyard.wire.v1.Chunk.Stage
-	8,  // 9: switchyard.wire.v1.Chunk.events:type_name -> switchyard.wire.v1.Event
-	12, // 10: switchyard.wire.v1.Heartbeat.ready_since:type_name -> google.protobuf.Timestamp
-	13, // 11: switchyard.wire.v1.Heartbeat.interval:type_name -> google.protobuf.Duration
-	12, // 12: switchyard.wire.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
-	13, // [13:13] is the sub-list for method output_type
-	13, // [13:13] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	12, // 5: switchyard.wire.v1.Job.handoff_expires:type_name -> google.protobuf.Timestamp
+	1,  // 6: switchyard.wire.v1.Chunk.kind:type_name -> switchyard.wire.v1.Chunk.Kind
+	6,  // 7: switchyard.wire.v1.Chunk.usage:type_name -> switchyard.wire.v1.Usage
+	7,  // 8: switchyard.wire.v1.Chunk.error:type_name -> switchyard.wire.v1.Error
+	2,  // 9: switchyard.wire.v1.Chunk.stage:type_name -> switchyard.wire.v1.Chunk.Stage
+	8,  // 10: switchyard.wire.v1.Chunk.events:type_name -> switchyard.wire.v1.Event
+	12, // 11: switchyard.wire.v1.Heartbeat.ready_since:type_name -> google.protobuf.Timestamp
+	13, // 12: switchyard.wire.v1.Heartbeat.interval:type_name -> google.protobuf.Duration
+	12, // 13: switchyard.wire.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
+	14, // [14:14] is the sub-list for method output_type
+	14, // [14:14] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_wire_proto_init() }
