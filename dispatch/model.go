@@ -178,28 +178,39 @@ func view(a Agent, now time.Time, cfg Config) AgentView {
 		return v
 	}
 	v.Eligible = true
-	slots := float64(a.Slots)
-	floor := min(max(cfg.SlowStartFloor*slots, 1), slots)
-	switch {
-	case a.State == StateWarming:
-		v.EffectiveSlots = floor
-	case cfg.SlowStart <= 0 || a.ReadySince.IsZero():
-		// No ramp configured, or an agent that does not report when it
-		// became ready: trust its slots rather than starve it forever.
-		v.EffectiveSlots = slots
-	default:
-		elapsed := now.Sub(a.ReadySince)
-		switch {
-		case elapsed <= 0:
-			v.EffectiveSlots = floor
-		case elapsed >= cfg.SlowStart:
-			v.EffectiveSlots = slots
-		default:
-			v.EffectiveSlots = floor + (slots-floor)*float64(elapsed)/float64(cfg.SlowStart)
-		}
+	if a.State == StateWarming {
+		v.EffectiveSlots = min(max(cfg.SlowStartFloor*float64(a.Slots), 1), float64(a.Slots))
+	} else {
+		v.EffectiveSlots = Ramp(a.Slots, a.ReadySince, now, cfg)
 	}
 	v.Free = max(v.EffectiveSlots-float64(max(a.Active, 0)), 0)
 	return v
+}
+
+// Ramp returns the effective slots of an agent with slots that became
+// ready at readySince: they ramp linearly from the slow-start floor (at
+// least one slot) to slots over cfg.SlowStart. With no ramp configured, or
+// an agent that does not say when it became ready, it is slots: trusted
+// rather than starved forever. Agents use it to bound what they pull, the
+// broker to weigh them, so both count the same slots.
+func Ramp(slots int, readySince, now time.Time, cfg Config) float64 {
+	cfg = cfg.normalized()
+	s := float64(slots)
+	if slots <= 0 {
+		return 0
+	}
+	if cfg.SlowStart <= 0 || readySince.IsZero() {
+		return s
+	}
+	floor := min(max(cfg.SlowStartFloor*s, 1), s)
+	switch elapsed := now.Sub(readySince); {
+	case elapsed <= 0:
+		return floor
+	case elapsed >= cfg.SlowStart:
+		return s
+	default:
+		return floor + (s-floor)*float64(elapsed)/float64(cfg.SlowStart)
+	}
 }
 
 // fresh reports whether a's last heartbeat is younger than missed
