@@ -47,6 +47,10 @@ type Broker struct {
 	metrics *Metrics
 	routes  sync.Map // model -> *routeStats
 	depth   atomic.Pointer[depthReading]
+	stream  atomic.Pointer[jetstream.Stream] // the jobs stream, once EnsureStream made it
+	flight  inFlight                         // jobs dispatched and not yet ended, per queue
+	// jobDeletes tracks deletions of abandoned jobs in the background.
+	jobDeletes sync.WaitGroup
 
 	// publishTimeout bounds a JetStream call (a job's publish, a stream
 	// check) whose context has no deadline, so a request never waits long
@@ -148,7 +152,7 @@ func (b *Broker) EnsureStream(ctx context.Context) error {
 		Storage:              b.storage(),
 		Replicas:             b.cfg.Replicas,
 	}
-	_, err := b.js.CreateOrUpdateStream(ctx, cfg)
+	st, err := b.js.CreateOrUpdateStream(ctx, cfg)
 	if err != nil {
 		// JetStream cannot change the storage of a stream: one created
 		// with the other storage keeps it (delete the stream, which holds
@@ -157,12 +161,13 @@ func (b *Broker) EnsureStream(ctx context.Context) error {
 			b.log.Warn("jobs stream keeps the storage it was created with", "stream", b.cfg.Stream,
 				"storage", st.CachedInfo().Config.Storage.String(), "wanted", cfg.Storage.String())
 			cfg.Storage = st.CachedInfo().Config.Storage
-			_, err = b.js.CreateOrUpdateStream(ctx, cfg)
+			st, err = b.js.CreateOrUpdateStream(ctx, cfg)
 		}
 	}
 	if err != nil {
 		return fmt.Errorf("broker: stream %s: %w", b.cfg.Stream, err)
 	}
+	b.stream.Store(&st)
 	return nil
 }
 

@@ -82,6 +82,10 @@ type Call struct {
 	attemptStart    time.Time
 	agent           string // the agent that accepted the current attempt
 	prefillAgent    string
+	pair            string      // the PD pairing of the current attempt
+	jobSeq          uint64      // the stream sequence of the current attempt's job
+	handedOff       time.Time   // when the current attempt's prefill leg handed off
+	load            attemptLoad // what the current attempt counts in flight
 	watch           *time.Ticker
 	migrations      int
 	sent            strings.Builder // the text handed to the client so far
@@ -136,10 +140,7 @@ func (b *Broker) submit(ctx context.Context, req Request) (*Call, error) {
 		}
 		model = models[0]
 	}
-	if _, ok := fleet.Model(model); !ok {
-		if b.knownModel(model) {
-			return nil, fmt.Errorf("%w %q", ErrNoCapacity, model)
-		}
+	if _, ok := fleet.Model(model); !ok && !b.knownModel(model) {
 		return nil, fmt.Errorf("%w %q: served models: %s", ErrUnknownModel, model, strings.Join(fleet.Models(), ", "))
 	}
 	now := b.now()
@@ -165,7 +166,7 @@ func (b *Broker) submit(ctx context.Context, req Request) (*Call, error) {
 	}
 	// Register before publishing: an agent may answer before Publish returns.
 	b.calls.Store(c.ID, c)
-	if err := c.dispatch(ctx); err != nil {
+	if err := c.startFirst(ctx); err != nil {
 		b.calls.Delete(c.ID)
 		return nil, err
 	}
@@ -221,16 +222,19 @@ func (c *Call) dispatch(ctx context.Context) error {
 	}
 	c.Route = route
 	c.attemptStart = b.now()
-	c.agent, c.prefillAgent = "", ""
+	c.agent, c.prefillAgent, c.jobSeq, c.handedOff = "", "", 0, time.Time{}
 	// However long the client may wait, a publish that NATS cannot take
 	// now is a 503, not a hang; an unconfirmed publish may still land after
 	// a reconnect, so the attempt is cancelled to keep it from starting.
 	pctx, cancel := context.WithTimeout(ctx, b.publishTimeout)
 	defer cancel()
-	if _, err := b.js.Publish(pctx, subject, data); err != nil {
+	ack, err := b.js.Publish(pctx, subject, data)
+	if err != nil {
 		c.cancelAttempt(attempt)
 		return publishError(subject, err)
 	}
+	c.jobSeq = ack.Sequence
+	c.load.dispatched(b.flight.model(c.Model), route, c.pair)
 	b.countRoute(c.Model, route)
 	return nil
 }
@@ -241,16 +245,7 @@ func (c *Call) retry(ctx context.Context, why error) error {
 	if c.retries >= c.b.cfg.RetryLimit {
 		return fmt.Errorf("request %s: %d retries: %w", c.ID, c.retries, why)
 	}
-	c.retries++
-	c.mu.Lock()
-	old := c.attempt
-	c.attempt++
-	c.nextSeq, c.speaker = 0, ""
-	c.mu.Unlock()
-	c.cancelAttempt(old)
-	c.b.metrics.retries.WithLabelValues(retryReason(why)).Inc()
-	c.b.log.Info("retrying request", "request", c.ID, "attempt", old+1, "reason", why)
-	if err := c.dispatch(ctx); err != nil {
+	if err := c.startAttempt(ctx, retryAttempt, why); err != nil {
 		return fmt.Errorf("request %s: retry after %v: %w", c.ID, why, err)
 	}
 	return nil
@@ -262,13 +257,18 @@ func retryReason(err error) string {
 		return "not_taken"
 	case errors.Is(err, errAgentLost):
 		return "agent_lost"
+	case errors.Is(err, errHandoffExpired):
+		return "handoff_expired"
+	case errors.Is(err, ErrStalled):
+		return "stalled"
 	}
 	return "attempt_failed"
 }
 
 var (
-	errNotTaken  = errors.New("no live agent took the job")
-	errAgentLost = errors.New("agent lost before the first token")
+	errNotTaken       = errors.New("no live agent took the job")
+	errAgentLost      = errors.New("agent lost before the first token")
+	errHandoffExpired = errors.New("no decode agent took the hand-off while the prefill engine held its KV")
 )
 
 type brokenAttempt struct {
@@ -417,6 +417,20 @@ func (c *Call) Next(ctx context.Context) (*wire.Chunk, error) {
 			case <-c.deadline.C:
 				return nil, fmt.Errorf("%w: request %s", ErrTimeout, c.ID)
 			case <-c.stall.C:
+				if c.waitingForDecode() {
+					// Between the hand-off and the decode agent's accept no
+					// agent speaks: the decode queue may be busy. The bound is
+					// how long the prefill engine holds the KV.
+					if left := c.handedOff.Add(c.b.cfg.KVHold).Sub(c.b.now()); left > 0 {
+						c.stall.Reset(min(left, c.b.cfg.StallTimeout))
+						continue
+					}
+					if err := c.recover(ctx, fmt.Errorf("%w: request %s: %s", errHandoffExpired, c.ID, c.b.cfg.KVHold)); err != nil {
+						return nil, err
+					}
+					c.restartStall()
+					continue
+				}
 				if idle := time.Since(c.asked); idle < c.b.cfg.StallTimeout {
 					c.stall.Reset(c.b.cfg.StallTimeout - idle)
 					continue
@@ -427,7 +441,7 @@ func (c *Call) Next(ctx context.Context) (*wire.Chunk, error) {
 				c.restartStall()
 				continue
 			case <-watch:
-				if c.agent == "" && c.firstToken.IsZero() && c.b.now().Sub(c.Started) > c.b.cfg.QueueTimeout {
+				if c.agent == "" && c.prefillAgent == "" && c.firstToken.IsZero() && c.b.now().Sub(c.Started) > c.b.cfg.QueueTimeout {
 					// Nobody took the job in time: give up cleanly; the
 					// cancel at Close keeps the queued job from starting.
 					return nil, fmt.Errorf("%w: request %s waited %s", ErrQueueTimeout, c.ID, c.b.cfg.QueueTimeout)
@@ -447,11 +461,31 @@ func (c *Call) Next(ctx context.Context) (*wire.Chunk, error) {
 		if !current {
 			continue // queued before the attempt was abandoned
 		}
-		if ch.GetKind() == wire.Chunk_KIND_ACCEPTED {
+		switch ch.GetKind() {
+		case wire.Chunk_KIND_KEEPALIVE:
+			// The agent holding the attempt is alive and its engine works
+			// on it: before the first token that is all the stall timer
+			// asks, so a long prefill is never taken for a dead agent.
+			c.restartStall()
+			continue
+		case wire.Chunk_KIND_ACCEPTED:
+			c.restartStall()
 			if ch.GetStage() == wire.Chunk_STAGE_PREFILL {
 				c.prefillAgent = ch.GetAgentId()
+				c.load.prefillTaken()
 			} else {
-				c.agent, c.prefillAgent = ch.GetAgentId(), ch.GetPrefillAgent()
+				c.agent = ch.GetAgentId()
+				if p := ch.GetPrefillAgent(); p != "" {
+					c.prefillAgent = p
+				}
+				c.load.taken()
+			}
+		case wire.Chunk_KIND_FINAL:
+			if ch.GetStage() == wire.Chunk_STAGE_PREFILL {
+				// The prefill leg handed off: its decode job is queued.
+				c.handedOff = c.b.now()
+				c.restartStall()
+				continue
 			}
 		}
 		if ch.GetKind() == wire.Chunk_KIND_ERROR && recoverable(ch.GetError(), !c.firstToken.IsZero()) {
@@ -504,6 +538,9 @@ func (c *Call) stuck() error {
 		// Neither accepted nor waiting: an agent took the job and died
 		// before it could say so. Allow for heartbeats and the queue depth
 		// poll to catch up before calling the job lost.
+		if !c.handedOff.IsZero() {
+			return nil // the decode queue holds it; bounded by KVHold
+		}
 		if c.prefillAgent != "" {
 			return c.agentGone(m, c.prefillAgent) // the prefill leg runs
 		}
@@ -619,12 +656,15 @@ func (c *Call) Close() {
 	// leg running (the prefill of a PD request whose decode failed, or the
 	// engine request of a client that went away).
 	if c.ended.Load() && outcome == OutcomeOK {
+		c.load.release()
 		return
 	}
 	c.mu.Lock()
 	attempt := c.attempt
 	c.mu.Unlock()
 	c.cancelAttempt(attempt)
+	c.dropJob()
+	c.load.release()
 }
 
 // logEnd writes the one line per finished request: ids, route, agents,
