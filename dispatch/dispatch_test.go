@@ -408,6 +408,21 @@ func TestAgentEligibility(t *testing.T) {
 		},
 		{name: "unknown pool", cfg: c, agent: ready("a", 7, 8, 0), wantReason: dispatch.ReasonUnknownPool},
 		{
+			name: "decode without a PD protocol", cfg: c,
+			agent:      with(ready("a", dispatch.PoolDecode, 8, 0), func(a *dispatch.Agent) { a.PDProtocol = "" }),
+			wantReason: dispatch.ReasonNoProtocol,
+		},
+		{
+			name: "prefill with labels but no protocol", cfg: c,
+			agent:      with(ready("a", dispatch.PoolPrefill, 8, 0), func(a *dispatch.Agent) { a.PDProtocol, a.PDLabels = "", "kv=nixl" }),
+			wantReason: dispatch.ReasonNoProtocol,
+		},
+		{
+			name: "regular ignores PD fields", cfg: c,
+			agent:    with(ready("a", 0, 8, 0), func(a *dispatch.Agent) { a.PDProtocol, a.PDLabels = "sglang", "kv=nixl" }),
+			eligible: true, effective: 8, free: 8,
+		},
+		{
 			name: "unknown state", cfg: c,
 			agent:      with(ready("a", 0, 8, 0), func(a *dispatch.Agent) { a.State = 9 }),
 			wantReason: dispatch.ReasonUnknownState,

@@ -60,6 +60,9 @@ const (
 	ReasonNoSlots      = "no slots"
 	ReasonWarming      = "warming"
 	ReasonNoPartner    = "no PD partner"
+	// ReasonNoProtocol: a prefill or decode agent that does not say which
+	// hand-off protocol it speaks has no pairing, hence no queue to pull.
+	ReasonNoProtocol = "no PD protocol"
 )
 
 // PoolStats aggregates one pool of a model (of all pairings, for prefill
@@ -424,6 +427,8 @@ func view(a Agent, now time.Time, cfg Config) AgentView {
 		v.Reason = ReasonUnknownState
 	case a.Slots <= 0:
 		v.Reason = ReasonNoSlots
+	case a.PDProtocol == "" && a.Pool != PoolRegular:
+		v.Reason = ReasonNoProtocol
 	}
 	if v.Reason != "" {
 		return v
