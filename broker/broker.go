@@ -65,7 +65,7 @@ type agentEntry struct {
 	hb    *wire.Heartbeat
 }
 
-type jobsKey struct{ model, pool string }
+type jobsKey struct{ model, pool, pair string }
 
 // New returns a broker using nc, which the caller owns and closes.
 func New(nc *nats.Conn, cfg Config, opts ...Option) (*Broker, error) {
@@ -358,13 +358,17 @@ func (b *Broker) onHeartbeat(m *nats.Msg) {
 	}
 	now := b.now()
 	a := dispatch.Agent{
-		ID:       key.Agent,
-		Pool:     pool,
-		State:    state,
-		Slots:    int(hb.GetSlots()),
-		Active:   int(hb.GetActive()),
-		LastSeen: now,
-		Interval: hb.GetInterval().AsDuration(),
+		ID:          key.Agent,
+		Pool:        pool,
+		State:       state,
+		Slots:       int(hb.GetSlots()),
+		Active:      int(hb.GetActive()),
+		LastSeen:    now,
+		Interval:    hb.GetInterval().AsDuration(),
+		PullLimit:   int(hb.GetPullLimit()),
+		PDProtocol:  hb.GetPdProtocol(),
+		PDLabels:    hb.GetPdLabels(),
+		StateReason: hb.GetStateReason(),
 	}
 	if hb.GetReadySince() != nil {
 		a.ReadySince = hb.GetReadySince().AsTime()
@@ -375,7 +379,8 @@ func (b *Broker) onHeartbeat(m *nats.Msg) {
 	b.agents[k] = &agentEntry{agent: a, hb: hb}
 	b.known[key.Model] = now
 	b.mu.Unlock()
-	if prev == nil || prev.agent.State != a.State || prev.agent.Pool != a.Pool || prev.agent.Slots != a.Slots || prev.agent.Active != a.Active {
+	if prev == nil || prev.agent.State != a.State || prev.agent.Pool != a.Pool || prev.agent.Slots != a.Slots || prev.agent.Active != a.Active ||
+		prev.agent.PullLimit != a.PullLimit || prev.agent.StateReason != a.StateReason || prev.agent.PDProtocol != a.PDProtocol || prev.agent.PDLabels != a.PDLabels {
 		select {
 		case b.dirty <- struct{}{}:
 		default:
@@ -441,6 +446,10 @@ func (b *Broker) Heartbeats() []*wire.Heartbeat {
 	return out
 }
 
+// InFlight returns what this broker has dispatched to model's queues and
+// the agents have not yet reported, as the dispatch rule sees it.
+func (b *Broker) InFlight(model string) dispatch.InFlight { return b.flight.model(model) }
+
 // Models returns the models that have at least one live agent.
 func (b *Broker) Models() []string { return b.table.Load().Models() }
 
@@ -451,12 +460,18 @@ func (b *Broker) knownModel(model string) bool {
 	return ok
 }
 
-func (b *Broker) jobsSubject(model, pool string) (string, error) {
-	k := jobsKey{model, pool}
+func (b *Broker) jobsSubject(model, pool, pair string) (string, error) {
+	k := jobsKey{model, pool, pair}
 	if s, ok := b.jobSubj.Load(k); ok {
 		return s.(string), nil
 	}
-	s, err := b.subj.Jobs(model, pool)
+	var s string
+	var err error
+	if pair == "" {
+		s, err = b.subj.Jobs(model, pool)
+	} else {
+		s, err = b.subj.PDJobs(model, pool, pair)
+	}
 	if err != nil {
 		return "", err
 	}

@@ -181,20 +181,22 @@ func (c *Call) dispatch(ctx context.Context) error {
 	if !ok {
 		return fmt.Errorf("%w %q", ErrNoCapacity, c.Model)
 	}
-	route, err := m.Decide(c.req.Need, b.rand())
+	flight := b.flight.model(c.Model)
+	d, err := m.Decide(c.req.Need, flight, b.rand())
 	switch {
 	case errors.Is(err, dispatch.ErrUnsupported):
 		return fmt.Errorf("%w: %v", ErrUnsupported, err)
 	case err != nil:
 		return fmt.Errorf("%w %q: %w", ErrNoCapacity, c.Model, err)
 	}
+	route := d.Route
 	pool := subjects.PoolRegular
 	var pd *wire.PDHandoff
 	if route == dispatch.RoutePD {
 		pool = subjects.PoolPrefill
 		pd = &wire.PDHandoff{}
 	}
-	subject, err := b.jobsSubject(c.Model, pool)
+	subject, err := b.jobsSubject(c.Model, pool, d.Pair)
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrUnknownModel, err)
 	}
@@ -215,12 +217,13 @@ func (c *Call) dispatch(ctx context.Context) error {
 		ClientRequestId: c.req.ClientRequestID,
 		BrokerId:        b.cfg.ID,
 		Pd:              pd,
+		PdPair:          d.Pair,
 	}
 	data, err := proto.Marshal(job)
 	if err != nil {
 		return fmt.Errorf("broker: encode job: %w", err)
 	}
-	c.Route = route
+	c.Route, c.pair = route, d.Pair
 	c.attemptStart = b.now()
 	c.agent, c.prefillAgent, c.jobSeq, c.handedOff = "", "", 0, time.Time{}
 	// However long the client may wait, a publish that NATS cannot take
@@ -234,7 +237,7 @@ func (c *Call) dispatch(ctx context.Context) error {
 		return publishError(subject, err)
 	}
 	c.jobSeq = ack.Sequence
-	c.load.dispatched(b.flight.model(c.Model), route, c.pair)
+	c.load.dispatched(flight, route, c.pair)
 	b.countRoute(c.Model, route)
 	return nil
 }
@@ -325,9 +328,16 @@ func (b *Broker) onReply(m *nats.Msg) {
 		c.mu.Unlock()
 		return // an abandoned attempt
 	}
-	// The prefill leg speaks only to say it started or failed, outside the
-	// decode leg's sequence.
-	if chunk.GetStage() != wire.Chunk_STAGE_PREFILL {
+	// The prefill leg speaks only to say it started, works, handed off or
+	// failed, outside the decode leg's sequence; keep-alives are outside
+	// every sequence.
+	switch {
+	case chunk.GetKind() == wire.Chunk_KIND_KEEPALIVE:
+		if c.speaker != "" && chunk.GetStage() != wire.Chunk_STAGE_PREFILL && chunk.GetAgentId() != c.speaker {
+			c.mu.Unlock()
+			return
+		}
+	case chunk.GetStage() != wire.Chunk_STAGE_PREFILL:
 		// Agents speak before their ack is confirmed, so in a failover two
 		// may run one attempt: the first to speak is the one relayed.
 		switch id := chunk.GetAgentId(); {
@@ -532,8 +542,8 @@ func (c *Call) stuck() error {
 		return nil
 	}
 	if c.agent == "" {
-		if !m.Eligible(c.Route) {
-			return fmt.Errorf("%w: route %s of %q has no eligible agent", errNotTaken, c.Route, c.Model)
+		if !routeEligible(m, c.Route, c.pair) {
+			return fmt.Errorf("%w: route %s of %q has no eligible agent", errNotTaken, routeName(c.Route, c.pair), c.Model)
 		}
 		// Neither accepted nor waiting: an agent took the job and died
 		// before it could say so. Allow for heartbeats and the queue depth
@@ -553,6 +563,27 @@ func (c *Call) stuck() error {
 		return nil
 	}
 	return c.agentGone(m, c.agent)
+}
+
+// routeEligible reports whether the queue an attempt went to still has
+// agents that pull it: for PD, its own pairing.
+func routeEligible(m *dispatch.Model, route dispatch.Route, pair string) bool {
+	if route != dispatch.RoutePD || pair == "" {
+		return m.Eligible(route)
+	}
+	for _, p := range m.Pairs() {
+		if p.Key == pair {
+			return p.Eligible
+		}
+	}
+	return false
+}
+
+func routeName(route dispatch.Route, pair string) string {
+	if pair == "" {
+		return route.String()
+	}
+	return route.String() + " (" + pair + ")"
 }
 
 // agentGone reports an agent that stopped heartbeating or left the table.
