@@ -88,6 +88,9 @@ func (e *env) run(t *testing.T, eng agent.Engine, cfg agent.Config) *agent.Agent
 	if cfg.PullWait == 0 {
 		cfg.PullWait = 200 * time.Millisecond
 	}
+	if cfg.HandoffGrace == 0 {
+		cfg.HandoffGrace = 10 * time.Millisecond // no decode leg waits at cleanup
+	}
 	a, err := agent.New(anc, eng, cfg)
 	if err != nil {
 		t.Fatal(err)
