@@ -21,21 +21,30 @@ const (
 	PathBootstrapHealth = "/health"
 	// PathVLLMKV + engine id: a vLLM decode pulls its KV with POST
 	// {"block_ids":[...],"fingerprint":"..."}; 200 {"fingerprint":"..."}
-	// or 404. A pull whose fingerprint matches consumes the blocks.
+	// or 404. A pull whose fingerprint matches consumes the blocks, which
+	// frees them. PathVLLMKV + engine id + PathFree, with the same body
+	// (no fingerprint needed), frees them unread: what a vLLM decode
+	// engine tells its prefill when the decode request is aborted before
+	// it read its KV; 200 {"freed":true|false}.
 	PathVLLMKV = "/sim/vllm/kv/"
 	// PathSGLangRoom + room: an SGLang decode long-polls with GET
 	// ?fingerprint=...&wait=<duration>; 200 {"state":"pending"|"done"|
 	// "failed",...} or 404 {"state":"unknown"} when the room has not
 	// appeared within wait. A poll whose fingerprint matches a done room
-	// consumes it.
+	// consumes it, which frees its KV. POST PathSGLangRoom + room +
+	// PathAbort is SGLang's decode-side abort: a pending room fails, a
+	// done one is freed unread; 200 {"state":...}, the state it left the
+	// room in ("unknown" when there was none).
 	PathSGLangRoom = "/sim/sglang/rooms/"
+	// PathFree and PathAbort end the paths above.
+	PathFree  = "/free"
+	PathAbort = "/abort"
 )
 
 const (
 	// roomPollWait is the longest a decode's long poll waits per round.
 	roomPollWait = time.Second
 	maxPollWait  = 10 * time.Second
-	sweepEvery   = time.Second
 )
 
 type roomState string
@@ -52,29 +61,48 @@ type room struct {
 	state       roomState
 	reason      string
 	settled     chan struct{} // closed when state leaves pending
-	expires     time.Time     // zero while pending
+	// held is the KV of a done room, until a decode reads it; a failed
+	// room holds none and is kept until its timer only so that a late
+	// decode learns why.
+	held  *hold
+	timer *time.Timer // nil while pending
 }
 
 type kvEntry struct {
 	fingerprint string
-	expires     time.Time
+	held        *hold
+}
+
+// hold is the KV a prefill engine keeps for one hand-off, from the end of
+// its prefill until a decode reads it, is aborted, or the hold times out.
+type hold struct {
+	blocks int
+	timer  *time.Timer
 }
 
 // bootstrap is a prefill engine's side channel: the hand-offs it holds and
 // the HTTP server decode engines reach them through.
 type bootstrap struct {
 	engineID string
-	ttl      time.Duration
+	holdFor  time.Duration // Config.KVHoldTimeout
 	port     int
 	srv      *http.Server
 	served   chan error
 
 	mu        sync.Mutex
+	closed    bool
 	rooms     map[uint64]*room
 	added     chan struct{} // closed and replaced when a room is registered
-	kv        map[string]kvEntry
+	kv        map[string]*kvEntry
 	nextBlock int
-	lastSweep time.Time
+	stats     kvStats
+}
+
+// kvStats is the hold accounting of [Engine.HeldKV] and /metrics.
+type kvStats struct {
+	handoffs, blocks int   // held now
+	expired          int64 // freed unread at the hold timeout
+	abandoned        int64 // freed unread because the decode was aborted
 }
 
 func startBootstrap(e *Engine) (*bootstrap, error) {
@@ -85,95 +113,147 @@ func startBootstrap(e *Engine) (*bootstrap, error) {
 	}
 	b := &bootstrap{
 		engineID: e.engineID,
-		ttl:      e.handoffTTL,
+		holdFor:  e.cfg.KVHoldTimeout,
 		port:     ln.Addr().(*net.TCPAddr).Port,
 		served:   make(chan error, 1),
 		rooms:    make(map[uint64]*room),
 		added:    make(chan struct{}),
-		kv:       make(map[string]kvEntry),
+		kv:       make(map[string]*kvEntry),
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET "+PathBootstrapHealth, func(w http.ResponseWriter, _ *http.Request) {
 		w.WriteHeader(http.StatusOK)
 	})
 	mux.HandleFunc("POST "+PathVLLMKV+"{engine}", b.serveKV)
+	mux.HandleFunc("POST "+PathVLLMKV+"{engine}"+PathFree, b.serveFree)
 	mux.HandleFunc("GET "+PathSGLangRoom+"{room}", b.serveRoom)
+	mux.HandleFunc("POST "+PathSGLangRoom+"{room}"+PathAbort, b.serveAbort)
 	b.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() { b.served <- b.srv.Serve(ln) }()
 	return b, nil
 }
 
 // close stops the server at once: cutting the long polls is what makes a
-// waiting decode fail promptly.
+// waiting decode fail promptly. The KV held goes with the engine.
 func (b *bootstrap) close() error {
 	err := b.srv.Close()
 	if serr := <-b.served; !errors.Is(serr, http.ErrServerClosed) && err == nil {
 		err = serr
 	}
+	b.mu.Lock()
+	b.closed = true
+	for k, v := range b.kv {
+		b.unhold(v.held)
+		delete(b.kv, k)
+	}
+	for k, rm := range b.rooms {
+		b.unhold(rm.held)
+		if rm.timer != nil {
+			rm.timer.Stop()
+		}
+		delete(b.rooms, k)
+	}
+	b.mu.Unlock()
 	return err
 }
 
-// sweep drops expired hand-offs, at most once per sweepEvery; b.mu is held.
-func (b *bootstrap) sweep(now time.Time) {
-	if now.Sub(b.lastSweep) < sweepEvery {
-		return
-	}
-	b.lastSweep = now
-	for k, v := range b.kv {
-		if now.After(v.expires) {
-			delete(b.kv, k)
-		}
-	}
-	for k, v := range b.rooms {
-		if !v.expires.IsZero() && now.After(v.expires) {
-			delete(b.rooms, k)
-		}
-	}
+// holdKV starts holding n blocks for one hand-off, calling expire (with
+// b.mu held) if no decode has claimed them after b.holdFor; b.mu is held.
+func (b *bootstrap) holdKV(n int, expire func()) *hold {
+	h := &hold{blocks: n}
+	h.timer = time.AfterFunc(b.holdFor, func() {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		expire()
+	})
+	b.stats.handoffs++
+	b.stats.blocks += n
+	return h
 }
 
-// put stores a vLLM prefill's fingerprint under n fresh block ids.
+// unhold frees a hold; b.mu is held. It reports whether h was held.
+func (b *bootstrap) unhold(h *hold) bool {
+	if h == nil || h.blocks == 0 {
+		return false
+	}
+	h.timer.Stop()
+	b.stats.handoffs--
+	b.stats.blocks -= h.blocks
+	h.blocks = 0
+	return true
+}
+
+// put holds a vLLM prefill's KV, n blocks under fresh ids, with its
+// fingerprint.
 func (b *bootstrap) put(n int, fp string) []int {
 	ids := make([]int, n)
-	now := time.Now()
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.sweep(now)
 	for i := range ids {
 		b.nextBlock++
 		ids[i] = b.nextBlock
 	}
-	b.kv[blockKey(b.engineID, ids)] = kvEntry{fingerprint: fp, expires: now.Add(b.ttl)}
+	if b.closed {
+		return ids // nobody can pull them
+	}
+	key := blockKey(b.engineID, ids)
+	v := &kvEntry{fingerprint: fp}
+	v.held = b.holdKV(n, func() {
+		if b.kv[key] == v && b.unhold(v.held) {
+			delete(b.kv, key)
+			b.stats.expired++
+		}
+	})
+	b.kv[key] = v
 	return ids
 }
 
-// take looks the blocks up, consuming them when fp matches.
+// take looks the blocks up, consuming (freeing) them when fp matches.
 func (b *bootstrap) take(engineID string, ids []int, fp string) (stored string, ok bool) {
 	if engineID != b.engineID {
 		return "", false
 	}
 	key := blockKey(engineID, ids)
-	now := time.Now()
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	v, ok := b.kv[key]
-	if !ok || now.After(v.expires) {
-		delete(b.kv, key)
+	if !ok {
 		return "", false
 	}
 	if v.fingerprint == fp {
+		b.unhold(v.held)
 		delete(b.kv, key)
 	}
 	return v.fingerprint, true
 }
 
-// register opens an SGLang room; a room still in use is refused.
-func (b *bootstrap) register(id uint64, fp string) error {
-	now := time.Now()
+// free drops blocks a decode will never read.
+func (b *bootstrap) free(engineID string, ids []int) bool {
+	if engineID != b.engineID {
+		return false
+	}
+	key := blockKey(engineID, ids)
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.sweep(now)
-	if old, ok := b.rooms[id]; ok && old.state != roomFailed {
-		return badRequest(FieldBootstrapRoom, "%s %d is already in use on this prefill engine", FieldBootstrapRoom, id)
+	v, ok := b.kv[key]
+	if !ok {
+		return false
+	}
+	b.unhold(v.held)
+	delete(b.kv, key)
+	b.stats.abandoned++
+	return true
+}
+
+// register opens an SGLang room; a room still in use is refused.
+func (b *bootstrap) register(id uint64, fp string) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if old, ok := b.rooms[id]; ok {
+		if old.state != roomFailed {
+			return badRequest(FieldBootstrapRoom, "%s %d is already in use on this prefill engine", FieldBootstrapRoom, id)
+		}
+		old.timer.Stop()
 	}
 	b.rooms[id] = &room{fingerprint: fp, state: roomPending, settled: make(chan struct{})}
 	close(b.added)
@@ -181,17 +261,74 @@ func (b *bootstrap) register(id uint64, fp string) error {
 	return nil
 }
 
-// settle ends a pending room as done or failed.
-func (b *bootstrap) settle(id uint64, state roomState, reason string) {
+// settle ends a pending room as done, holding its KV of n blocks, or as
+// failed.
+func (b *bootstrap) settle(id uint64, state roomState, reason string, n int) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	rm, ok := b.rooms[id]
 	if !ok || rm.state != roomPending {
 		return
 	}
+	b.settleLocked(id, rm, state, reason, n)
+}
+
+// settleLocked settles a pending room; b.mu is held.
+func (b *bootstrap) settleLocked(id uint64, rm *room, state roomState, reason string, n int) {
 	rm.state, rm.reason = state, reason
-	rm.expires = time.Now().Add(b.ttl)
 	close(rm.settled)
+	// The same timer bounds a done room's hold and how long a failed one
+	// is remembered.
+	drop := func() {
+		if b.rooms[id] != rm {
+			return
+		}
+		delete(b.rooms, id)
+		if b.unhold(rm.held) {
+			b.stats.expired++
+		}
+	}
+	if state == roomDone && !b.closed {
+		rm.held = b.holdKV(n, drop)
+		rm.timer = rm.held.timer
+		return
+	}
+	rm.timer = time.AfterFunc(b.holdFor, func() {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		drop()
+	})
+}
+
+// abort is an SGLang decode's abort of room id: a pending room fails (its
+// prefill's KV will never be read), a done one is freed unread. It
+// returns the state it left the room in.
+func (b *bootstrap) abort(id uint64) roomState {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	rm, ok := b.rooms[id]
+	switch {
+	case !ok:
+		return roomUnknown
+	case rm.state == roomPending:
+		b.settleLocked(id, rm, roomFailed, "the decode request was aborted", 0)
+		return roomFailed
+	case rm.state == roomDone:
+		if b.unhold(rm.held) {
+			b.stats.abandoned++
+		}
+		rm.timer.Stop()
+		delete(b.rooms, id)
+		return roomUnknown
+	}
+	return rm.state
+}
+
+// holdStats returns the hold accounting.
+func (b *bootstrap) holdStats() kvStats {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.stats
 }
 
 // roomReply is the body of a room poll.
@@ -217,6 +354,7 @@ func (b *bootstrap) await(ctx context.Context, id uint64, fp string, wait time.D
 		default:
 			reply := roomReply{State: rm.state, Fingerprint: rm.fingerprint, Error: rm.reason}
 			if rm.state == roomDone && rm.fingerprint == fp {
+				b.unhold(rm.held) // the decode has read the KV
 				delete(b.rooms, id)
 			}
 			b.mu.Unlock()
@@ -265,6 +403,28 @@ func (b *bootstrap) serveKV(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, kvReply{Fingerprint: fp})
+}
+
+type kvFreed struct {
+	Freed bool `json:"freed"`
+}
+
+func (b *bootstrap) serveFree(w http.ResponseWriter, r *http.Request) {
+	var req kvPull
+	if err := json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&req); err != nil {
+		writeJSON(w, http.StatusBadRequest, kvReply{Error: err.Error()})
+		return
+	}
+	writeJSON(w, http.StatusOK, kvFreed{Freed: b.free(r.PathValue("engine"), req.BlockIDs)})
+}
+
+func (b *bootstrap) serveAbort(w http.ResponseWriter, r *http.Request) {
+	id, err := strconv.ParseUint(r.PathValue("room"), 10, 64)
+	if err != nil {
+		writeJSON(w, http.StatusBadRequest, roomReply{Error: "bad room: " + err.Error()})
+		return
+	}
+	writeJSON(w, http.StatusOK, roomReply{State: b.abort(id)})
 }
 
 func (b *bootstrap) serveRoom(w http.ResponseWriter, r *http.Request) {

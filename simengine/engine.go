@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"strconv"
@@ -46,13 +47,31 @@ type Config struct {
 	// prefill engine, or, with SGLang, for the bootstrap room to appear
 	// (default 5s).
 	BootstrapTimeout time.Duration
+	// KVHoldTimeout is how long a prefill engine holds the KV of a
+	// hand-off that no decode reads before freeing it (default 30s, vLLM
+	// NixlConnector's kv_lease_duration); see [Engine.HeldKV].
+	KVHoldTimeout time.Duration
+
+	// LoadTime is how long the engine takes to "load its weights" after
+	// New: until then it serves HTTP and gRPC but its health checks and
+	// model endpoints answer 503 (gRPC: Unavailable), as vLLM and SGLang
+	// do while loading. [LoadNever] never loads; 0 is loaded at once.
+	LoadTime time.Duration
 }
+
+// LoadNever as [Config.LoadTime] makes an engine that never becomes
+// healthy, like one whose weights fail to load.
+const LoadNever time.Duration = math.MaxInt64
 
 // Defaults of the PD settings.
 const (
 	DefaultBootstrapHost    = "127.0.0.1"
 	DefaultBootstrapPort    = 8998 // SGLang's --disaggregation-bootstrap-port
 	DefaultBootstrapTimeout = 5 * time.Second
+	// DefaultKVHoldTimeout is vLLM NixlConnector's default lease on a
+	// prefill's KV blocks (kv_lease_duration; VLLM_NIXL_ABORT_REQUEST_TIMEOUT,
+	// 480s, before the lease existed).
+	DefaultKVHoldTimeout = 30 * time.Second
 )
 
 // DefaultConfig returns the defaults of cmd/sim-engine.
@@ -68,6 +87,7 @@ func DefaultConfig() Config {
 		BootstrapHost:    DefaultBootstrapHost,
 		BootstrapPort:    DefaultBootstrapPort,
 		BootstrapTimeout: DefaultBootstrapTimeout,
+		KVHoldTimeout:    DefaultKVHoldTimeout,
 	}
 }
 
@@ -97,8 +117,8 @@ func (c Config) Validate() error {
 	if c.BootstrapPort < 0 || c.BootstrapPort > 65535 {
 		errs = append(errs, fmt.Errorf("%w: bootstrap port must be in [0, 65535], got %d", ErrInvalidConfig, c.BootstrapPort))
 	}
-	if c.BootstrapTimeout < 0 {
-		errs = append(errs, fmt.Errorf("%w: bootstrap timeout must not be negative", ErrInvalidConfig))
+	if c.BootstrapTimeout < 0 || c.KVHoldTimeout < 0 || c.LoadTime < 0 {
+		errs = append(errs, fmt.Errorf("%w: bootstrap timeout, KV hold timeout and load time must not be negative", ErrInvalidConfig))
 	}
 	return errors.Join(errs...)
 }
@@ -134,12 +154,13 @@ type Engine struct {
 	aborted    atomic.Int64
 	kvFailures atomic.Int64
 
-	engineID   string
-	bootstrap  *bootstrap    // prefill role only
-	client     *http.Client  // decode role only
-	handoffTTL time.Duration // how long a prefill keeps an unclaimed hand-off
-	closeOnce  sync.Once
-	closeErr   error
+	started   time.Time // New's time; LoadTime counts from it
+	loaded    atomic.Bool
+	engineID  string
+	bootstrap *bootstrap   // prefill role only
+	client    *http.Client // decode role only
+	closeOnce sync.Once
+	closeErr  error
 
 	// mu guards the slot accounting; it is never held while calling out.
 	mu      sync.Mutex
@@ -170,16 +191,19 @@ func New(cfg Config, opts ...Option) (*Engine, error) {
 	if cfg.BootstrapTimeout == 0 {
 		cfg.BootstrapTimeout = DefaultBootstrapTimeout
 	}
+	if cfg.KVHoldTimeout == 0 {
+		cfg.KVHoldTimeout = DefaultKVHoldTimeout
+	}
 	var p [6]byte
 	_, _ = rand.Read(p[:])
 	var id [16]byte
 	_, _ = rand.Read(id[:])
 	e := &Engine{
-		cfg:        cfg,
-		log:        slog.New(slog.DiscardHandler),
-		idPrefix:   hex.EncodeToString(p[:]),
-		engineID:   "sim-" + hex.EncodeToString(id[:]),
-		handoffTTL: defaultHandoffTTL,
+		cfg:      cfg,
+		log:      slog.New(slog.DiscardHandler),
+		idPrefix: hex.EncodeToString(p[:]),
+		started:  time.Now(),
+		engineID: "sim-" + hex.EncodeToString(id[:]),
 	}
 	for _, o := range opts {
 		o(e)
@@ -217,6 +241,39 @@ func (e *Engine) Close() error {
 	return e.closeErr
 }
 
+// Loaded reports whether [Config.LoadTime] has passed since New: before,
+// the engine refuses requests and fails its health checks.
+func (e *Engine) Loaded() bool {
+	if e.loaded.Load() {
+		return true
+	}
+	if e.cfg.LoadTime == LoadNever || time.Since(e.started) < e.cfg.LoadTime {
+		return false
+	}
+	e.loaded.Store(true)
+	return true
+}
+
+// Health returns nil once the engine is loaded, and before that the
+// *[Error] (503, matching [ErrLoading]) that its health endpoints and its
+// requests answer.
+func (e *Engine) Health() error {
+	if e.Loaded() {
+		return nil
+	}
+	return e.loadingError()
+}
+
+func (e *Engine) loadingError() *Error {
+	msg := fmt.Sprintf("model %s is loading (%v of %v)", e.cfg.Model,
+		time.Since(e.started).Truncate(time.Millisecond), e.cfg.LoadTime)
+	if e.cfg.LoadTime == LoadNever {
+		msg = "model " + e.cfg.Model + " never finishes loading (load time never)"
+	}
+	return &Error{Status: http.StatusServiceUnavailable, Type: "service_unavailable_error",
+		Code: CodeModelLoading, Message: msg, err: ErrLoading}
+}
+
 // Role returns the engine's role (RoleRegular when unset).
 func (e *Engine) Role() Role { return e.cfg.Role }
 
@@ -245,6 +302,37 @@ func (e *Engine) BootstrapPort() int {
 		return 0
 	}
 	return e.bootstrap.port
+}
+
+// HeldKV returns what a prefill engine holds for decodes now: hand-offs
+// whose KV no decode has read yet, and their KV blocks (ceil(prompt tokens
+// / [KVBlockSize]) each). It is 0, 0 for other roles.
+func (e *Engine) HeldKV() (handoffs, blocks int) {
+	if e.bootstrap == nil {
+		return 0, 0
+	}
+	s := e.bootstrap.holdStats()
+	return s.handoffs, s.blocks
+}
+
+// HandoffsExpired returns how many hand-offs a prefill engine freed unread
+// at [Config.KVHoldTimeout].
+func (e *Engine) HandoffsExpired() int64 {
+	if e.bootstrap == nil {
+		return 0
+	}
+	return e.bootstrap.holdStats().expired
+}
+
+// HandoffsAbandoned returns how many hand-offs a prefill engine freed
+// unread before the timeout because a leg was aborted: the decode engine
+// said its request was aborted, or a vLLM prefill was aborted before its
+// last token.
+func (e *Engine) HandoffsAbandoned() int64 {
+	if e.bootstrap == nil {
+		return 0
+	}
+	return e.bootstrap.holdStats().abandoned
 }
 
 // KVTransferFailures returns how many decode requests failed because their
@@ -316,6 +404,9 @@ func (e *Engine) release() {
 
 // check validates body for this engine.
 func (e *Engine) check(api API, body []byte) (*request, *Error) {
+	if !e.Loaded() {
+		return nil, e.loadingError()
+	}
 	r, err := parseRequest(api, body)
 	if err != nil {
 		return nil, err
@@ -368,6 +459,15 @@ func (e *Engine) Stream(ctx context.Context, api API, body []byte, emit func(chu
 // run is the one implementation behind Stream and the HTTP handler.
 func (e *Engine) run(ctx context.Context, r *request, s sink) (err error) {
 	o := r.outcome()
+	if r.pd != nil && r.pd.role == RoleDecode {
+		// Runs last, once the slot is free: an aborted decode that has not
+		// read its KV tells the prefill to free it.
+		defer func() {
+			if err != nil && !r.pd.received && !errors.Is(err, ErrKVTransfer) {
+				e.abandonKV(ctx, r)
+			}
+		}()
+	}
 	if r.pd != nil && r.pd.role == RolePrefill {
 		if err := e.beginPrefill(r); err != nil {
 			return err
@@ -401,7 +501,19 @@ func (e *Engine) run(ctx context.Context, r *request, s sink) (err error) {
 			e.kvFailures.Add(1)
 			return err
 		}
+		r.pd.received = true
 		start, ttft = time.Now(), e.cfg.ITL
+	}
+	// The generation ends at its last deadline: 0 is the first token's,
+	// i the i-th next token's, o.tokens the stop-string tail's.
+	last := o.tokens - 1
+	if o.tail != "" {
+		last = o.tokens
+	}
+	generated := func(i int) {
+		if i >= last && r.pd != nil {
+			r.pd.finished = true
+		}
 	}
 	if err := p.wait(ctx, start, ttft); err != nil {
 		return e.abort(r, err)
@@ -409,6 +521,7 @@ func (e *Engine) run(ctx context.Context, r *request, s sink) (err error) {
 	if r.pd != nil && r.pd.role == RolePrefill {
 		e.prefilled(r, o.promptTokens)
 	}
+	generated(0)
 	if err := s.first(); err != nil {
 		return e.abort(r, err)
 	}
@@ -418,6 +531,7 @@ func (e *Engine) run(ctx context.Context, r *request, s sink) (err error) {
 			if err := p.wait(ctx, start, ttft+time.Duration(i)*e.cfg.ITL); err != nil {
 				return e.abort(r, err)
 			}
+			generated(i)
 		}
 		w, _ := c.next()
 		if err := s.token(tokenText[w], tokenJSON[w]); err != nil {
@@ -429,6 +543,7 @@ func (e *Engine) run(ctx context.Context, r *request, s sink) (err error) {
 			if err := p.wait(ctx, start, ttft+time.Duration(o.tokens)*e.cfg.ITL); err != nil {
 				return e.abort(r, err)
 			}
+			generated(o.tokens)
 		}
 		if err := s.token(o.tail, string(appendJSONString(nil, o.tail))); err != nil {
 			return e.abort(r, err)

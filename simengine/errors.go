@@ -15,6 +15,13 @@ var ErrInvalidConfig = errors.New("simengine: invalid config")
 // another prompt; or, with SGLang, the room did not appear in time.
 var ErrKVTransfer = errors.New("simengine: KV transfer failed")
 
+// ErrLoading is wrapped by the *Error (503) of every request, and of
+// [Engine.Health], while the engine is loading; see [Config.LoadTime].
+var ErrLoading = errors.New("simengine: model loading")
+
+// CodeModelLoading is the error code of a request refused while loading.
+const CodeModelLoading = "model_loading"
+
 // Error is a request the engine refuses, in the OpenAI error shape. The HTTP
 // handler writes it as {"error":{"message","type","param","code"}} with
 // Status; empty Param and Code are written as null.

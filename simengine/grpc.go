@@ -50,6 +50,9 @@ func (e *Engine) GRPCServer(opts ...grpc.ServerOption) *grpc.Server {
 //   - Abort cancels the named requests, which counts them in
 //     [Engine.Aborted] as a cancelled stream does.
 //   - GetTokenizer streams a zip archive holding [TokenizerFile].
+//   - Until the engine is loaded ([Config.LoadTime]), HealthCheck,
+//     Generate, GetModelInfo and GetTokenizer fail with Unavailable;
+//     GetServerInfo, GetLoads and Abort answer.
 //   - Embed is unimplemented.
 func (e *Engine) RegisterGRPC(s grpc.ServiceRegistrar) {
 	vllmpb.RegisterVllmEngineServer(s, &grpcService{e: e, start: time.Now(), active: map[string][]*activeCall{}})
@@ -89,7 +92,18 @@ func (g *grpcService) untrack(id string, c *activeCall) {
 	}
 }
 
+// loading is the Unavailable status of an engine not loaded yet, or nil.
+func (g *grpcService) loading() error {
+	if g.e.Loaded() {
+		return nil
+	}
+	return statusOf(g.e.loadingError())
+}
+
 func (g *grpcService) Generate(req *vllmpb.GenerateRequest, ss grpc.ServerStreamingServer[vllmpb.GenerateResponse]) error {
+	if err := g.loading(); err != nil {
+		return err
+	}
 	r, rerr := g.e.grpcRequest(req)
 	if rerr != nil {
 		return statusOf(rerr)
@@ -163,6 +177,8 @@ func statusOf(err error) error {
 			code = codes.NotFound
 		case e.Status == http.StatusTooManyRequests:
 			code = codes.ResourceExhausted
+		case e.Status == http.StatusServiceUnavailable:
+			code = codes.Unavailable
 		case e.Status >= 400 && e.Status < 500:
 			code = codes.InvalidArgument
 		}
@@ -244,10 +260,16 @@ func (g *grpcService) Abort(_ context.Context, req *vllmpb.AbortRequest) (*vllmp
 }
 
 func (g *grpcService) HealthCheck(context.Context, *vllmpb.HealthCheckRequest) (*vllmpb.HealthCheckResponse, error) {
+	if err := g.loading(); err != nil {
+		return nil, err
+	}
 	return &vllmpb.HealthCheckResponse{Healthy: true, Message: "ok"}, nil
 }
 
 func (g *grpcService) GetModelInfo(context.Context, *vllmpb.GetModelInfoRequest) (*vllmpb.GetModelInfoResponse, error) {
+	if err := g.loading(); err != nil {
+		return nil, err
+	}
 	return &vllmpb.GetModelInfoResponse{
 		ModelPath:        g.e.cfg.Model,
 		ServedModelName:  g.e.cfg.Model,
@@ -317,6 +339,9 @@ var tokenizerZip = sync.OnceValues(func() ([]byte, error) {
 })
 
 func (g *grpcService) GetTokenizer(_ *vllmpb.GetTokenizerRequest, ss grpc.ServerStreamingServer[vllmpb.GetTokenizerChunk]) error {
+	if err := g.loading(); err != nil {
+		return err
+	}
 	data, err := tokenizerZip()
 	if err != nil {
 		return status.Error(codes.Internal, err.Error())

@@ -22,15 +22,16 @@ const maxBodyBytes = 32 << 20
 //	GET  /health
 //	GET  /metrics
 //
-// Errors are written in the OpenAI error shape.
+// Errors are written in the OpenAI error shape. Until the engine is
+// loaded ([Config.LoadTime]) every route but /metrics answers 503.
 func (e *Engine) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/v1/chat/completions", allow(http.MethodPost, e.completions(APIChat)))
 	mux.Handle("/v1/completions", allow(http.MethodPost, e.completions(APICompletion)))
-	mux.Handle("/v1/models", allow(http.MethodGet, http.HandlerFunc(e.models)))
-	mux.Handle("/health", allow(http.MethodGet, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+	mux.Handle("/v1/models", allow(http.MethodGet, e.whenLoaded(http.HandlerFunc(e.models))))
+	mux.Handle("/health", allow(http.MethodGet, e.whenLoaded(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.WriteHeader(http.StatusOK)
-	})))
+	}))))
 	mux.Handle("/metrics", allow(http.MethodGet, promhttp.HandlerFor(e.registry, promhttp.HandlerOpts{})))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, &Error{
@@ -40,6 +41,18 @@ func (e *Engine) Handler() http.Handler {
 		})
 	})
 	return mux
+}
+
+// whenLoaded answers 503 until the engine is loaded. The completion routes
+// need no wrapper: [Engine.check] refuses their requests.
+func (e *Engine) whenLoaded(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !e.Loaded() {
+			writeError(w, e.loadingError())
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 // allow answers 405 in the OpenAI error shape for any other method (GET also

@@ -26,6 +26,36 @@ func newRegistry(e *Engine) *prometheus.Registry {
 			Help:        "Requests ended early by cancellation or a failed write.",
 			ConstLabels: labels,
 		}, func() float64 { return float64(e.Aborted()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name:        "switchyard_sim_pd_handoffs_held",
+			Help:        "Hand-offs whose KV a prefill engine holds for a decode that has not read it yet.",
+			ConstLabels: labels,
+		}, func() float64 { h, _ := e.HeldKV(); return float64(h) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name:        "switchyard_sim_pd_kv_held_blocks",
+			Help:        "KV blocks (16 prompt tokens each) a prefill engine holds for decodes that have not read them yet.",
+			ConstLabels: labels,
+		}, func() float64 { _, b := e.HeldKV(); return float64(b) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "switchyard_sim_pd_handoffs_expired_total",
+			Help:        "Hand-offs a prefill engine freed unread when the KV hold timeout passed.",
+			ConstLabels: labels,
+		}, func() float64 { return float64(e.HandoffsExpired()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "switchyard_sim_pd_handoffs_abandoned_total",
+			Help:        "Hand-offs a prefill engine freed unread before the timeout because a leg was aborted.",
+			ConstLabels: labels,
+		}, func() float64 { return float64(e.HandoffsAbandoned()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name:        "switchyard_sim_loaded",
+			Help:        "1 once the engine has loaded (its health checks pass), else 0.",
+			ConstLabels: labels,
+		}, func() float64 {
+			if e.Loaded() {
+				return 1
+			}
+			return 0
+		}),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name:        "switchyard_sim_kv_transfer_failures_total",
 			Help:        "Decode requests failed because their prefill hand-off failed.",

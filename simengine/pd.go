@@ -1,12 +1,16 @@
 package simengine
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
-	"time"
 )
 
 // Role is an engine's part in prefill/decode disaggregation.
@@ -74,13 +78,14 @@ type KVTransferParams struct {
 	TPSize          int    `json:"tp_size"`
 }
 
-const (
-	// kvBlockSize is how many prompt tokens one simulated KV block holds.
-	kvBlockSize = 16
-	// defaultHandoffTTL is how long a prefill engine keeps a hand-off that
-	// no decode claims (vLLM frees unclaimed blocks after a timeout too).
-	defaultHandoffTTL = 60 * time.Second
-)
+// KVBlockSize is how many prompt tokens one simulated KV block holds
+// (vLLM's default block size): a hand-off of p prompt tokens holds
+// ceil(p/16) blocks, at least 1.
+const KVBlockSize = 16
+
+func kvBlocks(promptTokens int) int {
+	return max(1, (promptTokens+KVBlockSize-1)/KVBlockSize)
+}
 
 // pdLeg is a PD request's validated hand-off data.
 type pdLeg struct {
@@ -94,8 +99,14 @@ type pdLeg struct {
 	port int
 	room uint64
 
-	// prefilled is set by the prefill leg once its KV is ready.
-	prefilled bool
+	// prefilled is set by the prefill leg once its KV is ready, and
+	// finished once it returns its last token: a vLLM prefill aborted in
+	// between frees its KV at once, as vLLM does for a request that does
+	// not finish by length.
+	prefilled, finished bool
+	blockIDs            []int // vLLM prefill: the KV it holds
+	// received is set by the decode leg once it has its KV.
+	received bool
 	// extra is appended to the last chunk or response (vLLM prefill).
 	extra []byte
 }
@@ -224,13 +235,13 @@ func (e *Engine) prefilled(r *request, promptTokens int) {
 	leg.prefilled = true
 	switch leg.proto {
 	case PDSGLang:
-		e.bootstrap.settle(leg.room, roomDone, "")
+		e.bootstrap.settle(leg.room, roomDone, "", kvBlocks(promptTokens))
 	case PDVLLM:
-		blocks := e.bootstrap.put(max(1, (promptTokens+kvBlockSize-1)/kvBlockSize), leg.fingerprint)
+		leg.blockIDs = e.bootstrap.put(kvBlocks(promptTokens), leg.fingerprint)
 		kv, _ := json.Marshal(KVTransferParams{
 			DoRemotePrefill: true,
 			RemoteEngineID:  e.engineID,
-			RemoteBlockIDs:  blocks,
+			RemoteBlockIDs:  leg.blockIDs,
 			RemoteHost:      e.cfg.BootstrapHost,
 			RemotePort:      e.bootstrap.port,
 			TPSize:          1,
@@ -240,16 +251,64 @@ func (e *Engine) prefilled(r *request, promptTokens int) {
 }
 
 // endPrefill fails an SGLang room whose prefill ended before its KV was
-// ready.
+// ready, and frees the KV of a vLLM prefill aborted before its last token
+// (vLLM holds KV only for a request that finished by length; an aborted
+// one has no hand-off to read). A prefill aborted later, such as one whose
+// response could not be written, keeps holding its KV until the hold
+// timeout: vLLM ignores an abort of a finished request.
 func (e *Engine) endPrefill(r *request, err error) {
-	if r.pd.prefilled || r.pd.proto != PDSGLang {
-		return
+	leg := r.pd
+	switch {
+	case leg.proto == PDSGLang && !leg.prefilled:
+		reason := "the prefill request ended before its KV was ready"
+		if err != nil {
+			reason += ": " + err.Error()
+		}
+		e.bootstrap.settle(leg.room, roomFailed, reason, 0)
+	case leg.proto == PDVLLM && leg.prefilled && !leg.finished && err != nil:
+		e.bootstrap.free(e.engineID, leg.blockIDs)
 	}
-	reason := "the prefill request ended before its KV was ready"
+}
+
+// abandonKV tells the prefill engine that an aborted decode request will
+// never read its KV, so that it frees it at once, as real decode engines
+// do: vLLM's NixlConnector notifies the prefill of a request aborted
+// before its KV was read (request_finished with do_remote_prefill still
+// set), and SGLang's decode sends an abort for its bootstrap room. Best
+// effort: a prefill that cannot be reached frees the KV at its hold
+// timeout.
+func (e *Engine) abandonKV(ctx context.Context, r *request) {
+	leg := r.pd
+	var (
+		addr, u string
+		body    []byte
+	)
+	if leg.proto == PDVLLM {
+		addr = net.JoinHostPort(leg.kv.RemoteHost, strconv.Itoa(leg.kv.RemotePort))
+		u = "http://" + addr + PathVLLMKV + url.PathEscape(leg.kv.RemoteEngineID) + PathFree
+		body, _ = json.Marshal(kvPull{BlockIDs: leg.kv.RemoteBlockIDs})
+	} else {
+		addr = net.JoinHostPort(leg.host, strconv.Itoa(leg.port))
+		u = "http://" + addr + PathSGLangRoom + strconv.FormatUint(leg.room, 10) + PathAbort
+	}
+	// The request's context is done; the notice gets a bounded one.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.BootstrapTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, bytes.NewReader(body))
+	if err == nil {
+		req.Header.Set("Content-Type", "application/json")
+		var resp *http.Response
+		if resp, err = e.client.Do(req); err == nil {
+			_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				err = fmt.Errorf("%s", resp.Status)
+			}
+		}
+	}
 	if err != nil {
-		reason += ": " + err.Error()
+		e.log.Warn("telling the prefill engine to free an aborted decode's KV", "prefill", addr, "error", err)
 	}
-	e.bootstrap.settle(r.pd.room, roomFailed, reason)
 }
 
 // receiveKV waits for and checks the KV of a decode request.
