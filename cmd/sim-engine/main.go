@@ -53,7 +53,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	fs.IntVar(&cfg.BootstrapPort, "bootstrap-port", def.BootstrapPort, "port of a prefill engine's bootstrap side channel (0: any free port)")
 	fs.DurationVar(&cfg.BootstrapTimeout, "bootstrap-timeout", def.BootstrapTimeout, "how long a decode engine waits to reach its prefill (SGLang: for the room to appear)")
 	fs.DurationVar(&cfg.KVHoldTimeout, "kv-hold-timeout", def.KVHoldTimeout, "how long a prefill engine holds a hand-off's KV blocks that no decode reads (vLLM NIXL's lease)")
-	fs.Var((*loadTime)(&cfg.LoadTime), "load-time", "how long the engine loads after start: until then /health, /v1/models and completions answer 503 (gRPC: Unavailable); a duration, or never")
+	fs.Var((*loadTime)(&cfg.LoadTime), "load-time", "how long the engine loads after start: until then /health, /v1/models and completions answer 503 (gRPC: Unavailable); a `duration`, or never (0: loaded at once)")
 
 	if err := applyEnv(fs, getenv); err != nil {
 		return err
