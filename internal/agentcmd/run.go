@@ -144,9 +144,15 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if _, err := subjects.CanonicalLabels(o.pdLabels); err != nil {
 		return fmt.Errorf("--pd-labels: %w", err)
 	}
-	if o.slowStart < 0 || o.slowFloor < 0 || o.slowFloor > 1 || o.keepalive < 0 || o.kvHold <= 0 {
-		return fmt.Errorf("--slow-start %s, --slow-start-floor %g, --keepalive %s, --kv-hold %s: want durations >= 0 (kv-hold > 0) and a floor in [0, 1]",
-			o.slowStart, o.slowFloor, o.keepalive, o.kvHold)
+	switch {
+	case o.slowStart < 0:
+		return fmt.Errorf("--slow-start %s: want 0 (off) or more", o.slowStart)
+	case !(o.slowFloor >= 0 && o.slowFloor <= 1):
+		return fmt.Errorf("--slow-start-floor %g: want a fraction in [0, 1]", o.slowFloor)
+	case o.keepalive < 0:
+		return fmt.Errorf("--keepalive %s: want 0 (off) or more", o.keepalive)
+	case o.kvHold <= 0:
+		return fmt.Errorf("--kv-hold %s: want a positive duration", o.kvHold)
 	}
 	keepalive := o.keepalive
 	if keepalive == 0 {
