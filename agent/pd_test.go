@@ -385,6 +385,21 @@ func (p *pdPair) idle(t *testing.T) {
 	})
 }
 
+// noKVHeld waits for the prefill engine to hold no hand-off's KV: read by
+// a decode leg, not left until the hold timeout.
+func noKVHeld(t *testing.T, pre *simengine.Engine) {
+	t.Helper()
+	checkFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if h, b := pre.HeldKV(); h != 0 || b != 0 {
+			return fmt.Errorf("prefill engine holds %d hand-offs, %d KV blocks", h, b)
+		}
+		return nil
+	})
+	if n := pre.HandoffsExpired(); n != 0 {
+		t.Fatalf("%d hand-offs expired unread", n)
+	}
+}
+
 // noOutput fails if chunks carry output or an end for the request.
 func noOutput(t *testing.T, chunks []*wire.Chunk) {
 	t.Helper()
@@ -449,7 +464,7 @@ func TestPDSafeCancel(t *testing.T) {
 		if n := p.dec.KVTransferFailures(); n != 0 {
 			t.Fatalf("%d KV transfers failed", n)
 		}
-		// TODO(issue 13): assert zero KV blocks held on the prefill engine.
+		noKVHeld(t, p.pre)
 		for _, c := range pending(t, sub) {
 			if c.GetStage() != wire.Chunk_STAGE_PREFILL {
 				t.Fatalf("the decode leg of a cancelled request spoke: %v", c)
@@ -512,7 +527,6 @@ func cancelAfterHandoff(t *testing.T, protocol string) {
 	if n := p.pre.Aborted(); n != 0 {
 		t.Fatalf("prefill engine aborted %d requests: its leg was done", n)
 	}
-	// TODO(issue 13): assert the prefill engine holds no KV blocks once
-	// simengine reports them (the KV-hold accounting of item 10).
+	noKVHeld(t, p.pre)
 	noOutput(t, pending(t, sub))
 }
