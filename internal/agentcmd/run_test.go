@@ -6,6 +6,12 @@ import (
 	"io"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/switchyard-ai/switchyard/internal/natstest"
+	"github.com/switchyard-ai/switchyard/wire"
 )
 
 func noEnv(string) string { return "" }
@@ -45,6 +51,49 @@ func TestUsageListsRolloutFlags(t *testing.T) {
 	for _, f := range []string{"--pd-labels", "--kv-hold", "--slow-start", "--slow-start-floor", "--keepalive"} {
 		if !strings.Contains(stderr.String(), "  "+f+" ") {
 			t.Errorf("usage lacks %s", f)
+		}
+	}
+}
+
+// TestSimNeverLoads: an in-process simulator that never loads keeps its
+// agent warming, with the reason in its heartbeat, and it pulls nothing.
+func TestSimNeverLoads(t *testing.T) {
+	s := natstest.RunJetStream(t)
+	nc, err := nats.Connect(s.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	hbs := make(chan *nats.Msg, 64)
+	sub, err := nc.ChanSubscribe("sy.hb.>", hbs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- Run(ctx, []string{"--engine", "sim", "--nats-url", s.ClientURL(), "--id", "w1", "--heartbeat", "50ms", "--sim-load-time", "never"}, noEnv, io.Discard, io.Discard)
+	}()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	for seen := 0; seen < 5; {
+		select {
+		case m := <-hbs:
+			hb, err := wire.UnmarshalHeartbeat(m.Data)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if hb.GetState() != wire.StateWarming || !strings.Contains(hb.GetStateReason(), "not healthy") {
+				t.Fatalf("heartbeat state %q, reason %q: want warming with the engine's reason", hb.GetState(), hb.GetStateReason())
+			}
+			seen++
+		case <-time.After(10 * time.Second):
+			t.Fatal("no heartbeat")
 		}
 	}
 }
