@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/url"
 	"strings"
@@ -301,9 +300,9 @@ func serveMetrics(addr string, a *agent.Agent, log *slog.Logger) (func(), error)
 	if err := a.Metrics().Register(reg); err != nil {
 		return nil, err
 	}
-	ln, err := net.Listen("tcp", addr)
+	ln, err := cli.Listen("agent metrics", addr, "metrics-listen")
 	if err != nil {
-		return nil, fmt.Errorf("metrics listen: %w", err)
+		return nil, err
 	}
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
