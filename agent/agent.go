@@ -43,6 +43,7 @@ type Agent struct {
 	load        atomic.Pointer[Load]
 	lastHandoff atomic.Int64 // unix nanos of the last decode job published
 	stateCh     chan struct{}
+	gate        gate // out of service while the engine refuses the agent
 
 	metrics *Metrics
 
@@ -214,6 +215,7 @@ func (a *Agent) waitHealthy(ctx context.Context) error {
 		hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		err := hc.Health(hctx)
 		cancel()
+		a.noteHealth(err)
 		if err == nil {
 			return nil
 		}
@@ -333,6 +335,9 @@ func (a *Agent) pull(ctx context.Context, ref *consumerRef, jobs *sync.WaitGroup
 		}
 	}
 	for ctx.Err() == nil {
+		if !a.waitServing(ctx) {
+			return
+		}
 		select {
 		case <-free:
 		case <-ctx.Done():
@@ -496,6 +501,9 @@ func (a *Agent) handle(ctx context.Context, msg jetstream.Msg) {
 		_ = msg.Term()
 		return
 	}
+	if a.heldBack(msg) {
+		return
+	}
 	actx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
 	defer cancel(nil)
 	if dl := job.GetDeadline(); dl != nil {
@@ -591,6 +599,7 @@ func (a *Agent) handle(ctx context.Context, msg jetstream.Msg) {
 		// engine did not judge the request itself bad.
 		we.Retryable = out.tokens == 0 && we.Code != wire.CodeBadRequest
 		a.log.Warn("engine request failed", "request", job.GetRequestId(), "err", err)
+		a.engineRefused(we) // before the error goes out: the retry must not come back here
 		out.fail(we)
 	}
 }
@@ -637,6 +646,7 @@ func (a *Agent) prefill(ctx context.Context, req *Request, out *stream) {
 		}
 		we.Retryable = !handedOff && we.Code != wire.CodeBadRequest
 		a.log.Warn("prefill leg failed", "request", req.RequestID, "err", err)
+		a.engineRefused(we)
 		out.fail(we)
 	}
 }
@@ -767,6 +777,7 @@ func (a *Agent) Heartbeat() *wire.Heartbeat {
 		Version:   a.cfg.Version,
 		SentAt:    timestamppb.Now(),
 	}
+	hb.StateReason = a.stateReason()
 	if a.cfg.Pool != subjects.PoolRegular {
 		hb.PdProtocol = a.cfg.PDProtocol
 	}

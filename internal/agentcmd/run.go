@@ -29,6 +29,7 @@ import (
 	"github.com/switchyard-ai/switchyard/internal/natsauth"
 	"github.com/switchyard-ai/switchyard/simengine"
 	"github.com/switchyard-ai/switchyard/subjects"
+	"github.com/switchyard-ai/switchyard/wire"
 )
 
 type options struct {
@@ -55,6 +56,7 @@ type options struct {
 	metrics      string
 	logFormat    string
 	logLevel     string
+	log          *slog.Logger
 }
 
 func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*options, error) {
@@ -125,6 +127,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err != nil {
 		return err
 	}
+	o.log = log
 	if _, err := subjects.ConsumerName("m", o.role); err != nil {
 		return fmt.Errorf("role %q: want regular, prefill or decode", o.role)
 	}
@@ -172,7 +175,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 }
 
 // firstModel asks the engine what it serves, waiting for it to come up.
-func firstModel(ctx context.Context, oa *openai.Adapter) (string, error) {
+func firstModel(ctx context.Context, oa *openai.Adapter, log *slog.Logger) (string, error) {
 	for delay := 200 * time.Millisecond; ; delay = min(2*delay, 5*time.Second) {
 		mctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		models, err := oa.Models(mctx)
@@ -182,6 +185,13 @@ func firstModel(ctx context.Context, oa *openai.Adapter) (string, error) {
 		}
 		if err == nil {
 			err = errors.New("engine lists no model")
+		}
+		// A wrong key looks like an engine still loading unless it is said.
+		var we *wire.Error
+		if errors.As(err, &we) && (we.GetHttpStatus() == 401 || we.GetHttpStatus() == 403) {
+			log.Error("engine refuses the agent's key while asking its models; check --engine-api-key", "err", err)
+		} else {
+			log.Info("waiting for the engine to list its models (--model skips this)", "err", err)
 		}
 		select {
 		case <-ctx.Done():
@@ -242,14 +252,20 @@ func buildEngine(ctx context.Context, o *options) (agent.Engine, string, error) 
 		if o.engineKey != "" {
 			aopts = append(aopts, openai.WithAPIKey(o.engineKey))
 		}
-		oa, err := openai.New(o.engineURL, o.slots, aopts...)
-		if err != nil {
-			return nil, "", err
-		}
 		if o.model == "" {
-			if o.model, err = firstModel(ctx, oa); err != nil {
+			probe, err := openai.New(o.engineURL, 1, aopts...)
+			if err != nil {
 				return nil, "", err
 			}
+			if o.model, err = firstModel(ctx, probe, o.log); err != nil {
+				return nil, "", err
+			}
+		}
+		// The health probe checks the key and that the engine serves the
+		// model: a misconfigured agent never becomes ready.
+		oa, err := openai.New(o.engineURL, o.slots, append(aopts, openai.WithModel(o.model))...)
+		if err != nil {
+			return nil, "", err
 		}
 		if o.bsHost == "" {
 			if u, err := url.Parse(o.engineURL); err == nil {
