@@ -562,6 +562,10 @@ func (a *Agent) handle(ctx context.Context, msg jetstream.Msg) {
 		}
 		a.mu.Unlock()
 	}()
+	if job.GetApi() == wire.API_API_EMBEDDINGS {
+		a.embed(actx, job, out) // one JSON answer, relayed as is
+		return
+	}
 	body, err := streamingBody(job.GetBody())
 	if err != nil {
 		out.fail(&wire.Error{Code: wire.CodeBadRequest, Message: err.Error()})

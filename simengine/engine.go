@@ -46,6 +46,9 @@ type Config struct {
 	// prefill engine, or, with SGLang, for the bootstrap room to appear
 	// (default 5s).
 	BootstrapTimeout time.Duration
+	// NoEmbeddings makes the engine answer /v1/embeddings with 404, as a
+	// generation-only vLLM does.
+	NoEmbeddings bool
 }
 
 // Defaults of the PD settings.

@@ -18,6 +18,7 @@ const maxBodyBytes = 32 << 20
 //
 //	POST /v1/chat/completions
 //	POST /v1/completions
+//	POST /v1/embeddings (deterministic vectors; see Engine.Embed)
 //	GET  /v1/models
 //	GET  /health
 //	GET  /metrics
@@ -28,6 +29,9 @@ func (e *Engine) Handler() http.Handler {
 	mux.Handle("/v1/chat/completions", allow(http.MethodPost, e.completions(APIChat)))
 	mux.Handle("/v1/completions", allow(http.MethodPost, e.completions(APICompletion)))
 	mux.Handle("/v1/models", allow(http.MethodGet, http.HandlerFunc(e.models)))
+	if !e.cfg.NoEmbeddings {
+		mux.Handle("/v1/embeddings", allow(http.MethodPost, http.HandlerFunc(e.embeddings)))
+	}
 	mux.Handle("/health", allow(http.MethodGet, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.WriteHeader(http.StatusOK)
 	})))

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/switchyard-ai/switchyard/agent"
 	"github.com/switchyard-ai/switchyard/wire"
 )
 
@@ -101,4 +102,38 @@ func (a *Adapter) checkModels(ctx context.Context) error {
 		Code:    wire.CodeEngineMisconfigured,
 		Message: fmt.Sprintf("engine serves %s, not %q: check the agent's --model and the engine's served model name", strings.Join(ids, ", "), a.model),
 	}
+}
+
+// Embed relays an embeddings request to the engine's /v1/embeddings as is
+// and returns the engine's answer as is. Refusals of the agent itself (see
+// refusal) and a route the engine lacks come back as errors instead.
+func (a *Adapter) Embed(ctx context.Context, r *agent.Request) (int, []byte, error) {
+	const path = "/v1/embeddings"
+	req, err := a.newRequest(ctx, http.MethodPost, path, r.Body)
+	if err != nil {
+		return 0, nil, err
+	}
+	resp, err := a.client.Do(req)
+	if err != nil {
+		if ctx.Err() != nil {
+			return 0, nil, ctx.Err()
+		}
+		return 0, nil, &wire.Error{Code: wire.CodeEngineDown, Message: err.Error()}
+	}
+	defer resp.Body.Close()
+	// Bounded by what a NATS message carries back (the embedded server's
+	// 8 MiB): a bigger answer fails there, not here.
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return 0, nil, &wire.Error{Code: wire.CodeEngine, Message: "reading the engine's embeddings answer: " + err.Error()}
+	}
+	if resp.StatusCode != http.StatusOK {
+		if we := a.refusal(resp.StatusCode, path, strings.TrimSpace(string(body))); we != nil {
+			if we.Code == wire.CodeUnsupportedAPI {
+				we.Message = "the agent's engine does not serve embeddings: " + we.Message
+			}
+			return 0, nil, we
+		}
+	}
+	return resp.StatusCode, body, nil
 }

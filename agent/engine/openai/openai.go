@@ -26,6 +26,7 @@ var (
 	_ agent.Engine        = (*Adapter)(nil)
 	_ agent.HealthChecker = (*Adapter)(nil)
 	_ agent.LoadReporter  = (*Adapter)(nil)
+	_ agent.Embedder      = (*Adapter)(nil)
 )
 
 // Adapter talks to one engine over HTTP.
