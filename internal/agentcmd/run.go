@@ -74,7 +74,7 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*o
 	fs.StringVar(&o.role, "role", subjects.PoolRegular, "pool this agent serves: regular, prefill or decode")
 	fs.StringVar(&o.pdProto, "pd-protocol", "", "PD hand-off for --engine sim (vllm or sglang); vllm and sglang engines imply theirs")
 	fs.StringVar(&o.bsHost, "bootstrap-host", "", "SGLang prefill: host of the engine's bootstrap server as decode engines reach it (default: the engine URL's host)")
-	fs.IntVar(&o.bsPort, "bootstrap-port", 8998, "SGLang prefill: the engine's bootstrap port (--disaggregation-bootstrap-port)")
+	fs.IntVar(&o.bsPort, "bootstrap-port", 0, "SGLang prefill: the engine's bootstrap port, its --disaggregation-bootstrap-port (0: read it from the engine's /server_info)")
 	fs.StringVar(&o.model, "model", "", "model id to serve (default: the engine's first model from /v1/models)")
 	fs.IntVar(&o.slots, "slots", agent.DefaultSlots, "jobs held at once (the engine's useful concurrency)")
 	fs.DurationVar(&o.heartbeat, "heartbeat", agent.DefaultHeartbeat, "heartbeat interval")
@@ -272,6 +272,11 @@ func buildEngine(ctx context.Context, o *options) (agent.Engine, string, error) 
 				o.bsHost = u.Hostname()
 			}
 		}
+		if o.role == subjects.PoolPrefill && o.pdProto == pd.SGLang && o.bsPort == 0 {
+			if o.bsPort, err = discoverBootstrapPort(ctx, oa, o.log); err != nil {
+				return nil, "", err
+			}
+		}
 		inner, transport = oa, "http"
 	}
 	if !pdRole {
@@ -279,6 +284,9 @@ func buildEngine(ctx context.Context, o *options) (agent.Engine, string, error) 
 	}
 	if o.role != subjects.PoolPrefill || o.pdProto != pd.SGLang {
 		o.bsPort = 0
+	} else {
+		o.bsHost = bracketHost(o.bsHost)
+		warnLoopbackBootstrap(o.log, o.bsHost, o.natsURL)
 	}
 	wrapped, err := pd.New(inner, o.pdProto, pd.WithBootstrap(o.bsHost, o.bsPort))
 	if err != nil {
