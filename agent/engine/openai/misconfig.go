@@ -27,11 +27,12 @@ func WithModel(id string) Option { return func(a *Adapter) { a.model = id } }
 // speak of a model is a route the engine lacks. It returns nil for
 // refusals that judge the request itself.
 func (a *Adapter) refusal(status int, path, msg string) *wire.Error {
+	msg = strings.TrimPrefix(msg, fmt.Sprintf("engine answered %d: ", status))
 	switch {
 	case status == http.StatusUnauthorized || status == http.StatusForbidden:
 		return &wire.Error{
 			Code:       wire.CodeEngineMisconfigured,
-			Message:    fmt.Sprintf("engine answered %d %s to %s: check the agent's --engine-api-key (%s)", status, http.StatusText(status), path, msg),
+			Message:    fmt.Sprintf("engine answered %d %s to %s: check the agent's --engine-api-key (the engine said: %s)", status, http.StatusText(status), path, msg),
 			HttpStatus: uint32(status),
 		}
 	case status == http.StatusNotFound && strings.Contains(strings.ToLower(msg), "model"):
@@ -41,7 +42,7 @@ func (a *Adapter) refusal(status int, path, msg string) *wire.Error {
 		}
 		return &wire.Error{
 			Code:       wire.CodeEngineMisconfigured,
-			Message:    fmt.Sprintf("engine answered 404 to %s: it does not serve the model%s: check the agent's --model and the engine's served model name (%s)", path, want, msg),
+			Message:    fmt.Sprintf("engine answered 404 to %s: it does not serve the model%s: check the agent's --model and the engine's served model name (the engine said: %s)", path, want, msg),
 			HttpStatus: uint32(status),
 		}
 	case status == http.StatusNotFound || status == http.StatusMethodNotAllowed:
