@@ -87,7 +87,6 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*o
 	fs.DurationVar(&o.slowStart, "slow-start", dispatch.DefaultSlowStart, "after the engine becomes ready, ramp the jobs held from the floor up to --slots over this long, as the broker's --slow-start weighs the agent (0: off)")
 	fs.Float64Var(&o.slowFloor, "slow-start-floor", dispatch.DefaultSlowStartFloor, "fraction of --slots held at the start of the slow-start ramp (at least one job)")
 	fs.DurationVar(&o.keepalive, "keepalive", agent.DefaultKeepalive, "while a job has no token yet (a long prefill, a busy engine, a decode waiting for its KV), tell the broker this often that the engine is working; keep it well under the broker's --stall-timeout (30s) (0: off)")
-	fs.IntVar(&o.bsPort, "bootstrap-port", 8998, "SGLang prefill: the engine's bootstrap port (--disaggregation-bootstrap-port)")
 	fs.IntVar(&o.bsPort, "bootstrap-port", 0, "SGLang prefill: the engine's bootstrap port, its --disaggregation-bootstrap-port (0: read it from the engine's /server_info)")
 	fs.StringVar(&o.model, "model", "", "model id to serve (default: the engine's first model from /v1/models)")
 	fs.IntVar(&o.slots, "slots", agent.DefaultSlots, "jobs held at once (the engine's useful concurrency)")
