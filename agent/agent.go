@@ -265,8 +265,13 @@ func (a *Agent) waitHealthy(ctx context.Context) error {
 		if err == nil {
 			return nil
 		}
-		a.log.Info("engine not healthy yet", "err", err)
-		a.setState(wire.StateWarming, healthReason(err))
+		reason := healthReason(err)
+		if a.StateReason() != reason && errors.Is(err, &wire.Error{Code: wire.CodeEngineMisconfigured}) {
+			a.log.Error("engine refuses the agent; it will not become ready until this is fixed", "reason", reason)
+		} else {
+			a.log.Info("engine not healthy yet", "err", err)
+		}
+		a.setState(wire.StateWarming, reason)
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
