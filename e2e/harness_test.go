@@ -21,23 +21,9 @@ import (
 
 	"github.com/switchyard-ai/switchyard/internal/agentcmd"
 	"github.com/switchyard-ai/switchyard/internal/brokercmd"
+	"github.com/switchyard-ai/switchyard/internal/testwait"
 	"github.com/switchyard-ai/switchyard/simengine"
 )
-
-// checkFor polls f every interval until it returns nil or total passes, as
-// nats-server's tests do; tests wait for eventual state, never sleep.
-func checkFor(t testing.TB, total, every time.Duration, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(total)
-	var err error
-	for time.Now().Before(deadline) {
-		if err = f(); err == nil {
-			return
-		}
-		time.Sleep(every)
-	}
-	t.Fatalf("condition not met after %s: %v", total, err)
-}
 
 // syncBuffer is an io.Writer safe for a command's output and a reader.
 type syncBuffer struct {
@@ -191,7 +177,7 @@ func startBroker(t testing.TB, args ...string) *brokerProc {
 	}
 	p := start(t, brokercmd.Run, append(base, args...)...)
 	b := &brokerProc{proc: p}
-	checkFor(t, 20*time.Second, 10*time.Millisecond, func() error {
+	testwait.For(t, 20*time.Second, 10*time.Millisecond, func() error {
 		select {
 		case err := <-p.done:
 			p.done <- err
@@ -282,7 +268,7 @@ func getFleet(t testing.TB, base string) fleet {
 // waitEligible waits until every id is an eligible agent in the fleet view.
 func waitEligible(t testing.TB, base string, ids ...string) {
 	t.Helper()
-	checkFor(t, 20*time.Second, 20*time.Millisecond, func() error {
+	testwait.For(t, 20*time.Second, 20*time.Millisecond, func() error {
 		f := getFleet(t, base)
 		for _, id := range ids {
 			ok := false

@@ -15,6 +15,7 @@ import (
 
 	"github.com/switchyard-ai/switchyard/agent"
 	"github.com/switchyard-ai/switchyard/agent/engine/openai"
+	"github.com/switchyard-ai/switchyard/internal/testwait"
 	"github.com/switchyard-ai/switchyard/simengine"
 	"github.com/switchyard-ai/switchyard/wire"
 )
@@ -64,7 +65,7 @@ func TestHeartbeatFields(t *testing.T) {
 	}
 	var fields map[string]any
 	var subject string
-	checkFor(t, 20*time.Second, time.Millisecond, func() error {
+	testwait.For(t, 20*time.Second, time.Millisecond, func() error {
 		m, err := sub.NextMsg(5 * time.Second)
 		if err != nil {
 			return err
@@ -121,7 +122,7 @@ func TestSilentAgentLeavesTable(t *testing.T) {
 	waitEligible(t, b.HTTP, "ghost")
 	lastSeen := time.Now()
 	nc.Close() // silence: no draining heartbeat
-	checkFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+	testwait.For(t, 10*time.Second, 20*time.Millisecond, func() error {
 		for _, ag := range getFleet(t, b.HTTP).Agents {
 			if ag.ID == "ghost" && ag.Eligible {
 				return fmt.Errorf("ghost still eligible")
@@ -163,7 +164,7 @@ func TestDrain(t *testing.T) {
 		defer wg.Done()
 		long, longErr = rawStream(context.Background(), b.HTTP, prompt, 40)
 	}()
-	checkFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+	testwait.For(t, 10*time.Second, 5*time.Millisecond, func() error {
 		if slow.current.Load() == 0 {
 			return fmt.Errorf("stream not started")
 		}
@@ -173,7 +174,7 @@ func TestDrain(t *testing.T) {
 	waitEligible(t, b.HTTP, "stayer")
 	stopped := make(chan error, 1)
 	go func() { stopped <- drainer.Stop(t) }()
-	checkFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+	testwait.For(t, 10*time.Second, 5*time.Millisecond, func() error {
 		for _, a := range getFleet(t, b.HTTP).Agents {
 			if a.ID == "drainer" && a.State == "draining" {
 				return nil

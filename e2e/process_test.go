@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/switchyard-ai/switchyard/internal/agentcmd"
+	"github.com/switchyard-ai/switchyard/internal/testwait"
 	"github.com/switchyard-ai/switchyard/simengine"
 )
 
@@ -170,7 +171,7 @@ func startNATSProcess(t testing.TB, dir string) *natsProc {
 func (n *natsProc) Start(t testing.TB) {
 	t.Helper()
 	n.proc = startChild(t, n.bin, "-js", "-sd", n.dir, "-p", strconv.Itoa(n.port), "-a", "127.0.0.1", "-n", "sy-ext")
-	checkFor(t, 20*time.Second, 10*time.Millisecond, func() error {
+	testwait.For(t, 20*time.Second, 10*time.Millisecond, func() error {
 		select {
 		case <-n.proc.done:
 			t.Fatalf("nats-server exited: %v\n%s", n.proc.err, n.proc.out.String())
@@ -434,7 +435,7 @@ func (l *ledger) check(t testing.TB) tally {
 func waitGone(t testing.TB, base, id string) time.Time {
 	t.Helper()
 	var at time.Time
-	checkFor(t, 20*time.Second, 2*time.Millisecond, func() error {
+	testwait.For(t, 20*time.Second, 2*time.Millisecond, func() error {
 		for _, a := range getFleet(t, base).Agents {
 			if a.ID == id && a.Eligible {
 				return fmt.Errorf("%s still eligible", id)
@@ -647,7 +648,7 @@ func TestSlowReaders(t *testing.T) {
 		// clients under -race, and 100ms ones get starved into "stale".
 		"--heartbeat-interval", "500ms", "--slow-start", "0", "--log-level", "warn", "--queue-max", "100000", "--request-timeout", "60s")
 	var base, natsURL string
-	checkFor(t, 20*time.Second, 10*time.Millisecond, func() error {
+	testwait.For(t, 20*time.Second, 10*time.Millisecond, func() error {
 		m := listenLine.FindStringSubmatch(bp.out.String())
 		if m == nil {
 			return fmt.Errorf("broker not listening yet")

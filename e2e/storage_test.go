@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/switchyard-ai/switchyard/internal/testwait"
 	"github.com/switchyard-ai/switchyard/simengine"
 )
 
@@ -29,7 +30,7 @@ func jobsStorage(t *testing.T, natsURL string) jetstream.StorageType {
 	}
 	// The broker listens before it has made the stream: wait for it.
 	var st jetstream.Stream
-	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+	testwait.For(t, 10*time.Second, 10*time.Millisecond, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		st, err = js.Stream(ctx, "SWITCHYARD_JOBS")
@@ -110,7 +111,7 @@ func TestQueuedJobOutlivesMemoryStream(t *testing.T) {
 		}
 		got <- r
 	}()
-	checkFor(t, 3*time.Second, 5*time.Millisecond, func() error {
+	testwait.For(t, 3*time.Second, 5*time.Millisecond, func() error {
 		for _, m := range getFleetFull(t, b.HTTP).Models {
 			if m.Queue["regular"] == 1 {
 				return nil

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/switchyard-ai/switchyard/internal/agentcmd"
+	"github.com/switchyard-ai/switchyard/internal/testwait"
 )
 
 // simAgent runs a worker-agent with the in-process simulator.
@@ -141,7 +142,7 @@ func TestTransition(t *testing.T) {
 	}
 	// Decode jobs already handed off still need a decode agent: wait for
 	// the PD pipeline to empty before draining decode, as the runbook says.
-	checkFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+	testwait.For(t, 10*time.Second, 20*time.Millisecond, func() error {
 		f := getFleetFull(t, b.HTTP)
 		for _, a := range f.Agents {
 			if a.Pool == "decode" && a.Active > 0 {

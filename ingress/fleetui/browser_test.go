@@ -25,6 +25,7 @@ import (
 	"github.com/switchyard-ai/switchyard/ingress/fleetui"
 	"github.com/switchyard-ai/switchyard/internal/agentcmd"
 	"github.com/switchyard-ai/switchyard/internal/brokercmd"
+	"github.com/switchyard-ai/switchyard/internal/testwait"
 )
 
 // chromiumPath is Debian's chromium, which .ci/run installs. Without it the
@@ -90,22 +91,6 @@ func newBrowser(t *testing.T) context.Context {
 		}
 	})
 	return ctx
-}
-
-// checkFor polls f every interval until it returns nil or total has passed.
-func checkFor(t *testing.T, total, every time.Duration, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(total)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %v: %v", total, err)
-		}
-		time.Sleep(every)
-	}
 }
 
 // lockedBuffer collects a command's log for the failure report.
@@ -310,7 +295,7 @@ func TestFleetPageShowsDrain(t *testing.T) {
 		t.Fatal(err)
 	}
 	demo := []string{"demo-regular-1", "demo-regular-2"}
-	checkFor(t, 20*time.Second, 50*time.Millisecond, func() error { return wantState(ctx, demo, "ready") })
+	testwait.For(t, 20*time.Second, 50*time.Millisecond, func() error { return wantState(ctx, demo, "ready") })
 
 	agentCtx, stopAgent := context.WithCancel(context.Background())
 	defer stopAgent()
@@ -321,7 +306,7 @@ func TestFleetPageShowsDrain(t *testing.T) {
 			"--nats-url", natsURL, "--engine", "sim", "--id", "drain-me", "--heartbeat", "100ms",
 		}, noEnv, io.Discard, agentLog)
 	}()
-	checkFor(t, 20*time.Second, 50*time.Millisecond, func() error {
+	testwait.For(t, 20*time.Second, 50*time.Millisecond, func() error {
 		select {
 		case err := <-agentDone:
 			return fmt.Errorf("agent exited early: %v\n%s", err, agentLog.String())
@@ -337,7 +322,7 @@ func TestFleetPageShowsDrain(t *testing.T) {
 		traffic.Wait()
 	}()
 	// The charts are fed by /metrics: requests per second and mean TTFT.
-	checkFor(t, 20*time.Second, 100*time.Millisecond, func() error {
+	testwait.For(t, 20*time.Second, 100*time.Millisecond, func() error {
 		got, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](
 			`[document.getElementById('sum-rps').dataset.rps, document.getElementById('sum-ttft').dataset.ttft]`))
 		if err != nil {
@@ -355,7 +340,7 @@ func TestFleetPageShowsDrain(t *testing.T) {
 
 	stopAgent()
 	sawDraining := false
-	checkFor(t, 20*time.Second, 50*time.Millisecond, func() error {
+	testwait.For(t, 20*time.Second, 50*time.Millisecond, func() error {
 		rows, err := agentRows(ctx)
 		if err != nil {
 			return err
@@ -401,7 +386,7 @@ func waitPolls(t *testing.T, ctx context.Context, n int) {
 	}
 	prev := updated()
 	for range n {
-		checkFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+		testwait.For(t, 10*time.Second, 50*time.Millisecond, func() error {
 			if cur := updated(); cur != prev {
 				prev = cur
 				return nil
@@ -485,7 +470,7 @@ func TestFleetPageAPIKey(t *testing.T) {
 	); err != nil {
 		t.Fatal(err)
 	}
-	checkFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+	testwait.For(t, 10*time.Second, 50*time.Millisecond, func() error {
 		msg, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.getElementById('auth-error').textContent`))
 		if err != nil || msg == "" {
 			return fmt.Errorf("no refusal shown for a wrong key (%v)", err)
@@ -498,7 +483,7 @@ func TestFleetPageAPIKey(t *testing.T) {
 	); err != nil {
 		t.Fatal(err)
 	}
-	checkFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+	testwait.For(t, 10*time.Second, 50*time.Millisecond, func() error {
 		return wantState(ctx, []string{"gpu-node-01", "gpu-node-02", "gpu-node-06-prefill", "gpu-node-07-decode"}, "ready")
 	})
 	type probe struct {
