@@ -16,7 +16,6 @@ import (
 
 	"github.com/switchyard-ai/switchyard/agent"
 	"github.com/switchyard-ai/switchyard/agent/engine/openai"
-	"github.com/switchyard-ai/switchyard/internal/agentcmd"
 	"github.com/switchyard-ai/switchyard/internal/testwait"
 	"github.com/switchyard-ai/switchyard/simengine"
 )
@@ -277,15 +276,7 @@ func TestTwoBrokers(t *testing.T) {
 	a := startBroker(t, "--id", "broker-a")
 	other := start(t, brokerRun, "--http", "127.0.0.1:0", "--grpc", "", "--nats-url", a.NATS, "--id", "broker-b",
 		"--heartbeat-interval", "100ms", "--slow-start", "0", "--log-level", "error", "--shutdown-grace", "0s")
-	var bURL string
-	testwait.For(t, 20*time.Second, 10*time.Millisecond, func() error {
-		m := listenLine.FindStringSubmatch(other.out.String())
-		if m == nil {
-			return fmt.Errorf("broker b not up")
-		}
-		bURL = m[1]
-		return nil
-	})
+	bURL, _, _ := waitBroker(t, other.out, other.exited)
 	e := startEngine(t, simengine.Config{Model: model, TTFT: time.Millisecond, ITL: 10 * time.Millisecond, Slots: 16})
 	startAgent(t, a.NATS, "shared", e, 16)
 	waitEligible(t, a.HTTP, "shared")
@@ -459,7 +450,7 @@ func TestMigrationAfterFirstToken(t *testing.T) {
 func TestDrainTimeout(t *testing.T) {
 	b := startBroker(t)
 	slow := startEngine(t, simengine.Config{Model: model, TTFT: time.Millisecond, ITL: 100 * time.Millisecond, Slots: 4})
-	old := start(t, agentcmd.Run, "--nats-url", b.NATS, "--engine", "openai", "--engine-url", slow.URL, "--id", "old",
+	old := startAgentCmd(t, b.NATS, "--nats-url", b.NATS, "--engine", "openai", "--engine-url", slow.URL, "--id", "old",
 		"--slots", "4", "--heartbeat", "100ms", "--log-level", "warn", "--drain-timeout", "300ms")
 	waitEligible(t, b.HTTP, "old")
 	const prompt, maxTokens = "a long story about the last train", 40

@@ -22,7 +22,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/switchyard-ai/switchyard/internal/agentcmd"
 	"github.com/switchyard-ai/switchyard/internal/testwait"
 	"github.com/switchyard-ai/switchyard/simengine"
 )
@@ -126,6 +125,19 @@ func (c *child) signal(t testing.TB, sig os.Signal) {
 	case <-c.done:
 	case <-time.After(30 * time.Second):
 		t.Fatalf("%s did not exit on %v; output:\n%s", c.cmd.Path, sig, c.out.String())
+	}
+}
+
+// exited reports, without waiting, whether the process has ended.
+func (c *child) exited() error {
+	select {
+	case <-c.done:
+		if c.err == nil {
+			return fmt.Errorf("exited with status 0")
+		}
+		return c.err
+	default:
+		return nil
 	}
 }
 
@@ -546,7 +558,7 @@ func TestRollingRestart(t *testing.T) {
 	agents := make([]*proc, n)
 	ids := make([]string, n)
 	run := func(i int) {
-		agents[i] = start(t, agentcmd.Run, "--nats-url", b.NATS, "--engine", "openai", "--engine-url", engines[i].URL, "--id", ids[i],
+		agents[i] = startAgentCmd(t, b.NATS, "--nats-url", b.NATS, "--engine", "openai", "--engine-url", engines[i].URL, "--id", ids[i],
 			"--slots", strconv.Itoa(slots), "--heartbeat", "100ms", "--log-level", "warn")
 	}
 	for i := range n {
@@ -647,20 +659,12 @@ func TestSlowReaders(t *testing.T) {
 		// 500ms heartbeats: the agents share the test's CPUs with 1,000
 		// clients under -race, and 100ms ones get starved into "stale".
 		"--heartbeat-interval", "500ms", "--slow-start", "0", "--log-level", "warn", "--queue-max", "100000", "--request-timeout", "60s")
-	var base, natsURL string
-	testwait.For(t, 20*time.Second, 10*time.Millisecond, func() error {
-		m := listenLine.FindStringSubmatch(bp.out.String())
-		if m == nil {
-			return fmt.Errorf("broker not listening yet")
-		}
-		base, natsURL = m[1], m[2]
-		return nil
-	})
+	base, natsURL, _ := waitBroker(t, bp.out, bp.exited)
 	const agents = 4
 	ids := make([]string, agents)
 	for i := range agents {
 		ids[i] = fmt.Sprintf("fast%d", i)
-		start(t, agentcmd.Run, "--nats-url", natsURL, "--engine", "sim", "--id", ids[i], "--slots", strconv.Itoa(clients/agents+1),
+		startAgentCmd(t, natsURL, "--nats-url", natsURL, "--engine", "sim", "--id", ids[i], "--slots", strconv.Itoa(clients/agents+1),
 			"--heartbeat", "500ms", "--sim-ttft", "1ms", "--sim-itl", "1ms", "--log-level", "error")
 	}
 	waitEligible(t, base, ids...)

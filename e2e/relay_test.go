@@ -77,7 +77,9 @@ func scriptedEngine(t *testing.T, post http.HandlerFunc) *engine {
 	})}
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { _ = srv.Close() })
-	return &engine{URL: "http://" + ln.Addr().String()}
+	e := &engine{URL: "http://" + ln.Addr().String()}
+	waitHealthy(t, e.URL)
+	return e
 }
 
 // waitFinal waits until the spy has seen an attempt's final chunk.

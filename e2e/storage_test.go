@@ -28,7 +28,8 @@ func jobsStorage(t *testing.T, natsURL string) jetstream.StorageType {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The broker listens before it has made the stream: wait for it.
+	// startBroker returned once the stream existed; poll anyway, as the
+	// JetStream API may answer slowly on a busy machine.
 	var st jetstream.Stream
 	testwait.For(t, 10*time.Second, 10*time.Millisecond, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)

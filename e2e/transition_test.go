@@ -9,14 +9,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/switchyard-ai/switchyard/internal/agentcmd"
 	"github.com/switchyard-ai/switchyard/internal/testwait"
 )
 
 // simAgent runs a worker-agent with the in-process simulator.
 func simAgent(t *testing.T, natsURL, id, role string, slots int) *proc {
 	t.Helper()
-	return start(t, agentcmd.Run, "--nats-url", natsURL, "--engine", "sim", "--role", role, "--pd-protocol", "vllm",
+	return startAgentCmd(t, natsURL, "--nats-url", natsURL, "--engine", "sim", "--role", role, "--pd-protocol", "vllm",
 		"--id", id, "--slots", fmt.Sprint(slots), "--heartbeat", "100ms", "--sim-ttft", "2ms", "--sim-itl", "4ms", "--log-level", "warn")
 }
 
