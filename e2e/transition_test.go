@@ -55,7 +55,16 @@ func TestTransition(t *testing.T) {
 		add(fmt.Sprintf("r%d", i), "regular")
 	}
 	waitEligible(t, b.HTTP, "r1", "r2", "r3", "r4")
-	time.Sleep(ramp) // let the first agents finish their own ramp before load
+	// The first agents finish their own ramp before load: wait until the
+	// broker counts each at its full slots.
+	testwait.For(t, 30*time.Second, 20*time.Millisecond, func() error {
+		for _, a := range getFleetFull(t, b.HTTP).Agents {
+			if a.EffectiveSlots < slots {
+				return fmt.Errorf("agent %s at %.2f of %d slots", a.ID, a.EffectiveSlots, slots)
+			}
+		}
+		return nil
+	})
 
 	// Load: closed-loop streaming clients.
 	ctx, stopLoad := context.WithCancel(context.Background())
