@@ -99,17 +99,7 @@ func startEngine(t testing.TB, cfg simengine.Config) *engine {
 // agent waits for before it says ready.
 func waitHealthy(t testing.TB, base string) {
 	t.Helper()
-	testwait.For(t, 10*time.Second, 5*time.Millisecond, func() error {
-		resp, err := http.Get(base + "/health")
-		if err != nil {
-			return err
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("engine health %d", resp.StatusCode)
-		}
-		return nil
-	})
+	testwait.Status(t, nil, base+"/health", http.StatusOK)
 }
 
 // countingWriter ends a request's count just before "[DONE]" goes out: the
@@ -209,24 +199,14 @@ func waitBroker(t testing.TB, out fmt.Stringer, exited func() error) (httpURL, n
 		if err := exited(); err != nil {
 			t.Fatalf("broker exited: %v\n%s", err, out.String())
 		}
-		if httpURL == "" {
-			m := listenLine.FindStringSubmatch(out.String())
-			if m == nil {
-				return fmt.Errorf("broker not listening yet")
-			}
-			httpURL, natsURL, grpcAddr = m[1], m[2], m[3]
+		m := listenLine.FindStringSubmatch(out.String())
+		if m == nil {
+			return fmt.Errorf("broker not listening yet")
 		}
-		resp, err := readyProbe.Get(httpURL + "/readyz")
-		if err != nil {
-			return err
-		}
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("broker not ready: %d %s", resp.StatusCode, body)
-		}
+		httpURL, natsURL, grpcAddr = m[1], m[2], m[3]
 		return nil
 	})
+	testwait.Status(t, readyProbe, httpURL+"/readyz", http.StatusOK)
 	return httpURL, natsURL, grpcAddr
 }
 

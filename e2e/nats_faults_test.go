@@ -41,22 +41,6 @@ func inflight(t *testing.T, l *ledger, base string, n, maxTokens int, tag string
 	return &wg
 }
 
-// waitStatus polls url until it answers want.
-func waitStatus(t *testing.T, url string, want int) {
-	t.Helper()
-	testwait.For(t, 30*time.Second, 10*time.Millisecond, func() error {
-		resp, err := http.Get(url)
-		if err != nil {
-			return err
-		}
-		resp.Body.Close()
-		if resp.StatusCode != want {
-			return fmt.Errorf("%s: %d, want %d", url, resp.StatusCode, want)
-		}
-		return nil
-	})
-}
-
 // waitServes retries a short request until one completes.
 func waitServes(t *testing.T, l *ledger, base, tag string) time.Duration {
 	t.Helper()
@@ -103,7 +87,7 @@ func TestNATSRestart(t *testing.T) {
 		flying := inflight(t, l, b.HTTP, 6, 100, tag, e1, e2) // ~2s streams
 		stopped := time.Now()
 		ns.Stop(t)
-		waitStatus(t, b.HTTP+"/readyz", http.StatusServiceUnavailable)
+		testwait.Status(t, nil, b.HTTP+"/readyz", http.StatusServiceUnavailable)
 		// New requests while NATS is away: 503 at once, never a hang.
 		var slowest time.Duration
 		for i := range 5 {
@@ -122,7 +106,7 @@ func TestNATSRestart(t *testing.T) {
 		}
 		ns.Start(t)
 		back := time.Now()
-		waitStatus(t, b.HTTP+"/readyz", http.StatusOK)
+		testwait.Status(t, nil, b.HTTP+"/readyz", http.StatusOK)
 		waitEligible(t, b.HTTP, "a1", "a2")
 		first := waitServes(t, l, b.HTTP, tag+" after")
 		// Both agents pull again: waves of more concurrent requests than

@@ -116,7 +116,7 @@ func noEnv(string) string { return "" }
 var listening = regexp.MustCompile(`switchyard broker listening: http=(\S+) nats=(\S+)`)
 
 // startBroker runs the real broker command with two demo agents and returns
-// its HTTP base URL and NATS URL.
+// its HTTP base URL and NATS URL once it is ready.
 func startBroker(t *testing.T) (httpURL, natsURL string) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -163,6 +163,9 @@ func startBroker(t *testing.T) (httpURL, natsURL string) {
 		if !ok {
 			t.Fatalf("broker exited before listening:\n%s", logs.String())
 		}
+		// The listening line comes before the broker has made its jobs
+		// stream; ready is the state the page's tests rely on.
+		testwait.Status(t, nil, m[1]+"/readyz", http.StatusOK)
 		return m[1], m[2]
 	case <-time.After(30 * time.Second):
 		t.Fatalf("broker did not print its listening line:\n%s", logs.String())

@@ -1,6 +1,9 @@
 package testwait
 
 import (
+	"fmt"
+	"io"
+	"net/http"
 	"testing"
 	"time"
 )
@@ -23,4 +26,26 @@ func For(t testing.TB, total, every time.Duration, f func() error) {
 		time.Sleep(every)
 	}
 	t.Fatalf("condition not met after %s: %v", total, err)
+}
+
+// Status polls url with c (http.DefaultClient when nil) until it answers
+// want: a server's readiness (/readyz, /health) is a state to wait for;
+// its listening log line is only a sign that comes before it.
+func Status(t testing.TB, c *http.Client, url string, want int) {
+	t.Helper()
+	if c == nil {
+		c = http.DefaultClient
+	}
+	For(t, 30*time.Second, 10*time.Millisecond, func() error {
+		resp, err := c.Get(url)
+		if err != nil {
+			return err
+		}
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			return fmt.Errorf("%s: %d %s, want %d", url, resp.StatusCode, body, want)
+		}
+		return nil
+	})
 }

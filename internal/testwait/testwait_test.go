@@ -2,6 +2,9 @@ package testwait
 
 import (
 	"errors"
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -29,5 +32,19 @@ func TestFor(t *testing.T) {
 				t.Fatalf("%d calls, want %d", n, tc.calls)
 			}
 		})
+	}
+}
+
+func TestStatus(t *testing.T) {
+	var calls atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		if calls.Add(1) < 3 {
+			http.Error(w, "not ready", http.StatusServiceUnavailable)
+		}
+	}))
+	defer srv.Close()
+	Status(t, nil, srv.URL, http.StatusOK)
+	if n := calls.Load(); n != 3 {
+		t.Fatalf("%d calls, want 3", n)
 	}
 }
