@@ -22,6 +22,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/switchyard-ai/switchyard/internal/testwait"
 	"github.com/switchyard-ai/switchyard/simengine"
 )
@@ -189,10 +192,21 @@ func (n *natsProc) Start(t testing.TB) {
 			t.Fatalf("nats-server exited: %v\n%s", n.proc.err, n.proc.out.String())
 		default:
 		}
-		if !strings.Contains(n.proc.out.String(), "Server is ready") {
-			return fmt.Errorf("nats-server not ready")
+		// Ready is JetStream answering on the client port, what the broker
+		// and agents need; the "Server is ready" log line is only a sign.
+		nc, err := nats.Connect(n.URL(), nats.NoReconnect(), nats.Timeout(time.Second))
+		if err != nil {
+			return err
 		}
-		return nil
+		defer nc.Close()
+		js, err := jetstream.New(nc)
+		if err != nil {
+			return err
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_, err = js.AccountInfo(ctx)
+		return err
 	})
 }
 
