@@ -327,6 +327,8 @@ type fleet struct {
 		Active   int    `json:"active"`
 		Eligible bool   `json:"eligible"`
 		Reason   string `json:"reason"`
+		// LastHeartbeat is when the broker last heard the agent.
+		LastHeartbeat time.Time `json:"last_heartbeat"`
 	} `json:"agents"`
 }
 
