@@ -86,8 +86,15 @@ func TestClientDisconnectCancels(t *testing.T) {
 		t.Logf("engine aborted %s after the client hung up", time.Since(at).Round(time.Millisecond))
 	})
 	t.Run("pd sglang", func(t *testing.T) {
-		f := startPD(t, "sglang")
+		// The decode leg must still be running when the hang-up's cancel
+		// reaches it: at 1ms a token it could finish its 200 first on a
+		// busy machine, and there would be nothing to abort. 20ms a token,
+		// as on the regular route.
+		f := startPD(t, "sglang", 20*time.Millisecond)
 		hangUp, _ := openStream(t, f.b.HTTP, "a disaggregated story that will be interrupted", 200)
+		if f.decode.current.Load() == 0 {
+			t.Fatal("the decode leg ended before the hang-up: nothing left to abort")
+		}
 		at := time.Now()
 		hangUp()
 		testwait.For(t, 10*time.Second, time.Millisecond, func() error {
