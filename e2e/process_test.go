@@ -571,9 +571,14 @@ func TestRollingRestart(t *testing.T) {
 	engines := make([]*engine, n)
 	agents := make([]*proc, n)
 	ids := make([]string, n)
+	// 500ms heartbeats (stale after 1.5s): the agents that are not being
+	// restarted must stay live, and 100ms ones went stale under load (a
+	// starved heartbeat loop), which refused requests with no_capacity. A
+	// restart is seen at once either way: the draining and the ready
+	// heartbeats go out when the state changes.
 	run := func(i int) {
 		agents[i] = startAgentCmd(t, b.NATS, "--nats-url", b.NATS, "--engine", "openai", "--engine-url", engines[i].URL, "--id", ids[i],
-			"--slots", strconv.Itoa(slots), "--heartbeat", "100ms", "--log-level", "warn")
+			"--slots", strconv.Itoa(slots), "--heartbeat", "500ms", "--log-level", "warn")
 	}
 	for i := range n {
 		engines[i] = startEngine(t, simengine.Config{Model: model, TTFT: 5 * time.Millisecond, ITL: 5 * time.Millisecond, Slots: slots})
