@@ -15,6 +15,7 @@ import (
 	"github.com/switchyard-ai/switchyard/agent"
 	"github.com/switchyard-ai/switchyard/broker"
 	"github.com/switchyard-ai/switchyard/internal/natstest"
+	"github.com/switchyard-ai/switchyard/internal/testwait"
 	"github.com/switchyard-ai/switchyard/wire"
 )
 
@@ -188,7 +189,14 @@ func TestCancelledBeforePull(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = f.nc.Flush()
-	time.Sleep(50 * time.Millisecond) // let the cancel reach the agent before the job does
+	// The cancel and the job reach the agent on different subscriptions,
+	// each with its own goroutine: wait until the cancel is taken in.
+	testwait.For(t, 10*time.Second, 2*time.Millisecond, func() error {
+		if !f.agent.CancelRecorded("doomed") {
+			return fmt.Errorf("cancel not taken in yet")
+		}
+		return nil
+	})
 	sub := f.publish(t, "doomed", time.Now().Add(time.Minute))
 	after := f.publish(t, "after", time.Now().Add(time.Minute))
 	for c := next(t, after); c.GetKind() != wire.Chunk_KIND_FINAL; c = next(t, after) {

@@ -12,7 +12,11 @@ import (
 func TestHTTPErrors(t *testing.T) {
 	b := startBroker(t, "--max-body", "4096")
 	e := fastEngine(t, 4)
-	startAgent(t, b.NATS, "a1", e, 4)
+	// a1 must stay live through every case ("unknown model" names the
+	// served ones): with 100ms heartbeats it went stale for 300ms of CPU
+	// starvation under load (a gap of 225ms was measured on an idle agent
+	// on a busy 2-core machine), 1s ones keep it live for 3s of silence.
+	startAgent(t, b.NATS, "a1", e, 4, "--heartbeat", "1s")
 	waitEligible(t, b.HTTP, "a1")
 	// A second model whose only agent has drained: known, but no capacity.
 	e2 := startEngine(t, simengineConfig("gone-model"))

@@ -16,7 +16,7 @@ import (
 
 	"github.com/switchyard-ai/switchyard/agent"
 	"github.com/switchyard-ai/switchyard/agent/engine/openai"
-	"github.com/switchyard-ai/switchyard/internal/agentcmd"
+	"github.com/switchyard-ai/switchyard/internal/testwait"
 	"github.com/switchyard-ai/switchyard/simengine"
 )
 
@@ -77,7 +77,7 @@ func TestClientDisconnectCancels(t *testing.T) {
 		hangUp, _ := openStream(t, b.HTTP, "a story that will be interrupted", 200)
 		at := time.Now()
 		hangUp()
-		checkFor(t, 10*time.Second, time.Millisecond, func() error {
+		testwait.For(t, 10*time.Second, time.Millisecond, func() error {
 			if e.Aborted() == 0 {
 				return fmt.Errorf("engine not aborted")
 			}
@@ -86,11 +86,18 @@ func TestClientDisconnectCancels(t *testing.T) {
 		t.Logf("engine aborted %s after the client hung up", time.Since(at).Round(time.Millisecond))
 	})
 	t.Run("pd sglang", func(t *testing.T) {
-		f := startPD(t, "sglang")
+		// The decode leg must still be running when the hang-up's cancel
+		// reaches it: at 1ms a token it could finish its 200 first on a
+		// busy machine, and there would be nothing to abort. 20ms a token,
+		// as on the regular route.
+		f := startPD(t, "sglang", 20*time.Millisecond)
 		hangUp, _ := openStream(t, f.b.HTTP, "a disaggregated story that will be interrupted", 200)
+		if f.decode.current.Load() == 0 {
+			t.Fatal("the decode leg ended before the hang-up: nothing left to abort")
+		}
 		at := time.Now()
 		hangUp()
-		checkFor(t, 10*time.Second, time.Millisecond, func() error {
+		testwait.For(t, 10*time.Second, time.Millisecond, func() error {
 			if f.decode.Aborted() == 0 {
 				return fmt.Errorf("decode not aborted")
 			}
@@ -113,7 +120,7 @@ func holdOnlySlot(t *testing.T, b *brokerProc) (*engine, <-chan streamResult) {
 		r, _ := rawStream(context.Background(), b.HTTP, "holding the only slot", 5)
 		first <- r
 	}()
-	checkFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+	testwait.For(t, 10*time.Second, 5*time.Millisecond, func() error {
 		if e.current.Load() == 0 {
 			return fmt.Errorf("first request not at the engine")
 		}
@@ -135,7 +142,7 @@ func TestCancelledWhileQueued(t *testing.T) {
 		_, _ = rawStream(ctx, b.HTTP, "queued and abandoned", 5)
 	}()
 	// Wait until the second job is in the queue, then hang up.
-	checkFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+	testwait.For(t, 10*time.Second, 5*time.Millisecond, func() error {
 		f := getFleetFull(t, b.HTTP)
 		if len(f.Models) == 0 || f.Models[0].Queue["regular"] == 0 {
 			return fmt.Errorf("not queued yet")
@@ -148,7 +155,7 @@ func TestCancelledWhileQueued(t *testing.T) {
 		t.Fatalf("first stream: %+v", r)
 	}
 	// The agent takes the queued job next and must drop it.
-	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+	testwait.For(t, 10*time.Second, 10*time.Millisecond, func() error {
 		f := getFleetFull(t, b.HTTP)
 		if len(f.Models) > 0 && f.Models[0].Queue["regular"] > 0 {
 			return fmt.Errorf("job still queued")
@@ -171,7 +178,7 @@ func TestQueueFull(t *testing.T) {
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() { defer wg.Done(); _, _ = rawStream(context.Background(), b.HTTP, "waiting in the queue", 3) }()
-	checkFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+	testwait.For(t, 10*time.Second, 5*time.Millisecond, func() error {
 		f := getFleetFull(t, b.HTTP)
 		if len(f.Models) == 0 || f.Models[0].Queue["regular"] == 0 {
 			return fmt.Errorf("not queued yet")
@@ -218,7 +225,7 @@ func TestAgentLostBeforeFirstToken(t *testing.T) {
 		r, _ := rawStream(context.Background(), b.HTTP, prompt, 10)
 		res <- r
 	}()
-	checkFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+	testwait.For(t, 10*time.Second, 5*time.Millisecond, func() error {
 		if slow.current.Load() == 0 {
 			return fmt.Errorf("not at the engine yet")
 		}
@@ -247,7 +254,7 @@ func TestBrokerGracefulShutdown(t *testing.T) {
 	_, rest := openStream(t, b.HTTP, "finish me during shutdown", 60)
 	stopped := make(chan error, 1)
 	go func() { stopped <- b.Stop(t) }()
-	checkFor(t, 5*time.Second, 5*time.Millisecond, func() error {
+	testwait.For(t, 5*time.Second, 5*time.Millisecond, func() error {
 		resp, err := http.Get(b.HTTP + "/readyz")
 		if err != nil {
 			return err
@@ -276,15 +283,7 @@ func TestTwoBrokers(t *testing.T) {
 	a := startBroker(t, "--id", "broker-a")
 	other := start(t, brokerRun, "--http", "127.0.0.1:0", "--grpc", "", "--nats-url", a.NATS, "--id", "broker-b",
 		"--heartbeat-interval", "100ms", "--slow-start", "0", "--log-level", "error", "--shutdown-grace", "0s")
-	var bURL string
-	checkFor(t, 20*time.Second, 10*time.Millisecond, func() error {
-		m := listenLine.FindStringSubmatch(other.out.String())
-		if m == nil {
-			return fmt.Errorf("broker b not up")
-		}
-		bURL = m[1]
-		return nil
-	})
+	bURL, _, _ := waitBroker(t, other.out, other.exited)
 	e := startEngine(t, simengine.Config{Model: model, TTFT: time.Millisecond, ITL: 10 * time.Millisecond, Slots: 16})
 	startAgent(t, a.NATS, "shared", e, 16)
 	waitEligible(t, a.HTTP, "shared")
@@ -458,7 +457,7 @@ func TestMigrationAfterFirstToken(t *testing.T) {
 func TestDrainTimeout(t *testing.T) {
 	b := startBroker(t)
 	slow := startEngine(t, simengine.Config{Model: model, TTFT: time.Millisecond, ITL: 100 * time.Millisecond, Slots: 4})
-	old := start(t, agentcmd.Run, "--nats-url", b.NATS, "--engine", "openai", "--engine-url", slow.URL, "--id", "old",
+	old := startAgentCmd(t, b.NATS, "--nats-url", b.NATS, "--engine", "openai", "--engine-url", slow.URL, "--id", "old",
 		"--slots", "4", "--heartbeat", "100ms", "--log-level", "warn", "--drain-timeout", "300ms", "--slow-start", "0")
 	waitEligible(t, b.HTTP, "old")
 	const prompt, maxTokens = "a long story about the last train", 40
@@ -474,7 +473,7 @@ func TestDrainTimeout(t *testing.T) {
 		}
 		res <- r
 	}()
-	checkFor(t, 5*time.Second, 5*time.Millisecond, func() error {
+	testwait.For(t, 5*time.Second, 5*time.Millisecond, func() error {
 		if slow.served.Load() == 0 {
 			return errors.New("the old agent's engine has not been called")
 		}

@@ -14,7 +14,9 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	switchyardv1 "github.com/switchyard-ai/switchyard/api/switchyard/v1"
+	"github.com/switchyard-ai/switchyard/internal/testwait"
 	"github.com/switchyard-ai/switchyard/simengine"
+	"github.com/switchyard-ai/switchyard/vllmpb"
 )
 
 func grpcClient(t testing.TB, addr string) switchyardv1.SwitchyardClient {
@@ -71,6 +73,24 @@ func startGRPCEngine(t testing.TB, cfg simengine.Config) (*simengine.Engine, str
 	gs := se.GRPCServer()
 	go func() { _ = gs.Serve(ln) }()
 	t.Cleanup(func() { gs.Stop(); _ = se.Close() })
+	// Healthy is the state the vllm-grpc adapter waits for.
+	cc, err := grpc.NewClient(ln.Addr().String(), grpcInsecure())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	testwait.For(t, 10*time.Second, 5*time.Millisecond, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		h, err := vllmpb.NewVllmEngineClient(cc).HealthCheck(ctx, &vllmpb.HealthCheckRequest{})
+		if err != nil {
+			return err
+		}
+		if !h.GetHealthy() {
+			return fmt.Errorf("engine unhealthy: %s", h.GetMessage())
+		}
+		return nil
+	})
 	return se, ln.Addr().String()
 }
 
@@ -131,7 +151,7 @@ func TestVLLMGRPCEngines(t *testing.T) {
 	_, preAddr := startGRPCEngine(t, cfg(simengine.RolePrefill))
 	_, decAddr := startGRPCEngine(t, cfg(simengine.RoleDecode))
 	grpcAgent := func(id, addr, role string) {
-		start(t, agentRun, "--nats-url", b.NATS, "--engine", "vllm-grpc", "--engine-url", addr, "--model", model,
+		startAgentCmd(t, b.NATS, "--nats-url", b.NATS, "--engine", "vllm-grpc", "--engine-url", addr, "--model", model,
 			"--role", role, "--id", id, "--slots", "4", "--heartbeat", "100ms", "--log-level", "warn", "--slow-start", "0")
 	}
 	grpcAgent("g-reg", regAddr, "regular")
@@ -174,7 +194,7 @@ func TestMixedTransportPool(t *testing.T) {
 	httpEng := startEngine(t, simengine.Config{Model: model, TTFT: time.Millisecond, ITL: 3 * time.Millisecond, Slots: 2})
 	_, gAddr := startGRPCEngine(t, simengine.Config{Model: model, TTFT: time.Millisecond, ITL: 3 * time.Millisecond, Slots: 6})
 	startAgent(t, b.NATS, "http-agent", httpEng, 2)
-	start(t, agentRun, "--nats-url", b.NATS, "--engine", "vllm-grpc", "--engine-url", gAddr, "--model", model,
+	startAgentCmd(t, b.NATS, "--nats-url", b.NATS, "--engine", "vllm-grpc", "--engine-url", gAddr, "--model", model,
 		"--id", "grpc-agent", "--slots", "6", "--heartbeat", "100ms", "--log-level", "warn", "--slow-start", "0")
 	waitEligible(t, b.HTTP, "http-agent", "grpc-agent")
 	const n = 64

@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -15,29 +16,18 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/openai/openai-go/v3/option"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/switchyard-ai/switchyard/internal/agentcmd"
 	"github.com/switchyard-ai/switchyard/internal/brokercmd"
+	"github.com/switchyard-ai/switchyard/internal/testwait"
 	"github.com/switchyard-ai/switchyard/simengine"
+	"github.com/switchyard-ai/switchyard/subjects"
+	"github.com/switchyard-ai/switchyard/wire"
 )
-
-// checkFor polls f every interval until it returns nil or total passes, as
-// nats-server's tests do; tests wait for eventual state, never sleep.
-func checkFor(t testing.TB, total, every time.Duration, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(total)
-	var err error
-	for time.Now().Before(deadline) {
-		if err = f(); err == nil {
-			return
-		}
-		time.Sleep(every)
-	}
-	t.Fatalf("condition not met after %s: %v", total, err)
-}
 
 // syncBuffer is an io.Writer safe for a command's output and a reader.
 type syncBuffer struct {
@@ -101,7 +91,15 @@ func startEngine(t testing.TB, cfg simengine.Config) *engine {
 	e.Stop = func() { _ = srv.Close(); _ = se.Close() }
 	t.Cleanup(e.Stop)
 	e.URL = "http://" + ln.Addr().String()
+	waitHealthy(t, e.URL)
 	return e
+}
+
+// waitHealthy waits for an engine's /health to answer 200, the state an
+// agent waits for before it says ready.
+func waitHealthy(t testing.TB, base string) {
+	t.Helper()
+	testwait.Status(t, nil, base+"/health", http.StatusOK)
 }
 
 // countingWriter ends a request's count just before "[DONE]" goes out: the
@@ -180,8 +178,54 @@ type brokerProc struct {
 
 var listenLine = regexp.MustCompile(`http=(\S+) nats=(\S+)(?: grpc=(\S+))?`)
 
-// startBroker runs the broker command on random ports; extra args follow
-// the defaults of a test broker.
+// readyProbe asks a test broker's /readyz. A TLS broker has a self-signed
+// certificate of the test's own: the probe only asks for the broker's
+// state, so it does not check it (the TLS test checks it with its pool).
+var readyProbe = &http.Client{
+	Timeout:   5 * time.Second,
+	Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}, //nolint:gosec // readiness probe of a test server
+}
+
+// waitBroker waits for a broker's addresses in its output (out) and then
+// for its /readyz to answer 200, and returns the addresses. The listening
+// line is only a sign: the broker prints it before it has made its jobs
+// stream and subscribed, and a test that stops it or sends to it then
+// finds no stream (issue 18). Ready is the state the tests rely on: the
+// stream exists, the broker takes requests and has heard the fleet's
+// heartbeats for one interval. exited reports the command's end, if any.
+func waitBroker(t testing.TB, out fmt.Stringer, exited func() error) (httpURL, natsURL, grpcAddr string) {
+	t.Helper()
+	testwait.For(t, 30*time.Second, 10*time.Millisecond, func() error {
+		if err := exited(); err != nil {
+			t.Fatalf("broker exited: %v\n%s", err, out.String())
+		}
+		m := listenLine.FindStringSubmatch(out.String())
+		if m == nil {
+			return fmt.Errorf("broker not listening yet")
+		}
+		httpURL, natsURL, grpcAddr = m[1], m[2], m[3]
+		return nil
+	})
+	testwait.Status(t, readyProbe, httpURL+"/readyz", http.StatusOK)
+	return httpURL, natsURL, grpcAddr
+}
+
+// exited reports, without waiting, whether the command has returned.
+func (p *proc) exited() error {
+	select {
+	case err := <-p.done:
+		p.done <- err
+		if err == nil {
+			err = fmt.Errorf("returned nil")
+		}
+		return err
+	default:
+		return nil
+	}
+}
+
+// startBroker runs the broker command on random ports and returns once it
+// is ready; extra args follow the defaults of a test broker.
 func startBroker(t testing.TB, args ...string) *brokerProc {
 	t.Helper()
 	base := []string{"--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--nats-listen", "127.0.0.1:0", "--data-dir", t.TempDir(),
@@ -191,29 +235,17 @@ func startBroker(t testing.TB, args ...string) *brokerProc {
 	}
 	p := start(t, brokercmd.Run, append(base, args...)...)
 	b := &brokerProc{proc: p}
-	checkFor(t, 20*time.Second, 10*time.Millisecond, func() error {
-		select {
-		case err := <-p.done:
-			p.done <- err
-			t.Fatalf("broker exited: %v\n%s", err, p.errs.String())
-		default:
-		}
-		m := listenLine.FindStringSubmatch(p.out.String())
-		if m == nil {
-			return fmt.Errorf("broker not listening yet")
-		}
-		b.HTTP, b.NATS, b.GRPC = m[1], m[2], m[3]
-		return nil
-	})
+	b.HTTP, b.NATS, b.GRPC = waitBroker(t, p.out, p.exited)
 	return b
 }
 
-// startAgent runs the worker-agent command against an engine.
 var (
 	agentRun  = agentcmd.Run
 	brokerRun = brokercmd.Run
 )
 
+// startAgent runs the worker-agent command against an engine and returns
+// once the agent is ready.
 func startAgent(t testing.TB, natsURL, id string, e *engine, slots int, args ...string) *proc {
 	t.Helper()
 	base := []string{"--nats-url", natsURL, "--engine", "openai", "--engine-url", e.URL, "--id", id,
@@ -223,7 +255,67 @@ func startAgent(t testing.TB, natsURL, id string, e *engine, slots int, args ...
 	if os.Getenv("DEBUGLOGS") != "" {
 		base = append(base, "--log-level", "debug")
 	}
-	return start(t, agentcmd.Run, append(base, args...)...)
+	return startAgentCmd(t, natsURL, append(base, args...)...)
+}
+
+// startAgentCmd runs the worker-agent command with args as given (they
+// name its --id) and returns once the agent is ready.
+func startAgentCmd(t testing.TB, natsURL string, args ...string) *proc {
+	t.Helper()
+	p := start(t, agentcmd.Run, args...)
+	waitAgent(t, natsURL, argValue(args, "--prefix", subjects.DefaultPrefix), argValue(args, "--id", ""), p.exited, p.errs)
+	return p
+}
+
+// argValue is the value of the last flag name in args, as the flag
+// package reads it, or def.
+func argValue(args []string, name, def string) string {
+	v := def
+	for i := 0; i+1 < len(args); i++ {
+		if args[i] == name {
+			v = args[i+1]
+		}
+	}
+	return v
+}
+
+// waitAgent waits for agent id's own heartbeat to say "ready": it has
+// bound its pool's consumer and pulls jobs. Its startup log line and its
+// first heartbeat (warming) come earlier and are only signs of that. A
+// broker's eligibility is the broker's view; tests that route through a
+// broker still wait for it with waitEligible.
+func waitAgent(t testing.TB, natsURL, prefix, id string, exited func() error, log fmt.Stringer) {
+	t.Helper()
+	if id == "" {
+		t.Fatal("waitAgent: the agent has no --id")
+	}
+	nc, err := nats.Connect(natsURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	subj, err := subjects.New(prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ready atomic.Bool
+	if _, err := nc.Subscribe(subj.HeartbeatsAll(), func(m *nats.Msg) {
+		hb, err := wire.UnmarshalHeartbeat(m.Data)
+		if err == nil && hb.GetAgentId() == id && hb.GetState() == wire.StateReady {
+			ready.Store(true)
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	testwait.For(t, 30*time.Second, 10*time.Millisecond, func() error {
+		if err := exited(); err != nil {
+			t.Fatalf("agent %s exited: %v\n%s", id, err, log.String())
+		}
+		if !ready.Load() {
+			return fmt.Errorf("agent %s has not said ready", id)
+		}
+		return nil
+	})
 }
 
 // fleet is the part of GET /v1/fleet the tests read.
@@ -237,6 +329,8 @@ type fleet struct {
 		Active   int    `json:"active"`
 		Eligible bool   `json:"eligible"`
 		Reason   string `json:"reason"`
+		// LastHeartbeat is when the broker last heard the agent.
+		LastHeartbeat time.Time `json:"last_heartbeat"`
 	} `json:"agents"`
 }
 
@@ -284,7 +378,7 @@ func getFleet(t testing.TB, base string) fleet {
 // waitEligible waits until every id is an eligible agent in the fleet view.
 func waitEligible(t testing.TB, base string, ids ...string) {
 	t.Helper()
-	checkFor(t, 20*time.Second, 20*time.Millisecond, func() error {
+	testwait.For(t, 20*time.Second, 20*time.Millisecond, func() error {
 		f := getFleet(t, base)
 		for _, id := range ids {
 			ok := false

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/switchyard-ai/switchyard/internal/testwait"
 )
 
 // TestRequestLogLine: one JSON line per finished request at info, with the
@@ -29,7 +31,7 @@ func TestRequestLogLine(t *testing.T) {
 	}
 	_ = json.Unmarshal([]byte(body), &output)
 	var line map[string]any
-	checkFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+	testwait.For(t, 5*time.Second, 10*time.Millisecond, func() error {
 		for _, l := range strings.Split(b.errs.String(), "\n") {
 			var m map[string]any
 			if json.Unmarshal([]byte(l), &m) == nil && m["msg"] == "request" {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/switchyard-ai/switchyard/internal/natstest"
+	"github.com/switchyard-ai/switchyard/internal/testwait"
 	"github.com/switchyard-ai/switchyard/simengine"
 )
 
@@ -27,7 +28,7 @@ func inflight(t *testing.T, l *ledger, base string, n, maxTokens int, tag string
 			l.stream(context.Background(), base, fmt.Sprintf("%s in flight %d", tag, i), maxTokens, nil)
 		}()
 	}
-	checkFor(t, 10*time.Second, 2*time.Millisecond, func() error {
+	testwait.For(t, 10*time.Second, 2*time.Millisecond, func() error {
 		running := 0
 		for _, e := range engines {
 			running += int(e.current.Load())
@@ -40,28 +41,12 @@ func inflight(t *testing.T, l *ledger, base string, n, maxTokens int, tag string
 	return &wg
 }
 
-// waitStatus polls url until it answers want.
-func waitStatus(t *testing.T, url string, want int) {
-	t.Helper()
-	checkFor(t, 30*time.Second, 10*time.Millisecond, func() error {
-		resp, err := http.Get(url)
-		if err != nil {
-			return err
-		}
-		resp.Body.Close()
-		if resp.StatusCode != want {
-			return fmt.Errorf("%s: %d, want %d", url, resp.StatusCode, want)
-		}
-		return nil
-	})
-}
-
 // waitServes retries a short request until one completes.
 func waitServes(t *testing.T, l *ledger, base, tag string) time.Duration {
 	t.Helper()
 	at := time.Now()
 	probe := newLedger(l.limit)
-	checkFor(t, 30*time.Second, 50*time.Millisecond, func() error {
+	testwait.For(t, 30*time.Second, 50*time.Millisecond, func() error {
 		o := probe.stream(context.Background(), base, tag, 4, nil)
 		if o.done != 1 {
 			return fmt.Errorf("not served yet: %d %s", o.status, o.errMsg)
@@ -102,7 +87,7 @@ func TestNATSRestart(t *testing.T) {
 		flying := inflight(t, l, b.HTTP, 6, 100, tag, e1, e2) // ~2s streams
 		stopped := time.Now()
 		ns.Stop(t)
-		waitStatus(t, b.HTTP+"/readyz", http.StatusServiceUnavailable)
+		testwait.Status(t, nil, b.HTTP+"/readyz", http.StatusServiceUnavailable)
 		// New requests while NATS is away: 503 at once, never a hang.
 		var slowest time.Duration
 		for i := range 5 {
@@ -121,7 +106,7 @@ func TestNATSRestart(t *testing.T) {
 		}
 		ns.Start(t)
 		back := time.Now()
-		waitStatus(t, b.HTTP+"/readyz", http.StatusOK)
+		testwait.Status(t, nil, b.HTTP+"/readyz", http.StatusOK)
 		waitEligible(t, b.HTTP, "a1", "a2")
 		first := waitServes(t, l, b.HTTP, tag+" after")
 		// Both agents pull again: waves of more concurrent requests than
@@ -129,7 +114,7 @@ func TestNATSRestart(t *testing.T) {
 		// bind the consumer again a moment after the other: a wave that
 		// one agent alone finished proves nothing yet.)
 		wave := 0
-		checkFor(t, 15*time.Second, 10*time.Millisecond, func() error {
+		testwait.For(t, 15*time.Second, 10*time.Millisecond, func() error {
 			var mu sync.Mutex
 			var wg sync.WaitGroup
 			served := map[string]int{}
@@ -229,7 +214,7 @@ func TestClusterNodeLoss(t *testing.T) {
 			}()
 		}
 		// Agents busy and jobs waiting in the replicated queue.
-		checkFor(t, 20*time.Second, 5*time.Millisecond, func() error {
+		testwait.For(t, 20*time.Second, 5*time.Millisecond, func() error {
 			busy := 0
 			for _, e := range engines {
 				busy += int(e.current.Load())

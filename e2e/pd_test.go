@@ -19,12 +19,13 @@ type pdFleet struct {
 }
 
 // startPD runs a broker with one prefill and one decode agent, each in
-// front of a sim-engine of that role, speaking protocol over HTTP.
-func startPD(t *testing.T, protocol string) *pdFleet {
+// front of a sim-engine of that role with inter-token latency itl,
+// speaking protocol over HTTP.
+func startPD(t *testing.T, protocol string, itl time.Duration) *pdFleet {
 	t.Helper()
 	b := startBroker(t)
 	cfg := func(role simengine.Role) simengine.Config {
-		return simengine.Config{Model: model, TTFT: time.Millisecond, ITL: time.Millisecond, Slots: 4,
+		return simengine.Config{Model: model, TTFT: time.Millisecond, ITL: itl, Slots: 4,
 			Role: role, PDProtocol: simengine.PDProtocol(protocol), BootstrapTimeout: 5 * time.Second}
 	}
 	p := startEngine(t, cfg(simengine.RolePrefill))
@@ -41,7 +42,7 @@ func startPD(t *testing.T, protocol string) *pdFleet {
 func TestPDProtocols(t *testing.T) {
 	for _, protocol := range []string{"vllm", "sglang"} {
 		t.Run(protocol, func(t *testing.T) {
-			f := startPD(t, protocol)
+			f := startPD(t, protocol, time.Millisecond)
 			client := sdk(f.b.HTTP)
 			ctx := context.Background()
 			for i := range 3 {
@@ -86,7 +87,7 @@ func TestPDBrokenLeg(t *testing.T) {
 	for _, protocol := range []string{"vllm", "sglang"} {
 		for _, leg := range []string{"prefill", "decode"} {
 			t.Run(protocol+"/"+leg+" down", func(t *testing.T) {
-				f := startPD(t, protocol)
+				f := startPD(t, protocol, time.Millisecond)
 				if leg == "prefill" {
 					f.prefill.Stop()
 				} else {

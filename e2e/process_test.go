@@ -22,7 +22,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/switchyard-ai/switchyard/internal/agentcmd"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/switchyard-ai/switchyard/internal/testwait"
 	"github.com/switchyard-ai/switchyard/simengine"
 )
 
@@ -128,6 +131,19 @@ func (c *child) signal(t testing.TB, sig os.Signal) {
 	}
 }
 
+// exited reports, without waiting, whether the process has ended.
+func (c *child) exited() error {
+	select {
+	case <-c.done:
+		if c.err == nil {
+			return fmt.Errorf("exited with status 0")
+		}
+		return c.err
+	default:
+		return nil
+	}
+}
+
 func (c *child) kill() {
 	select {
 	case <-c.done:
@@ -170,16 +186,27 @@ func startNATSProcess(t testing.TB, dir string) *natsProc {
 func (n *natsProc) Start(t testing.TB) {
 	t.Helper()
 	n.proc = startChild(t, n.bin, "-js", "-sd", n.dir, "-p", strconv.Itoa(n.port), "-a", "127.0.0.1", "-n", "sy-ext")
-	checkFor(t, 20*time.Second, 10*time.Millisecond, func() error {
+	testwait.For(t, 20*time.Second, 10*time.Millisecond, func() error {
 		select {
 		case <-n.proc.done:
 			t.Fatalf("nats-server exited: %v\n%s", n.proc.err, n.proc.out.String())
 		default:
 		}
-		if !strings.Contains(n.proc.out.String(), "Server is ready") {
-			return fmt.Errorf("nats-server not ready")
+		// Ready is JetStream answering on the client port, what the broker
+		// and agents need; the "Server is ready" log line is only a sign.
+		nc, err := nats.Connect(n.URL(), nats.NoReconnect(), nats.Timeout(time.Second))
+		if err != nil {
+			return err
 		}
-		return nil
+		defer nc.Close()
+		js, err := jetstream.New(nc)
+		if err != nil {
+			return err
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_, err = js.AccountInfo(ctx)
+		return err
 	})
 }
 
@@ -434,7 +461,7 @@ func (l *ledger) check(t testing.TB) tally {
 func waitGone(t testing.TB, base, id string) time.Time {
 	t.Helper()
 	var at time.Time
-	checkFor(t, 20*time.Second, 2*time.Millisecond, func() error {
+	testwait.For(t, 20*time.Second, 2*time.Millisecond, func() error {
 		for _, a := range getFleet(t, base).Agents {
 			if a.ID == id && a.Eligible {
 				return fmt.Errorf("%s still eligible", id)
@@ -544,9 +571,14 @@ func TestRollingRestart(t *testing.T) {
 	engines := make([]*engine, n)
 	agents := make([]*proc, n)
 	ids := make([]string, n)
+	// 500ms heartbeats (stale after 1.5s): the agents that are not being
+	// restarted must stay live, and 100ms ones went stale under load (a
+	// starved heartbeat loop), which refused requests with no_capacity. A
+	// restart is seen at once either way: the draining and the ready
+	// heartbeats go out when the state changes.
 	run := func(i int) {
-		agents[i] = start(t, agentcmd.Run, "--nats-url", b.NATS, "--engine", "openai", "--engine-url", engines[i].URL, "--id", ids[i],
-			"--slots", strconv.Itoa(slots), "--heartbeat", "100ms", "--log-level", "warn", "--slow-start", "0")
+		agents[i] = startAgentCmd(t, b.NATS, "--nats-url", b.NATS, "--engine", "openai", "--engine-url", engines[i].URL, "--id", ids[i],
+			"--slots", strconv.Itoa(slots), "--heartbeat", "500ms", "--log-level", "warn", "--slow-start", "0")
 	}
 	for i := range n {
 		engines[i] = startEngine(t, simengine.Config{Model: model, TTFT: 5 * time.Millisecond, ITL: 5 * time.Millisecond, Slots: slots})
@@ -646,20 +678,12 @@ func TestSlowReaders(t *testing.T) {
 		// 500ms heartbeats: the agents share the test's CPUs with 1,000
 		// clients under -race, and 100ms ones get starved into "stale".
 		"--heartbeat-interval", "500ms", "--slow-start", "0", "--log-level", "warn", "--queue-max", "100000", "--request-timeout", "60s")
-	var base, natsURL string
-	checkFor(t, 20*time.Second, 10*time.Millisecond, func() error {
-		m := listenLine.FindStringSubmatch(bp.out.String())
-		if m == nil {
-			return fmt.Errorf("broker not listening yet")
-		}
-		base, natsURL = m[1], m[2]
-		return nil
-	})
+	base, natsURL, _ := waitBroker(t, bp.out, bp.exited)
 	const agents = 4
 	ids := make([]string, agents)
 	for i := range agents {
 		ids[i] = fmt.Sprintf("fast%d", i)
-		start(t, agentcmd.Run, "--nats-url", natsURL, "--engine", "sim", "--id", ids[i], "--slots", strconv.Itoa(clients/agents+1),
+		startAgentCmd(t, natsURL, "--nats-url", natsURL, "--engine", "sim", "--id", ids[i], "--slots", strconv.Itoa(clients/agents+1),
 			"--heartbeat", "500ms", "--sim-ttft", "1ms", "--sim-itl", "1ms", "--log-level", "error", "--slow-start", "0")
 	}
 	waitEligible(t, base, ids...)

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/switchyard-ai/switchyard/internal/testwait"
 	"github.com/switchyard-ai/switchyard/simengine"
 	"github.com/switchyard-ai/switchyard/wire"
 )
@@ -76,13 +77,15 @@ func scriptedEngine(t *testing.T, post http.HandlerFunc) *engine {
 	})}
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { _ = srv.Close() })
-	return &engine{URL: "http://" + ln.Addr().String()}
+	e := &engine{URL: "http://" + ln.Addr().String()}
+	waitHealthy(t, e.URL)
+	return e
 }
 
 // waitFinal waits until the spy has seen an attempt's final chunk.
 func (s *replySpy) waitFinal(t *testing.T) {
 	t.Helper()
-	checkFor(t, 5*time.Second, 5*time.Millisecond, func() error {
+	testwait.For(t, 5*time.Second, 5*time.Millisecond, func() error {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		for _, c := range s.chunks {

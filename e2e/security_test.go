@@ -30,6 +30,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	switchyardv1 "github.com/switchyard-ai/switchyard/api/switchyard/v1"
+	"github.com/switchyard-ai/switchyard/internal/testwait"
 )
 
 // TestAPIKeysAndLimits: every auth and limit case through the real broker
@@ -56,7 +57,7 @@ func TestAPIKeysAndLimits(t *testing.T) {
 		data, _ := io.ReadAll(resp.Body)
 		return resp, string(data)
 	}
-	checkFor(t, 20*time.Second, 20*time.Millisecond, func() error {
+	testwait.For(t, 20*time.Second, 20*time.Millisecond, func() error {
 		if resp, _ := do("/readyz", "", ""); resp.StatusCode != 200 {
 			return fmt.Errorf("readyz %d", resp.StatusCode)
 		}

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/switchyard-ai/switchyard/internal/testwait"
 	"github.com/switchyard-ai/switchyard/simengine"
 )
 
@@ -27,9 +28,10 @@ func jobsStorage(t *testing.T, natsURL string) jetstream.StorageType {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The broker listens before it has made the stream: wait for it.
+	// startBroker returned once the stream existed; poll anyway, as the
+	// JetStream API may answer slowly on a busy machine.
 	var st jetstream.Stream
-	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+	testwait.For(t, 10*time.Second, 10*time.Millisecond, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		st, err = js.Stream(ctx, "SWITCHYARD_JOBS")
@@ -110,7 +112,7 @@ func TestQueuedJobOutlivesMemoryStream(t *testing.T) {
 		}
 		got <- r
 	}()
-	checkFor(t, 3*time.Second, 5*time.Millisecond, func() error {
+	testwait.For(t, 3*time.Second, 5*time.Millisecond, func() error {
 		for _, m := range getFleetFull(t, b.HTTP).Models {
 			if m.Queue["regular"] == 1 {
 				return nil

@@ -9,13 +9,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/switchyard-ai/switchyard/internal/agentcmd"
+	"github.com/switchyard-ai/switchyard/internal/testwait"
 )
 
 // simAgent runs a worker-agent with the in-process simulator.
 func simAgent(t *testing.T, natsURL, id, role string, slots int) *proc {
 	t.Helper()
-	return start(t, agentcmd.Run, "--nats-url", natsURL, "--engine", "sim", "--role", role, "--pd-protocol", "vllm",
+	return startAgentCmd(t, natsURL, "--nats-url", natsURL, "--engine", "sim", "--role", role, "--pd-protocol", "vllm",
 		"--id", id, "--slots", fmt.Sprint(slots), "--heartbeat", "100ms", "--sim-ttft", "2ms", "--sim-itl", "4ms", "--log-level", "warn", "--slow-start", "0")
 }
 
@@ -55,7 +55,16 @@ func TestTransition(t *testing.T) {
 		add(fmt.Sprintf("r%d", i), "regular")
 	}
 	waitEligible(t, b.HTTP, "r1", "r2", "r3", "r4")
-	time.Sleep(ramp) // let the first agents finish their own ramp before load
+	// The first agents finish their own ramp before load: wait until the
+	// broker counts each at its full slots.
+	testwait.For(t, 30*time.Second, 20*time.Millisecond, func() error {
+		for _, a := range getFleetFull(t, b.HTTP).Agents {
+			if a.EffectiveSlots < slots {
+				return fmt.Errorf("agent %s at %.2f of %d slots", a.ID, a.EffectiveSlots, slots)
+			}
+		}
+		return nil
+	})
 
 	// Load: closed-loop streaming clients.
 	ctx, stopLoad := context.WithCancel(context.Background())
@@ -141,7 +150,7 @@ func TestTransition(t *testing.T) {
 	}
 	// Decode jobs already handed off still need a decode agent: wait for
 	// the PD pipeline to empty before draining decode, as the runbook says.
-	checkFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+	testwait.For(t, 10*time.Second, 20*time.Millisecond, func() error {
 		f := getFleetFull(t, b.HTTP)
 		for _, a := range f.Agents {
 			if a.Pool == "decode" && a.Active > 0 {

@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/switchyard-ai/switchyard/internal/testwait"
 )
 
 func TestConfigValidate(t *testing.T) {
@@ -120,7 +122,7 @@ func TestSlotsQueueFIFO(t *testing.T) {
 	}
 	for i := 2; i < 5; i++ {
 		start(i)
-		checkFor(t, 5*time.Second, time.Millisecond, func() error {
+		testwait.For(t, 5*time.Second, time.Millisecond, func() error {
 			if l := e.Load(); l.Running != 2 || l.Waiting != i-1 {
 				return fmt.Errorf("load %+v", l)
 			}
@@ -245,7 +247,7 @@ func TestHTTPClientDisconnect(t *testing.T) {
 		}
 		done <- err
 	}()
-	checkFor(t, 5*time.Second, time.Millisecond, func() error {
+	testwait.For(t, 5*time.Second, time.Millisecond, func() error {
 		if l := e.Load(); l.Running != 1 || l.Waiting != 1 {
 			return fmt.Errorf("load %+v", l)
 		}
@@ -253,14 +255,14 @@ func TestHTTPClientDisconnect(t *testing.T) {
 	})
 	cancel2()
 	<-done
-	checkFor(t, 5*time.Second, time.Millisecond, func() error {
+	testwait.For(t, 5*time.Second, time.Millisecond, func() error {
 		if l := e.Load(); l.Waiting != 0 || e.Aborted() != 1 {
 			return fmt.Errorf("load %+v aborted %d", l, e.Aborted())
 		}
 		return nil
 	})
 	cancel1()
-	checkFor(t, 5*time.Second, time.Millisecond, func() error {
+	testwait.For(t, 5*time.Second, time.Millisecond, func() error {
 		if l := e.Load(); l.Running != 0 || e.Aborted() != 2 {
 			return fmt.Errorf("load %+v aborted %d", l, e.Aborted())
 		}

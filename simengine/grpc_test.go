@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/switchyard-ai/switchyard/internal/testwait"
 	"github.com/switchyard-ai/switchyard/vllmpb"
 )
 
@@ -172,7 +173,7 @@ func TestGRPCAbort(t *testing.T) {
 		}
 		break
 	}
-	checkFor(t, 5*time.Second, time.Millisecond, func() error {
+	testwait.For(t, 5*time.Second, time.Millisecond, func() error {
 		if e.Aborted() != 1 {
 			return errors.New("not aborted yet")
 		}

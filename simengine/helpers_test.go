@@ -11,24 +11,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
-	"time"
 )
-
-// checkFor polls f until it returns nil or total elapses.
-func checkFor(t *testing.T, total, every time.Duration, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(total)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("condition not met after %v: %v", total, err)
-		}
-		time.Sleep(every)
-	}
-}
 
 func testConfig() Config {
 	return Config{Model: "sim-model", TTFT: 0, ITL: 0, Slots: 4}

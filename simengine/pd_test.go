@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/switchyard-ai/switchyard/internal/testwait"
 )
 
 func pdConfig(role Role, proto PDProtocol) Config {
@@ -410,7 +412,7 @@ func TestSGLangHandoff(t *testing.T) {
 					}
 					decode := goFetch(t.Context(), dsrv.URL, api, body)
 					if order == "decode first" {
-						checkFor(t, 10*time.Second, time.Millisecond, func() error {
+						testwait.For(t, 10*time.Second, time.Millisecond, func() error {
 							if l := de.Load(); l.Running != 1 {
 								return fmt.Errorf("decode load %+v", l)
 							}
@@ -467,7 +469,7 @@ func TestSGLangCancelledPrefill(t *testing.T) {
 			resp.Body.Close()
 		}
 	}()
-	checkFor(t, 10*time.Second, time.Millisecond, func() error {
+	testwait.For(t, 10*time.Second, time.Millisecond, func() error {
 		if pl, dl := pe.Load(), de.Load(); pl.Running != 1 || dl.Running != 1 {
 			return fmt.Errorf("prefill %+v decode %+v", pl, dl)
 		}
@@ -479,7 +481,7 @@ func TestSGLangCancelledPrefill(t *testing.T) {
 	if !strings.Contains(res.err.Message, "failed") {
 		t.Fatalf("message %q", res.err.Message)
 	}
-	checkFor(t, 10*time.Second, time.Millisecond, func() error {
+	testwait.For(t, 10*time.Second, time.Millisecond, func() error {
 		if pe.Aborted() != 1 || pe.Load().Running != 0 || de.Load().Running != 0 {
 			return fmt.Errorf("prefill aborted %d load %+v, decode load %+v", pe.Aborted(), pe.Load(), de.Load())
 		}
@@ -500,7 +502,7 @@ func TestSGLangCancelledDecode(t *testing.T) {
 		done <- de.Stream(ctx, APICompletion, []byte(completionJSON("hi", sglangFields(pe.BootstrapPort(), "5"))),
 			func([]byte) error { return errors.New("emit called") })
 	}()
-	checkFor(t, 10*time.Second, time.Millisecond, func() error {
+	testwait.For(t, 10*time.Second, time.Millisecond, func() error {
 		if l := de.Load(); l.Running != 1 {
 			return fmt.Errorf("load %+v", l)
 		}

@@ -25,6 +25,7 @@ import (
 	"github.com/switchyard-ai/switchyard/ingress/fleetui"
 	"github.com/switchyard-ai/switchyard/internal/agentcmd"
 	"github.com/switchyard-ai/switchyard/internal/brokercmd"
+	"github.com/switchyard-ai/switchyard/internal/testwait"
 )
 
 // chromiumPath is Debian's chromium, which .ci/run installs. Without it the
@@ -92,22 +93,6 @@ func newBrowser(t *testing.T) context.Context {
 	return ctx
 }
 
-// checkFor polls f every interval until it returns nil or total has passed.
-func checkFor(t *testing.T, total, every time.Duration, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(total)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %v: %v", total, err)
-		}
-		time.Sleep(every)
-	}
-}
-
 // lockedBuffer collects a command's log for the failure report.
 type lockedBuffer struct {
 	mu  sync.Mutex
@@ -131,7 +116,7 @@ func noEnv(string) string { return "" }
 var listening = regexp.MustCompile(`switchyard broker listening: http=(\S+) nats=(\S+)`)
 
 // startBroker runs the real broker command with two demo agents and returns
-// its HTTP base URL and NATS URL.
+// its HTTP base URL and NATS URL once it is ready.
 func startBroker(t *testing.T) (httpURL, natsURL string) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -178,6 +163,9 @@ func startBroker(t *testing.T) (httpURL, natsURL string) {
 		if !ok {
 			t.Fatalf("broker exited before listening:\n%s", logs.String())
 		}
+		// The listening line comes before the broker has made its jobs
+		// stream; ready is the state the page's tests rely on.
+		testwait.Status(t, nil, m[1]+"/readyz", http.StatusOK)
 		return m[1], m[2]
 	case <-time.After(30 * time.Second):
 		t.Fatalf("broker did not print its listening line:\n%s", logs.String())
@@ -310,7 +298,7 @@ func TestFleetPageShowsDrain(t *testing.T) {
 		t.Fatal(err)
 	}
 	demo := []string{"demo-regular-1", "demo-regular-2"}
-	checkFor(t, 20*time.Second, 50*time.Millisecond, func() error { return wantState(ctx, demo, "ready") })
+	testwait.For(t, 20*time.Second, 50*time.Millisecond, func() error { return wantState(ctx, demo, "ready") })
 
 	agentCtx, stopAgent := context.WithCancel(context.Background())
 	defer stopAgent()
@@ -321,7 +309,7 @@ func TestFleetPageShowsDrain(t *testing.T) {
 			"--nats-url", natsURL, "--engine", "sim", "--id", "drain-me", "--heartbeat", "100ms",
 		}, noEnv, io.Discard, agentLog)
 	}()
-	checkFor(t, 20*time.Second, 50*time.Millisecond, func() error {
+	testwait.For(t, 20*time.Second, 50*time.Millisecond, func() error {
 		select {
 		case err := <-agentDone:
 			return fmt.Errorf("agent exited early: %v\n%s", err, agentLog.String())
@@ -337,7 +325,7 @@ func TestFleetPageShowsDrain(t *testing.T) {
 		traffic.Wait()
 	}()
 	// The charts are fed by /metrics: requests per second and mean TTFT.
-	checkFor(t, 20*time.Second, 100*time.Millisecond, func() error {
+	testwait.For(t, 20*time.Second, 100*time.Millisecond, func() error {
 		got, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](
 			`[document.getElementById('sum-rps').dataset.rps, document.getElementById('sum-ttft').dataset.ttft]`))
 		if err != nil {
@@ -355,7 +343,7 @@ func TestFleetPageShowsDrain(t *testing.T) {
 
 	stopAgent()
 	sawDraining := false
-	checkFor(t, 20*time.Second, 50*time.Millisecond, func() error {
+	testwait.For(t, 20*time.Second, 50*time.Millisecond, func() error {
 		rows, err := agentRows(ctx)
 		if err != nil {
 			return err
@@ -401,7 +389,7 @@ func waitPolls(t *testing.T, ctx context.Context, n int) {
 	}
 	prev := updated()
 	for range n {
-		checkFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+		testwait.For(t, 10*time.Second, 50*time.Millisecond, func() error {
 			if cur := updated(); cur != prev {
 				prev = cur
 				return nil
@@ -485,7 +473,7 @@ func TestFleetPageAPIKey(t *testing.T) {
 	); err != nil {
 		t.Fatal(err)
 	}
-	checkFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+	testwait.For(t, 10*time.Second, 50*time.Millisecond, func() error {
 		msg, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.getElementById('auth-error').textContent`))
 		if err != nil || msg == "" {
 			return fmt.Errorf("no refusal shown for a wrong key (%v)", err)
@@ -498,7 +486,7 @@ func TestFleetPageAPIKey(t *testing.T) {
 	); err != nil {
 		t.Fatal(err)
 	}
-	checkFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+	testwait.For(t, 10*time.Second, 50*time.Millisecond, func() error {
 		return wantState(ctx, []string{"gpu-node-01", "gpu-node-02", "gpu-node-06-prefill", "gpu-node-07-decode"}, "ready")
 	})
 	type probe struct {

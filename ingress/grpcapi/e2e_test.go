@@ -27,6 +27,7 @@ import (
 	switchyardv1 "github.com/switchyard-ai/switchyard/api/switchyard/v1"
 	"github.com/switchyard-ai/switchyard/broker"
 	"github.com/switchyard-ai/switchyard/internal/natstest"
+	"github.com/switchyard-ai/switchyard/internal/testwait"
 	"github.com/switchyard-ai/switchyard/simengine"
 )
 
@@ -77,7 +78,7 @@ func newEnv(t *testing.T, bcfg broker.Config, scfg simengine.Config) *env {
 		t.Fatal(err)
 	}
 	stopAgent := run(t, a.Run)
-	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+	testwait.For(t, 10*time.Second, 10*time.Millisecond, func() error {
 		if !slices.Contains(b.Models(), model) {
 			return fmt.Errorf("models %v, want %q", b.Models(), model)
 		}
@@ -324,7 +325,7 @@ func TestUnavailableWhenAgentGone(t *testing.T) {
 	// The stopped agent's last heartbeat says draining: the model stays
 	// known (not 404) but has no eligible agent.
 	e.stopAgent()
-	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+	testwait.For(t, 10*time.Second, 10*time.Millisecond, func() error {
 		if m := e.b.Models(); len(m) != 0 {
 			return fmt.Errorf("models %v, want none", m)
 		}
@@ -349,7 +350,7 @@ var long = &switchyardv1.ChatRequest{Model: model, Messages: user("a long story"
 // abortedAbove waits until the engine has aborted more than n requests.
 func (e *env) abortedAbove(t *testing.T, n int64) {
 	t.Helper()
-	checkFor(t, 5*time.Second, 5*time.Millisecond, func() error {
+	testwait.For(t, 5*time.Second, 5*time.Millisecond, func() error {
 		if got := e.eng.Aborted(); got <= n {
 			return fmt.Errorf("engine aborted %d requests, want more than %d", got, n)
 		}

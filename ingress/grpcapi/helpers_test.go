@@ -3,7 +3,6 @@ package grpcapi
 import (
 	"net"
 	"testing"
-	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -31,20 +30,4 @@ func serve(t *testing.T, srv *Server, cfg Config) *grpc.ClientConn {
 		gs.Stop()
 	})
 	return conn
-}
-
-// checkFor polls f until it returns nil, failing the test after total.
-func checkFor(t *testing.T, total, every time.Duration, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(total)
-	var err error
-	for {
-		if err = f(); err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %s: %v", total, err)
-		}
-		time.Sleep(every)
-	}
 }

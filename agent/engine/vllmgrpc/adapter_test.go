@@ -13,22 +13,10 @@ import (
 	"time"
 
 	"github.com/switchyard-ai/switchyard/agent"
+	"github.com/switchyard-ai/switchyard/internal/testwait"
 	"github.com/switchyard-ai/switchyard/simengine"
 	"github.com/switchyard-ai/switchyard/wire"
 )
-
-func checkFor(t testing.TB, total, every time.Duration, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(total)
-	var err error
-	for time.Now().Before(deadline) {
-		if err = f(); err == nil {
-			return
-		}
-		time.Sleep(every)
-	}
-	t.Fatalf("condition not met after %s: %v", total, err)
-}
 
 // startSim serves a simulator's gRPC service on 127.0.0.1:0.
 func startSim(t testing.TB, cfg simengine.Config) (*simengine.Engine, string) {
@@ -233,7 +221,7 @@ func TestStreamCancelAborts(t *testing.T) {
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("Stream: %v, want context.Canceled", err)
 	}
-	checkFor(t, 5*time.Second, time.Millisecond, func() error {
+	testwait.For(t, 5*time.Second, time.Millisecond, func() error {
 		if n := e.Aborted(); n != 1 {
 			return fmt.Errorf("aborted %d, want 1", n)
 		}

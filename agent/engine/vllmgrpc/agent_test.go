@@ -18,6 +18,7 @@ import (
 	"github.com/switchyard-ai/switchyard/agent/engine/vllmgrpc"
 	"github.com/switchyard-ai/switchyard/broker"
 	"github.com/switchyard-ai/switchyard/internal/natstest"
+	"github.com/switchyard-ai/switchyard/internal/testwait"
 	"github.com/switchyard-ai/switchyard/simengine"
 	"github.com/switchyard-ai/switchyard/subjects"
 	"github.com/switchyard-ai/switchyard/wire"
@@ -26,19 +27,6 @@ import (
 const model = "sim-model"
 
 func quiet() *slog.Logger { return slog.New(slog.DiscardHandler) }
-
-func checkFor(t testing.TB, total, every time.Duration, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(total)
-	var err error
-	for time.Now().Before(deadline) {
-		if err = f(); err == nil {
-			return
-		}
-		time.Sleep(every)
-	}
-	t.Fatalf("condition not met after %s: %v", total, err)
-}
 
 // run starts f; cleanup cancels it and waits.
 func run(t *testing.T, f func(context.Context) error) {
@@ -123,7 +111,7 @@ func (f *fleet) addAgent(id string, role simengine.Role) *simengine.Engine {
 
 // waitReady waits until the broker has heard every agent as ready.
 func (f *fleet) waitReady(ids ...string) {
-	checkFor(f.t, 10*time.Second, 10*time.Millisecond, func() error {
+	testwait.For(f.t, 10*time.Second, 10*time.Millisecond, func() error {
 		if !slices.Contains(f.b.Models(), model) {
 			return fmt.Errorf("models %v", f.b.Models())
 		}

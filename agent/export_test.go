@@ -1,0 +1,11 @@
+package agent
+
+// CancelRecorded reports whether the agent has taken in a cancel for
+// request id: a test that sends a cancel before its job waits for this
+// state instead of sleeping for it.
+func (a *Agent) CancelRecorded(id string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	_, ok := a.cancelled[id]
+	return ok
+}
