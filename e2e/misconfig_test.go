@@ -1,6 +1,8 @@
 package e2e
 
 import (
+	"github.com/switchyard-ai/switchyard/internal/testwait"
+
 	"context"
 	"encoding/json"
 	"fmt"
@@ -48,7 +50,7 @@ func agentState(t testing.TB, base, id string) (fleetAgentState, error) {
 func waitReason(t testing.TB, base, id, state string, want ...string) fleetAgentState {
 	t.Helper()
 	var got fleetAgentState
-	checkFor(t, 20*time.Second, 20*time.Millisecond, func() error {
+	testwait.For(t, 20*time.Second, 20*time.Millisecond, func() error {
 		var err error
 		if got, err = agentState(t, base, id); err != nil {
 			return err
@@ -171,7 +173,7 @@ func TestEngineRefusesAgentAtRun(t *testing.T) {
 	if after := spy.count(http.MethodPost, "/v1/chat/completions", http.StatusUnauthorized); after != before {
 		t.Fatalf("the refused agent kept serving: %d refused requests, then %d", before, after)
 	}
-	checkFor(t, 20*time.Second, 20*time.Millisecond, func() error {
+	testwait.For(t, 20*time.Second, 20*time.Millisecond, func() error {
 		if n := spy.count(http.MethodGet, "/v1/models", http.StatusUnauthorized); n == 0 {
 			return fmt.Errorf("no authenticated re-probe yet")
 		}
@@ -179,7 +181,7 @@ func TestEngineRefusesAgentAtRun(t *testing.T) {
 	})
 
 	spy.setKey("k1") // fixed
-	checkFor(t, 20*time.Second, 20*time.Millisecond, func() error {
+	testwait.For(t, 20*time.Second, 20*time.Millisecond, func() error {
 		a, err := agentState(t, b.HTTP, "spied")
 		if err != nil {
 			return err
