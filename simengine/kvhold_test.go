@@ -1,6 +1,8 @@
 package simengine
 
 import (
+	"github.com/switchyard-ai/switchyard/internal/testwait"
+
 	"context"
 	"encoding/json"
 	"errors"
@@ -24,7 +26,7 @@ func heldOf(e *Engine) heldKV {
 // waitHeld polls until e's accounting is want.
 func waitHeld(t *testing.T, e *Engine, want heldKV) {
 	t.Helper()
-	checkFor(t, 10*time.Second, time.Millisecond, func() error {
+	testwait.For(t, 10*time.Second, time.Millisecond, func() error {
 		if got := heldOf(e); got != want {
 			return fmt.Errorf("held %+v, want %+v", got, want)
 		}
@@ -139,7 +141,7 @@ func TestVLLMHoldFreedByAbortedDecode(t *testing.T) {
 		qdone <- de.Stream(qctx, APICompletion, []byte(completionJSON(longPrompt(20), `"kv_transfer_params":`+string(queued))),
 			func([]byte) error { return errors.New("emit called") })
 	}()
-	checkFor(t, 10*time.Second, time.Millisecond, func() error {
+	testwait.For(t, 10*time.Second, time.Millisecond, func() error {
 		if l := de.Load(); l.Running != 1 || l.Waiting != 1 {
 			return fmt.Errorf("decode load %+v", l)
 		}
@@ -237,7 +239,7 @@ func TestSGLangHoldFreedByAbortedDecode(t *testing.T) {
 		dctx, dcancel := context.WithCancel(t.Context())
 		ddone := make(chan error, 1)
 		go func() { ddone <- de.Stream(dctx, APICompletion, body, func([]byte) error { return nil }) }()
-		checkFor(t, 10*time.Second, time.Millisecond, func() error {
+		testwait.For(t, 10*time.Second, time.Millisecond, func() error {
 			if pl, dl := pe.Load(), de.Load(); pl.Running != 1 || dl.Running != 1 {
 				return fmt.Errorf("prefill %+v decode %+v", pl, dl)
 			}
@@ -281,7 +283,7 @@ func TestSGLangHoldFreedByAbortedDecode(t *testing.T) {
 		qctx, qcancel := context.WithCancel(t.Context())
 		qdone := make(chan error, 1)
 		go func() { qdone <- de.Stream(qctx, APICompletion, []byte(second), func([]byte) error { return nil }) }()
-		checkFor(t, 10*time.Second, time.Millisecond, func() error {
+		testwait.For(t, 10*time.Second, time.Millisecond, func() error {
 			if l := de.Load(); l.Running != 1 || l.Waiting != 1 {
 				return fmt.Errorf("decode load %+v", l)
 			}

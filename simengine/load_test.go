@@ -1,6 +1,8 @@
 package simengine
 
 import (
+	"github.com/switchyard-ai/switchyard/internal/testwait"
+
 	"errors"
 	"fmt"
 	"io"
@@ -104,7 +106,7 @@ func TestLoadsAfterLoadTime(t *testing.T) {
 	e := newTestEngine(t, cfg)
 	srv := newTestServer(t, e)
 	c := grpcClient(t, e)
-	checkFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+	testwait.For(t, 10*time.Second, 5*time.Millisecond, func() error {
 		if code, body := get(t, srv.URL+"/health"); code != http.StatusOK {
 			return fmt.Errorf("/health %d %s", code, body)
 		}
