@@ -19,7 +19,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/switchyard-ai/switchyard/internal/chunkjson"
+	"github.com/switchyard-ai/switchyard/oaiformat/chunkjson"
 	"github.com/switchyard-ai/switchyard/subjects"
 	"github.com/switchyard-ai/switchyard/wire"
 )

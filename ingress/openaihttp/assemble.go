@@ -6,7 +6,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/switchyard-ai/switchyard/internal/chunkjson"
+	"github.com/switchyard-ai/switchyard/oaiformat/chunkjson"
 	"github.com/switchyard-ai/switchyard/wire"
 )
 
