@@ -421,6 +421,10 @@ func (b *Broker) rebuild() {
 	b.table.Store(dispatch.NewFleet(byModel, now, b.cfg.Dispatch))
 }
 
+// Fleet is the snapshot of the capacity table the fleet view shows; an
+// alias, so the ingresses read it without importing dispatch.
+type Fleet = dispatch.Fleet
+
 // Fleet returns the current capacity snapshot.
 func (b *Broker) Fleet() *dispatch.Fleet { return b.table.Load() }
 

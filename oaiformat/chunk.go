@@ -158,3 +158,39 @@ func rewriteChunkDecoded(raw []byte, id string, u *wire.Usage) []byte {
 	}
 	return out
 }
+
+// Usage returns the "usage" object of the engine chunk raw with its three
+// counts set to u's and its other members (prompt_tokens_details,
+// completion_tokens_details.reasoning_tokens...) as the engine wrote them;
+// with no usage object in raw, an object of the three counts.
+func Usage(raw []byte, u *wire.Usage) json.RawMessage {
+	if u == nil {
+		u = &wire.Usage{}
+	}
+	var old []byte
+	quoted := false
+	_ = chunkjson.Members(raw, func(key []byte, q bool, _, value []byte) {
+		if q {
+			quoted = true
+		} else if string(key) == "usage" {
+			old = value
+		}
+	})
+	if !quoted {
+		if out, err := appendUsage(nil, old, u); err == nil {
+			return out
+		}
+	}
+	var m map[string]json.RawMessage
+	if json.Unmarshal(raw, &m) == nil {
+		if v := m["usage"]; len(v) > 0 {
+			full := rewriteChunkDecoded([]byte(`{"usage":`+string(v)+`}`), "", u)
+			var w struct{ Usage json.RawMessage }
+			if json.Unmarshal(full, &w) == nil && len(w.Usage) > 0 {
+				return w.Usage
+			}
+		}
+	}
+	out, _ := appendUsage(nil, nil, u)
+	return out
+}

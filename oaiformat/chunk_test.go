@@ -158,3 +158,20 @@ func FuzzAppendString(f *testing.F) {
 		}
 	})
 }
+
+func TestUsage(t *testing.T) {
+	u := &wire.Usage{PromptTokens: 5, CompletionTokens: 7, TotalTokens: 12}
+	for _, tc := range []struct{ name, raw, want string }{
+		{"members kept", `{"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":3,"total_tokens":12,"prompt_tokens_details":{"cached_tokens":4},"completion_tokens_details":{"reasoning_tokens":2}}}`,
+			`{"prompt_tokens":5,"completion_tokens":7,"total_tokens":12,"prompt_tokens_details":{"cached_tokens":4},"completion_tokens_details":{"reasoning_tokens":2}}`},
+		{"no usage", `{"choices":[]}`, `{"prompt_tokens":5,"completion_tokens":7,"total_tokens":12}`},
+		{"no chunk", ``, `{"prompt_tokens":5,"completion_tokens":7,"total_tokens":12}`},
+		{"escaped key", `{"usage":{"c\u0061ched":1,"prompt_tokens":1}}`, `{"cached":1,"completion_tokens":7,"prompt_tokens":5,"total_tokens":12}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := Usage([]byte(tc.raw), u); string(got) != tc.want {
+				t.Errorf("\n got %s\nwant %s", got, tc.want)
+			}
+		})
+	}
+}
