@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -11,6 +12,9 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
@@ -18,6 +22,8 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/switchyard-ai/switchyard/agent"
+	oaengine "github.com/switchyard-ai/switchyard/agent/engine/openai"
 	switchyardv1 "github.com/switchyard-ai/switchyard/api/switchyard/v1"
 	"github.com/switchyard-ai/switchyard/internal/agentcmd"
 )
@@ -39,6 +45,9 @@ type spyEngine struct {
 	URL  string
 	mu   sync.Mutex
 	reqs []spyRequest
+	// reasoning makes the spy stream three reasoning chunks and then hang
+	// until the request ends, as an engine whose agent is lost mid-thought.
+	reasoning bool
 }
 
 const spyModel = "spy-model"
@@ -51,7 +60,11 @@ func startSpy(t testing.TB) *spyEngine {
 	t.Helper()
 	s := &spyEngine{}
 	srv := httptest.NewServer(http.HandlerFunc(s.serve))
-	t.Cleanup(srv.Close)
+	t.Cleanup(func() {
+		// A hanging stream (reasoning) ends when its connection does.
+		srv.CloseClientConnections()
+		srv.Close()
+	})
 	s.URL = srv.URL
 	return s
 }
@@ -86,6 +99,19 @@ func (s *spyEngine) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "text/event-stream")
 	head := `"id":"chatcmpl-spy","object":"chat.completion.chunk","created":1,"model":"` + spyModel + `"`
+	if s.reasoning {
+		for _, ev := range []string{
+			`data: {` + head + `,"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}`,
+			`data: {` + head + `,"choices":[{"index":0,"delta":{"reasoning_content":"Let"},"finish_reason":null}]}`,
+			`data: {` + head + `,"choices":[{"index":0,"delta":{"reasoning_content":" me"},"finish_reason":null}]}`,
+			`data: {` + head + `,"choices":[{"index":0,"delta":{"reasoning_content":" think"},"finish_reason":null}]}`,
+		} {
+			_, _ = io.WriteString(w, ev+"\n\n")
+		}
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+		return
+	}
 	for _, ev := range []string{
 		`data: {` + head + `,"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}`,
 		`data: {` + head + `,"choices":[{"index":0,"delta":{"content":"Hello"},"finish_reason":null}]}`,
@@ -348,4 +374,88 @@ func TestSpyVLLMPD(t *testing.T) {
 			t.Errorf("%s leg: X-Request-Id %q traceparent %q", leg.Path, id, tp)
 		}
 	}
+}
+
+// TestSpyReasoningNotRestarted: an agent lost while its engine streams
+// reasoning_content is not migrated (the engines continue a message's
+// content, not its reasoning), so the client never sees the reasoning
+// start again: one clear error ends the stream, and the other agent's
+// engine gets no request.
+func TestSpyReasoningNotRestarted(t *testing.T) {
+	b := startBroker(t)
+	thinking := startSpy(t)
+	thinking.reasoning = true
+	nc, err := nats.Connect(b.NATS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	oa, err := oaengine.New(thinking.URL, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	doomed, err := agent.New(nc, oa, agent.Config{ID: "doomed", Model: spyModel, Slots: 4, Heartbeat: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _ = doomed.Run(ctx) }()
+	waitEligible(t, b.HTTP, "doomed")
+	body := `{"model":"` + spyModel + `","messages":[{"role":"user","content":"think"}],"max_tokens":30,"stream":true}`
+	resp, err := http.Post(b.HTTP+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	events := sseEvents(resp.Body)
+	for reasoning := 0; reasoning < 3; {
+		ev, ok := <-events
+		if !ok {
+			t.Fatal("stream ended before the reasoning")
+		}
+		if strings.Contains(ev, `"reasoning_content"`) {
+			reasoning++
+		}
+	}
+	// Another agent is there to take a migration, then the first is gone
+	// mid-thought.
+	survivor := startSpy(t)
+	startSpyAgent(t, b.NATS, "survivor", survivor)
+	waitEligible(t, b.HTTP, "survivor")
+	nc.Close()
+	var rest []string
+	for ev := range events {
+		rest = append(rest, ev)
+	}
+	if len(rest) != 1 || !strings.Contains(rest[0], `"error"`) || !strings.Contains(rest[0], "reasoning") {
+		t.Fatalf("after the loss the client got %q, want one error about reasoning", rest)
+	}
+	if n := len(survivor.requests()); n != 0 {
+		t.Fatalf("the survivor's engine got %d requests: the reasoning would start again", n)
+	}
+}
+
+// sseEvents sends the data of each SSE event read from r (lines joined
+// with \n, as the SSE spec says) until r ends.
+func sseEvents(r io.Reader) <-chan string {
+	out := make(chan string, 64)
+	go func() {
+		defer close(out)
+		br := bufio.NewReader(r)
+		var data []string
+		for {
+			line, err := br.ReadString('\n')
+			line = strings.TrimRight(line, "\r\n")
+			if v, ok := strings.CutPrefix(line, "data:"); ok {
+				data = append(data, strings.TrimPrefix(v, " "))
+			} else if line == "" && len(data) > 0 {
+				out <- strings.Join(data, "\n")
+				data = nil
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	return out
 }
