@@ -55,14 +55,14 @@ func (e *Edit) owns(key string) bool {
 // JSON object; the result is a new slice.
 func Rewrite(body []byte, e *Edit) ([]byte, error) {
 	n := len(body) + 2
+	if e.StreamOptions {
+		n += len(`,"stream_options":{"include_usage":true}`)
+	}
 	for _, m := range e.Set {
 		n += len(m.Key) + len(m.Value) + 4
 	}
 	for _, m := range e.SetIfPresent {
 		n += len(m.Key) + len(m.Value) + 4
-	}
-	if e.StreamOptions {
-		n += len(`,"stream_options":{"include_usage":true}`)
 	}
 	out := make([]byte, 1, n)
 	out[0] = '{'
@@ -119,11 +119,13 @@ func Rewrite(body []byte, e *Edit) ([]byte, error) {
 		}
 	}
 	if e.StreamOptions {
-		v, err := mergeStreamOptions(so)
-		if err != nil {
+		if len(out) > 1 {
+			out = append(out, ',')
+		}
+		out = append(out, `"stream_options":`...)
+		if out, err = appendStreamOptions(out, so); err != nil {
 			return nil, err
 		}
-		put("stream_options", v)
 	}
 	return append(out, '}'), nil
 }
@@ -133,11 +135,17 @@ var includeUsage = []byte(`{"include_usage":true}`)
 // mergeStreamOptions returns the object so (a JSON value or nil) with
 // include_usage true and its other members kept.
 func mergeStreamOptions(so []byte) ([]byte, error) {
+	return appendStreamOptions(make([]byte, 0, len(so)+len(includeUsage)), so)
+}
+
+// appendStreamOptions appends mergeStreamOptions(so) to out, so that the
+// streaming body costs one allocation.
+func appendStreamOptions(out, so []byte) ([]byte, error) {
 	if len(so) == 0 || so[0] != '{' {
-		return includeUsage, nil // absent, null, or not an object: ours
+		return append(out, includeUsage...), nil // absent, null, or not an object: ours
 	}
-	out := make([]byte, 1, len(so)+len(includeUsage))
-	out[0] = '{'
+	start := len(out)
+	out = append(out, '{')
 	quoted := false
 	err := chunkjson.Members(so, func(key []byte, q bool, member, _ []byte) {
 		if q {
@@ -159,7 +167,11 @@ func mergeStreamOptions(so []byte) ([]byte, error) {
 			return nil, fmt.Errorf("%w: stream_options: %w", ErrNotObject, err)
 		}
 		m["include_usage"] = json.RawMessage("true")
-		return json.Marshal(m)
+		v, err := json.Marshal(m)
+		if err != nil {
+			return nil, err
+		}
+		return append(out[:start], v...), nil
 	}
 	return append(out, `"include_usage":true}`...), nil
 }
