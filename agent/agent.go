@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -20,7 +19,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/switchyard-ai/switchyard/dispatch"
-	"github.com/switchyard-ai/switchyard/internal/chunkjson"
+	"github.com/switchyard-ai/switchyard/oaiformat"
 	"github.com/switchyard-ai/switchyard/subjects"
 	"github.com/switchyard-ai/switchyard/wire"
 )
@@ -681,10 +680,15 @@ func (a *Agent) handle(ctx context.Context, msg jetstream.Msg) {
 		a.embed(actx, job, out) // one JSON answer, relayed as is
 		return
 	}
-	body, err := streamingBody(job.GetBody())
-	if err != nil {
-		out.fail(&wire.Error{Code: wire.CodeBadRequest, Message: err.Error()})
-		return
+	// A PD leg's body is built by the PD adapter from the job's, in one
+	// pass with its hand-off fields; any other job streams from its engine.
+	body := job.GetBody()
+	var err error
+	if !prefill && job.GetPd() == nil {
+		if body, err = oaiformat.StreamingBody(body); err != nil {
+			out.fail(&wire.Error{Code: wire.CodeBadRequest, Message: "job body: " + err.Error()})
+			return
+		}
 	}
 	req := &Request{RequestID: id, API: job.GetApi(), Body: body, Job: job}
 	if prefill {
@@ -904,60 +908,6 @@ func notNow(err error) bool {
 	return errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse) ||
 		errors.Is(err, nats.ErrTimeout) || errors.Is(err, context.DeadlineExceeded) ||
 		errors.Is(err, nats.ErrConnectionReconnecting)
-}
-
-// streamingBody sets stream and stream_options.include_usage on an OpenAI
-// request body: the agent always streams from the engine and needs the
-// usage chunk. It copies the body's other members as they are and appends
-// the two (replacing any the client sent), so a request costs one
-// validating pass over its body instead of a decode and an encode of every
-// member (~60 µs of a one-stream first token here, mostly json.Marshal).
-func streamingBody(body []byte) ([]byte, error) {
-	out := make([]byte, 1, len(body)+len(streamingMembers)+1)
-	out[0] = '{'
-	quoted := false
-	err := chunkjson.Members(body, func(key []byte, q bool, member, _ []byte) {
-		if q {
-			quoted = true
-			return
-		}
-		if k := string(key); k == "stream" || k == "stream_options" {
-			return
-		}
-		if len(out) > 1 {
-			out = append(out, ',')
-		}
-		out = append(out, member...)
-	})
-	if err != nil {
-		return nil, fmt.Errorf("job body: %w", err)
-	}
-	if quoted {
-		// A key with escapes may spell "stream" another way: compare keys
-		// as encoding/json decodes them.
-		return streamingBodyDecoded(body)
-	}
-	if len(out) > 1 {
-		out = append(out, ',')
-	}
-	return append(out, streamingMembers...), nil
-}
-
-const streamingMembers = `"stream":true,"stream_options":{"include_usage":true}}`
-
-// streamingBodyDecoded is streamingBody through encoding/json, for bodies
-// whose keys need unquoting.
-func streamingBodyDecoded(body []byte) ([]byte, error) {
-	var m map[string]json.RawMessage
-	if err := json.Unmarshal(body, &m); err != nil {
-		return nil, fmt.Errorf("job body: %w", err)
-	}
-	if m == nil {
-		return nil, errors.New("job body: null, not an object")
-	}
-	m["stream"] = json.RawMessage("true")
-	m["stream_options"] = json.RawMessage(`{"include_usage":true}`)
-	return json.Marshal(m)
 }
 
 func (a *Agent) heartbeatLoop(ctx context.Context) {

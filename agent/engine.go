@@ -26,8 +26,11 @@ type Emit func(chunk []byte, more bool) error
 type Request struct {
 	RequestID string
 	API       wire.API
-	// Body is the client's OpenAI request with "stream": true and
-	// "stream_options": {"include_usage": true} set by the agent.
+	// Body is the client's OpenAI request as oaiformat.StreamingBody
+	// builds it: "stream" true, include_usage merged into its
+	// stream_options. For a PD leg (a prefill job, or Job.Pd set) it is the
+	// job's body as the broker sent it: the PD adapter builds the leg from
+	// it in one pass (see oaiformat's leg bodies).
 	Body []byte
 	Job  *wire.Job
 }

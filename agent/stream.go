@@ -8,7 +8,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
-	"github.com/switchyard-ai/switchyard/internal/chunkjson"
+	"github.com/switchyard-ai/switchyard/oaiformat/chunkjson"
 	"github.com/switchyard-ai/switchyard/wire"
 )
 

@@ -431,6 +431,10 @@ func (b *Broker) rebuild() {
 	b.table.Store(dispatch.NewFleet(byModel, now, b.cfg.Dispatch))
 }
 
+// Fleet is the snapshot of the capacity table the fleet view shows; an
+// alias, so the ingresses read it without importing dispatch.
+type Fleet = dispatch.Fleet
+
 // Fleet returns the current capacity snapshot.
 func (b *Broker) Fleet() *dispatch.Fleet { return b.table.Load() }
 
@@ -445,6 +449,10 @@ func (b *Broker) Heartbeats() []*wire.Heartbeat {
 	}
 	return out
 }
+
+// InFlight is the dispatch rule's view of what a broker sent that agents
+// have not reported yet (see dispatch.InFlight).
+type InFlight = dispatch.InFlight
 
 // InFlight returns what this broker has dispatched to model's queues and
 // the agents have not yet reported, as the dispatch rule sees it.

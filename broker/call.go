@@ -2,7 +2,6 @@ package broker
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -19,6 +18,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/switchyard-ai/switchyard/dispatch"
+	"github.com/switchyard-ai/switchyard/oaiformat"
 	"github.com/switchyard-ai/switchyard/subjects"
 	"github.com/switchyard-ai/switchyard/wire"
 )
@@ -30,7 +30,11 @@ type Request struct {
 	Stream          bool
 	Body            []byte // validated OpenAI request JSON
 	ClientRequestID string
-	Need            dispatch.Need
+	// NoPD, when set, keeps the request off the PD pipeline (an operation
+	// or parameter PD does not serve); NoPDReason says why, for the error
+	// when only PD could serve it.
+	NoPD       bool
+	NoPDReason string
 	// NoMigration, when set, says why a stream of this request cannot be
 	// continued on another agent from its text so far (n > 1 choices, or
 	// tools whose calls may be half sent): after its first token, a broken
@@ -91,6 +95,7 @@ type Call struct {
 	sent            strings.Builder // the text handed to the client so far
 	sentTokens      int             // content chunks handed to the client before the current attempt
 	streamID        string          // the engine's chunk id of the first attempt, kept across migrations
+	reasoned        bool            // reasoning text reached the client (see migrate)
 	retries         int
 	firstToken      time.Time
 	lastToken       time.Time
@@ -182,7 +187,7 @@ func (c *Call) dispatch(ctx context.Context) error {
 		return fmt.Errorf("%w %q", ErrNoCapacity, c.Model)
 	}
 	flight := b.flight.model(c.Model)
-	d, err := m.Decide(c.req.Need, flight, b.rand())
+	d, err := m.Decide(dispatch.Need{NoPD: c.req.NoPD, Reason: c.req.NoPDReason}, flight, b.rand())
 	switch {
 	case errors.Is(err, dispatch.ErrUnsupported):
 		return fmt.Errorf("%w: %v", ErrUnsupported, err)
@@ -609,12 +614,7 @@ func (c *Call) deliver(ch *wire.Chunk) *wire.Chunk {
 		now := time.Now()
 		if c.firstToken.IsZero() {
 			c.firstToken = now
-			var head struct {
-				ID string `json:"id"`
-			}
-			if json.Unmarshal(events[0].GetRaw(), &head) == nil {
-				c.streamID = head.ID
-			}
+			c.streamID = oaiformat.ChunkID(events[0].GetRaw())
 			c.b.metrics.ttft.WithLabelValues(c.Model, c.Route.String()).Observe(now.Sub(c.Started).Seconds())
 		}
 		// The observer is looked up once per route, not per token.
@@ -633,6 +633,8 @@ func (c *Call) deliver(ch *wire.Chunk) *wire.Chunk {
 			if t := ev.GetDeltaText(); t != "" {
 				c.sent.WriteString(t)
 				c.tokens++
+			} else if !c.reasoned && ev.GetFinishReason() == "" {
+				c.reasoned = oaiformat.Reasoning(ev.GetRaw())
 			}
 		}
 	case wire.Chunk_KIND_FINAL:

@@ -89,7 +89,7 @@ func TestEngineRefusesAgentAtStart(t *testing.T) {
 			want: []string{`not "meta-llama/Llama-3.1-8B"`, "--model"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			spy := startSpy(t, simengine.Config{Model: model, TTFT: time.Millisecond, ITL: time.Millisecond, Slots: 4}, tc.engineKey)
+			spy := startKeySpy(t, simengine.Config{Model: model, TTFT: time.Millisecond, ITL: time.Millisecond, Slots: 4}, tc.engineKey)
 			id := strings.ReplaceAll(tc.name, " ", "-")
 			p := startAgent(t, b.NATS, id, &engine{URL: spy.URL}, 4, tc.args...)
 			// Whether a warming agent counts in the weights is the
@@ -121,7 +121,7 @@ func TestEngineRefusesAgentAtStart(t *testing.T) {
 // /v1/fleet, stops pulling, and comes back once the engine takes its key.
 func TestEngineRefusesAgentAtRun(t *testing.T) {
 	b := startBroker(t)
-	spy := startSpy(t, simengine.Config{Model: model, TTFT: time.Millisecond, ITL: time.Millisecond, Slots: 4}, "k1")
+	spy := startKeySpy(t, simengine.Config{Model: model, TTFT: time.Millisecond, ITL: time.Millisecond, Slots: 4}, "k1")
 	good := fastEngine(t, 4)
 	startAgent(t, b.NATS, "spied", &engine{URL: spy.URL}, 4, "--engine-api-key", "k1", "--model", model)
 	startAgent(t, b.NATS, "good", good, 4)

@@ -10,32 +10,32 @@ import (
 	"github.com/switchyard-ai/switchyard/simengine"
 )
 
-// spyEngine is a simulated engine behind a recorder: it keeps the method,
+// keySpy is a simulated engine behind a recorder: it keeps the method,
 // path, Authorization header and answer status of every request, and can
 // demand an API key on /v1/ routes as vLLM's --api-key does (not on
 // /health). The key can change while it runs, as when an operator rotates
 // the engine's key and not the agent's.
-type spyEngine struct {
+type keySpy struct {
 	*simengine.Engine
 	URL string
 
 	mu   sync.Mutex
 	key  string
-	reqs []spyRequest
+	reqs []keySpyRequest
 }
 
-type spyRequest struct {
+type keySpyRequest struct {
 	Method, Path, Auth string
 	Status             int
 }
 
-func startSpy(t testing.TB, cfg simengine.Config, key string) *spyEngine {
+func startKeySpy(t testing.TB, cfg simengine.Config, key string) *keySpy {
 	t.Helper()
 	se, err := simengine.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &spyEngine{Engine: se, key: key}
+	s := &keySpy{Engine: se, key: key}
 	h := se.Handler()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -45,7 +45,7 @@ func startSpy(t testing.TB, cfg simengine.Config, key string) *spyEngine {
 		sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
 		defer func() {
 			s.mu.Lock()
-			s.reqs = append(s.reqs, spyRequest{r.Method, r.URL.Path, r.Header.Get("Authorization"), sw.status})
+			s.reqs = append(s.reqs, keySpyRequest{r.Method, r.URL.Path, r.Header.Get("Authorization"), sw.status})
 			s.mu.Unlock()
 		}()
 		s.mu.Lock()
@@ -66,14 +66,14 @@ func startSpy(t testing.TB, cfg simengine.Config, key string) *spyEngine {
 }
 
 // setKey changes the key the engine demands.
-func (s *spyEngine) setKey(k string) {
+func (s *keySpy) setKey(k string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.key = k
 }
 
 // count returns how many requests matched method, path and status.
-func (s *spyEngine) count(method, path string, status int) int {
+func (s *keySpy) count(method, path string, status int) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	n := 0

@@ -3,59 +3,9 @@ package simengine
 import (
 	"strconv"
 	"time"
-	"unicode/utf8"
+
+	"github.com/switchyard-ai/switchyard/oaiformat"
 )
-
-const hexDigits = "0123456789abcdef"
-
-// appendJSONString appends s as a JSON string.
-func appendJSONString(b []byte, s string) []byte {
-	b = append(b, '"')
-	start := 0
-	for i := 0; i < len(s); {
-		c := s[i]
-		if c >= 0x20 && c != '"' && c != '\\' && c < utf8.RuneSelf {
-			i++
-			continue
-		}
-		if c < utf8.RuneSelf {
-			b = append(b, s[start:i]...)
-			switch c {
-			case '"', '\\':
-				b = append(b, '\\', c)
-			case '\n':
-				b = append(b, '\\', 'n')
-			case '\r':
-				b = append(b, '\\', 'r')
-			case '\t':
-				b = append(b, '\\', 't')
-			default:
-				b = append(b, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
-			}
-			i++
-			start = i
-			continue
-		}
-		r, size := utf8.DecodeRuneInString(s[i:])
-		if r == utf8.RuneError && size == 1 {
-			b = append(b, s[start:i]...)
-			b = append(b, `\ufffd`...)
-			i += size
-			start = i
-			continue
-		}
-		if r == '\u2028' || r == '\u2029' {
-			b = append(b, s[start:i]...)
-			b = append(b, '\\', 'u', '2', '0', '2', hexDigits[r&0xf])
-			i += size
-			start = i
-			continue
-		}
-		i += size
-	}
-	b = append(b, s[start:]...)
-	return append(b, '"')
-}
 
 // envelope is the part every chunk or response of a request shares.
 type envelope struct {
@@ -79,13 +29,13 @@ func (e *Engine) newEnvelope(r *request) envelope {
 // appendHead appends `{"id":...,"object":...,"created":...,"model":...,`.
 func (v *envelope) appendHead(b []byte, object string) []byte {
 	b = append(b, `{"id":`...)
-	b = appendJSONString(b, v.id)
+	b = oaiformat.AppendString(b, v.id)
 	b = append(b, `,"object":"`...)
 	b = append(b, object...)
 	b = append(b, `","created":`...)
 	b = strconv.AppendInt(b, v.created, 10)
 	b = append(b, `,"model":`...)
-	return appendJSONString(b, v.model)
+	return oaiformat.AppendString(b, v.model)
 }
 
 func appendUsage(b []byte, prompt, completion int) []byte {
@@ -217,12 +167,12 @@ func (s *textSink) finish(reason string, prompt, completion int, extra []byte) e
 	if s.api == APIChat {
 		b = s.v.appendHead(b, "chat.completion")
 		b = append(b, `,"choices":[{"index":0,"message":{"role":"assistant","content":`...)
-		b = appendJSONString(b, string(s.text))
+		b = oaiformat.AppendString(b, string(s.text))
 		b = append(b, `},"logprobs":null,"finish_reason":"`...)
 	} else {
 		b = s.v.appendHead(b, "text_completion")
 		b = append(b, `,"choices":[{"index":0,"text":`...)
-		b = appendJSONString(b, string(s.text))
+		b = oaiformat.AppendString(b, string(s.text))
 		b = append(b, `,"logprobs":null,"finish_reason":"`...)
 	}
 	b = append(b, reason...)

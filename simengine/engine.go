@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/switchyard-ai/switchyard/oaiformat"
 )
 
 // Config is the engine's cost model and identity.
@@ -549,7 +551,7 @@ func (e *Engine) run(ctx context.Context, r *request, s sink) (err error) {
 			}
 			generated(o.tokens)
 		}
-		if err := s.token(o.tail, string(appendJSONString(nil, o.tail))); err != nil {
+		if err := s.token(o.tail, string(oaiformat.AppendString(nil, o.tail))); err != nil {
 			return e.abort(r, err)
 		}
 	}

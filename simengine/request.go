@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"strings"
+
+	"github.com/switchyard-ai/switchyard/oaiformat"
 )
 
 const (
@@ -179,28 +181,9 @@ func completionPrompt(raw json.RawMessage) (string, *Error) {
 }
 
 func parseStop(raw json.RawMessage) ([]string, *Error) {
-	if isNull(raw) {
-		return nil, nil
-	}
-	var s string
-	if json.Unmarshal(raw, &s) == nil {
-		if s == "" {
-			return nil, nil
-		}
-		return []string{s}, nil
-	}
-	var list []string
-	if json.Unmarshal(raw, &list) != nil {
-		return nil, badRequest("stop", "stop must be a string or an array of strings")
-	}
-	stops := list[:0]
-	for _, s := range list {
-		if s != "" {
-			stops = append(stops, s)
-		}
-	}
-	if len(stops) == 0 {
-		return nil, nil
+	stops, err := oaiformat.Stops(raw)
+	if err != nil {
+		return nil, badRequest("stop", "%v", err)
 	}
 	return stops, nil
 }

@@ -11,12 +11,24 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/switchyard-ai/switchyard/broker"
+	"github.com/switchyard-ai/switchyard/oaiformat"
 	"github.com/switchyard-ai/switchyard/wire"
 )
 
 // invalid is an INVALID_ARGUMENT status for a request the ingress refuses.
 func invalid(format string, args ...any) error {
 	return status.Errorf(codes.InvalidArgument, format, args...)
+}
+
+// fromFormat maps a refusal of oaiformat.Read to INVALID_ARGUMENT. A
+// member the typed fields cannot set came from extra_json, and the message
+// says so.
+func fromFormat(err error) error {
+	var fe *oaiformat.Error
+	if errors.As(err, &fe) && fe.Code == "reserved_field" {
+		return status.Errorf(codes.InvalidArgument, "extra_json must not set %q: %s", fe.Param, fe.Message)
+	}
+	return status.Error(codes.InvalidArgument, err.Error())
 }
 
 // retryable attaches a RetryInfo detail, the gRPC counterpart of HTTP's

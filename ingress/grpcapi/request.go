@@ -6,14 +6,15 @@ import (
 	"fmt"
 
 	switchyardv1 "github.com/switchyard-ai/switchyard/api/switchyard/v1"
+	"github.com/switchyard-ai/switchyard/oaiformat"
 )
 
 // Limits on request contents, the same as the HTTP ingress's: cheap to check
 // here and expensive to discover in an engine.
 const (
-	maxModelLen = 256
-	maxMessages = 4096
-	maxStops    = 16
+	maxModelLen = oaiformat.MaxModelLen
+	maxMessages = oaiformat.MaxMessages
+	maxStops    = oaiformat.MaxStops
 )
 
 // reserved are the body keys the ingress owns: extra_json must not set them.

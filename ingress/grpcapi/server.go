@@ -1,11 +1,9 @@
 package grpcapi
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -18,6 +16,7 @@ import (
 
 	switchyardv1 "github.com/switchyard-ai/switchyard/api/switchyard/v1"
 	"github.com/switchyard-ai/switchyard/broker"
+	"github.com/switchyard-ai/switchyard/oaiformat"
 	"github.com/switchyard-ai/switchyard/wire"
 )
 
@@ -179,6 +178,12 @@ func (s *Server) serve(stream grpc.ServerStreamingServer[switchyardv1.StreamResp
 	if err != nil {
 		return s.failed(ctx, rid, err)
 	}
+	// The rendered body is read as the HTTP ingress reads a client's: the
+	// same facts, and the same refusals for what extra_json may carry.
+	p, err := oaiformat.Read(api, body)
+	if err != nil {
+		return s.failed(ctx, rid, fromFormat(err))
+	}
 	req := broker.Request{
 		Model:           model,
 		API:             api,
@@ -186,13 +191,9 @@ func (s *Server) serve(stream grpc.ServerStreamingServer[switchyardv1.StreamResp
 		Body:            body,
 		ClientRequestID: rid,
 		Trace:           traceContext(ctx),
-	}
-	// extra_json may declare tools (never n, which is the ingress's own).
-	if bytes.Contains(body, []byte(`"tools"`)) || bytes.Contains(body, []byte(`"functions"`)) {
-		var t struct{ Tools, Functions json.RawMessage }
-		if json.Unmarshal(body, &t) == nil && (broker.Declared(t.Tools) || broker.Declared(t.Functions)) {
-			req.NoMigration = "tools"
-		}
+		NoPD:            p.NoPD != "",
+		NoPDReason:      p.NoPD,
+		NoMigration:     p.NoMigration,
 	}
 	if d, ok := ctx.Deadline(); ok {
 		req.Deadline = d

@@ -6,7 +6,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/switchyard-ai/switchyard/internal/chunkjson"
+	"github.com/switchyard-ai/switchyard/oaiformat/chunkjson"
 	"github.com/switchyard-ai/switchyard/wire"
 )
 
@@ -391,7 +391,7 @@ func (c *choiceAcc) tool(index int) *toolAcc {
 
 // response renders the whole answer; finish is the final chunk's finish
 // reason, used for a choice the stream gave none.
-func (a *assembler) response(kind apiKind, finish string, u usage) object {
+func (a *assembler) response(kind apiKind, finish string, u any) object {
 	if len(a.choices) == 0 {
 		a.choice(0)
 	}

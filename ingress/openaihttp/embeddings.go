@@ -11,7 +11,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/switchyard-ai/switchyard/broker"
-	"github.com/switchyard-ai/switchyard/dispatch"
+	"github.com/switchyard-ai/switchyard/oaiformat"
 	"github.com/switchyard-ai/switchyard/wire"
 )
 
@@ -23,7 +23,7 @@ const (
 
 // embeddingsNeed keeps embeddings off the PD pipeline: no PD adapter
 // serves them, so they go to the regular pool or fail with a clear error.
-var embeddingsNeed = dispatch.Need{NoPD: true, Reason: "embeddings are served by the regular pool only"}
+const embeddingsNoPD = "embeddings are served by the regular pool only"
 
 // embeddingRequest holds what the broker checks; the body travels to the
 // engine unchanged.
@@ -42,7 +42,7 @@ func parseEmbeddings(body []byte) (string, *apiError) {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	var r embeddingRequest
 	if err := dec.Decode(&r); err != nil {
-		return "", jsonError(err)
+		return "", fromFormat(oaiformat.CheckJSON(err))
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		return "", invalid("request body has data after the JSON object", "", "invalid_json")
@@ -50,8 +50,8 @@ func parseEmbeddings(body []byte) (string, *apiError) {
 	model := ""
 	if r.Model != nil {
 		model = *r.Model
-		if len(model) > maxModelLen {
-			return "", invalid(fmt.Sprintf("model id longer than %d bytes", maxModelLen), "model", "invalid_value")
+		if len(model) > oaiformat.MaxModelLen {
+			return "", invalid(fmt.Sprintf("model id longer than %d bytes", oaiformat.MaxModelLen), "model", "invalid_value")
 		}
 	}
 	if err := checkEmbeddingInput(r.Input); err != nil {
@@ -127,7 +127,8 @@ func (s *Server) embeddings(w http.ResponseWriter, r *http.Request) {
 		API:             wire.API_API_EMBEDDINGS,
 		Body:            body,
 		ClientRequestID: rid,
-		Need:            embeddingsNeed,
+		NoPD:            true,
+		NoPDReason:      embeddingsNoPD,
 		NoMigration:     "embeddings",
 		Trace:           traceContext(r),
 	})

@@ -8,6 +8,7 @@ import (
 	"strconv"
 
 	"github.com/switchyard-ai/switchyard/broker"
+	"github.com/switchyard-ai/switchyard/oaiformat"
 	"github.com/switchyard-ai/switchyard/wire"
 )
 
@@ -33,6 +34,16 @@ func strp(s string) *string {
 
 func invalid(msg, param, code string) *apiError {
 	return &apiError{Status: http.StatusBadRequest, Message: msg, Type: "invalid_request_error", Param: strp(param), Code: strp(code)}
+}
+
+// fromFormat maps a refusal of oaiformat.Read to a 400 in OpenAI's shape,
+// naming the member at fault.
+func fromFormat(err error) *apiError {
+	var fe *oaiformat.Error
+	if errors.As(err, &fe) {
+		return invalid(fe.Message, fe.Param, fe.Code)
+	}
+	return invalid(err.Error(), "", "invalid_request")
 }
 
 func writeError(w http.ResponseWriter, e *apiError) {

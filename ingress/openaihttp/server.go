@@ -1,6 +1,7 @@
 package openaihttp
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"io"
@@ -9,7 +10,7 @@ import (
 	"time"
 
 	"github.com/switchyard-ai/switchyard/broker"
-	"github.com/switchyard-ai/switchyard/dispatch"
+	"github.com/switchyard-ai/switchyard/oaiformat"
 	"github.com/switchyard-ai/switchyard/wire"
 )
 
@@ -18,11 +19,11 @@ type Backend interface {
 	Submit(ctx context.Context, req broker.Request) (*broker.Call, error)
 	Models() []string
 	Ready() error
-	Fleet() *dispatch.Fleet
+	Fleet() *broker.Fleet
 	Heartbeats() []*wire.Heartbeat
 	RecentRoutes(model string, window time.Duration) broker.Recent
 	QueueDepth() map[string]map[string]int
-	InFlight(model string) dispatch.InFlight
+	InFlight(model string) broker.InFlight
 }
 
 // DefaultMaxBody is the largest request body accepted. The broker's embedded
@@ -118,9 +119,9 @@ func (s *Server) completions(kind apiKind) http.HandlerFunc {
 			writeError(w, berr)
 			return
 		}
-		p, perr := parseRequest(kind.api, body)
-		if perr != nil {
-			writeError(w, perr)
+		p, err := oaiformat.Read(kind.api, body)
+		if err != nil {
+			writeError(w, fromFormat(err))
 			return
 		}
 		call, err := s.backend.Submit(r.Context(), broker.Request{
@@ -129,7 +130,8 @@ func (s *Server) completions(kind apiKind) http.HandlerFunc {
 			Stream:          p.Stream,
 			Body:            body,
 			ClientRequestID: rid,
-			Need:            p.Need,
+			NoPD:            p.NoPD != "",
+			NoPDReason:      p.NoPD,
 			NoMigration:     p.NoMigration,
 			Trace:           traceContext(r),
 		})
@@ -168,9 +170,31 @@ func agentHeader(c *wire.Chunk) string {
 
 var sseDone = []byte("[DONE]")
 
+// appendEvent appends one SSE event with data d. Data that spans lines
+// (an engine's pretty-printed JSON, which the agent joined with \n as the
+// SSE spec says) goes out as one "data:" line per line, so a client's SSE
+// reader joins it back into the same data; a bare \r would end a line for
+// the client too, so it is a line break here as well.
+func appendEvent(buf, d []byte) []byte {
+	for {
+		buf = append(buf, "data: "...)
+		i := bytes.IndexAny(d, "\r\n")
+		if i < 0 {
+			buf = append(buf, d...)
+			return append(buf, "\n\n"...)
+		}
+		buf = append(buf, d[:i]...)
+		buf = append(buf, '\n')
+		if d[i] == '\r' && i+1 < len(d) && d[i+1] == '\n' {
+			i++
+		}
+		d = d[i+1:]
+	}
+}
+
 // stream relays chunks as SSE. Headers are held back until the first token
 // so that a failure before any output is still a proper HTTP error.
-func (s *Server) stream(w http.ResponseWriter, r *http.Request, call *broker.Call, p *parsed) {
+func (s *Server) stream(w http.ResponseWriter, r *http.Request, call *broker.Call, p *oaiformat.Request) {
 	rc := http.NewResponseController(w)
 	ctx := r.Context()
 	started := false
@@ -196,9 +220,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, call *broker.Cal
 		}
 		buf = buf[:0]
 		for _, d := range data {
-			buf = append(buf, "data: "...)
-			buf = append(buf, d...)
-			buf = append(buf, "\n\n"...)
+			buf = appendEvent(buf, d)
 		}
 		_, err := w.Write(buf)
 		return err
@@ -312,10 +334,10 @@ func (s *Server) assemble(w http.ResponseWriter, r *http.Request, call *broker.C
 				a.created = time.Now().Unix()
 				a.model = call.Model
 			}
-			var u usage
-			if cu := c.GetUsage(); cu != nil {
-				u = usage{cu.GetPromptTokens(), cu.GetCompletionTokens(), cu.GetTotalTokens()}
-			}
+			// Every member of the engine's usage (token details) is the
+			// client's; the counts are the broker's, which add up a
+			// migrated stream's attempts.
+			u := oaiformat.Usage(c.GetRaw(), c.GetUsage())
 			writeJSON(w, http.StatusOK, a.response(kind, finish, u))
 			return
 		}

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/switchyard-ai/switchyard/agent"
+	"github.com/switchyard-ai/switchyard/oaiformat"
 	"github.com/switchyard-ai/switchyard/wire"
 )
 
@@ -103,17 +104,32 @@ func (a *Adapter) Stream(ctx context.Context, r *agent.Request, emit agent.Emit)
 	if err != nil {
 		return err
 	}
-	return a.Post(ctx, path, r.Body, emit)
+	return a.post(ctx, path, r.Body, r.Job, emit)
 }
 
 // Post sends body to path and relays the SSE data events of the answer; it
 // is exported for the PD adapters, which post variants of the request.
 func (a *Adapter) Post(ctx context.Context, path string, body []byte, emit agent.Emit) error {
+	return a.post(ctx, path, body, nil, emit)
+}
+
+// post is Post with the headers job gives every engine request: one
+// X-Request-Id for all its legs and attempts, and the client's W3C trace
+// context, so the engine's logs and traces join the client's.
+func (a *Adapter) post(ctx context.Context, path string, body []byte, job *wire.Job, emit agent.Emit) error {
 	req, err := a.newRequest(ctx, http.MethodPost, path, body)
 	if err != nil {
 		return err
 	}
 	req.Header.Set("Accept", "text/event-stream")
+	if job != nil {
+		req.Header.Set("X-Request-Id", oaiformat.RequestID(job))
+		for _, k := range oaiformat.TraceHeaders {
+			if v := job.GetTrace()[k]; v != "" {
+				req.Header.Set(k, v)
+			}
+		}
+	}
 	resp, err := a.client.Do(req)
 	if err != nil {
 		if ctx.Err() != nil {

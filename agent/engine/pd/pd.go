@@ -18,9 +18,9 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"strconv"
 
 	"github.com/switchyard-ai/switchyard/agent"
+	"github.com/switchyard-ai/switchyard/oaiformat"
 	"github.com/switchyard-ai/switchyard/wire"
 )
 
@@ -96,36 +96,30 @@ func (a *Adapter) Stream(ctx context.Context, r *agent.Request, emit agent.Emit)
 	if h == nil {
 		return a.inner.Stream(ctx, r, emit)
 	}
-	var set map[string]json.RawMessage
+	var body []byte
+	var err error
 	switch a.protocol {
 	case VLLM:
 		if len(h.GetKvTransferParamsJson()) == 0 {
 			return &wire.Error{Code: wire.CodeBadRequest, Message: "decode job without kv_transfer_params from a vLLM prefill"}
 		}
-		set = map[string]json.RawMessage{"kv_transfer_params": h.GetKvTransferParamsJson()}
+		body, err = oaiformat.VLLMDecodeBody(r.Body, h.GetKvTransferParamsJson())
 	case SGLang:
 		if h.GetBootstrapHost() == "" {
 			return &wire.Error{Code: wire.CodeBadRequest, Message: "decode job without SGLang bootstrap fields"}
 		}
-		set = bootstrapFields(h)
+		body, err = oaiformat.SGLangBody(r.Body, h.GetBootstrapHost(), h.GetBootstrapPort(), h.GetBootstrapRoom())
 	}
-	body, err := SetFields(r.Body, set)
 	if err != nil {
-		return err
+		return bodyError(err)
 	}
 	leg := *r
 	leg.Body = body
 	return a.inner.Stream(ctx, &leg, emit)
 }
 
-func bootstrapFields(h *wire.PDHandoff) map[string]json.RawMessage {
-	host, _ := json.Marshal(h.GetBootstrapHost())
-	return map[string]json.RawMessage{
-		"bootstrap_host": host,
-		"bootstrap_port": json.RawMessage(strconv.FormatUint(uint64(h.GetBootstrapPort()), 10)),
-		// A JSON integer, never a float: rooms use all 63 bits.
-		"bootstrap_room": json.RawMessage(strconv.FormatUint(h.GetBootstrapRoom(), 10)),
-	}
+func bodyError(err error) error {
+	return &wire.Error{Code: wire.CodeBadRequest, Message: "request body: " + err.Error()}
 }
 
 // Prefill runs the prefill leg and hands off as the protocol requires.
@@ -145,9 +139,9 @@ func (a *Adapter) prefillSGLang(ctx context.Context, r *agent.Request, handoff f
 		BootstrapPort: uint32(a.port),
 		BootstrapRoom: a.rand() >> 1, // [0, 2^63-1], as SGLang's router draws it
 	}
-	body, err := SetFields(r.Body, bootstrapFields(h))
+	body, err := oaiformat.SGLangBody(r.Body, h.BootstrapHost, h.BootstrapPort, h.BootstrapRoom)
 	if err != nil {
-		return err
+		return bodyError(err)
 	}
 	// Hand off first: the decode engine waits on the room, so the two legs
 	// overlap instead of adding up.
@@ -160,19 +154,11 @@ func (a *Adapter) prefillSGLang(ctx context.Context, r *agent.Request, handoff f
 	return a.inner.Stream(ctx, &leg, func([]byte, bool) error { return nil })
 }
 
-// vllmPrefillParams asks the prefill engine to keep the KV cache for a
-// remote decode.
-var vllmPrefillParams = json.RawMessage(`{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}`)
-
 func (a *Adapter) prefillVLLM(ctx context.Context, r *agent.Request, handoff func(*wire.PDHandoff) error) error {
-	set := map[string]json.RawMessage{
-		"kv_transfer_params": vllmPrefillParams,
-		"max_tokens":         json.RawMessage("1"),
-		"stream":             json.RawMessage("false"),
-	}
-	body, err := SetFields(r.Body, set, "stream_options", "max_completion_tokens")
+	// The leg as vLLM's own proxy sends it (see oaiformat.VLLMPrefillBody).
+	body, err := oaiformat.VLLMPrefillBody(r.Body)
 	if err != nil {
-		return err
+		return bodyError(err)
 	}
 	leg := *r
 	leg.Body = body
@@ -193,20 +179,4 @@ func (a *Adapter) prefillVLLM(ctx context.Context, r *agent.Request, handoff fun
 		return &wire.Error{Code: wire.CodeEngine, Message: "vLLM prefill answered without kv_transfer_params (is the engine started with a KV connector and kv_role kv_producer or kv_both?)"}
 	}
 	return handoff(&wire.PDHandoff{Protocol: VLLM, KvTransferParamsJson: params})
-}
-
-// SetFields returns body with the given top-level members set and the del
-// members removed; every other member is kept as sent.
-func SetFields(body []byte, set map[string]json.RawMessage, del ...string) ([]byte, error) {
-	var m map[string]json.RawMessage
-	if err := json.Unmarshal(body, &m); err != nil {
-		return nil, &wire.Error{Code: wire.CodeBadRequest, Message: "request body: " + err.Error()}
-	}
-	for _, k := range del {
-		delete(m, k)
-	}
-	for k, v := range set {
-		m[k] = v
-	}
-	return json.Marshal(m)
 }

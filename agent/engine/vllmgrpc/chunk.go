@@ -6,6 +6,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/switchyard-ai/switchyard/oaiformat"
 	"github.com/switchyard-ai/switchyard/wire"
 )
 
@@ -24,13 +25,13 @@ func newChunker(api wire.API, id, model string) *chunker {
 		prefix, object = "chatcmpl-", "chat.completion.chunk"
 	}
 	b := append(make([]byte, 0, 128), `{"id":`...)
-	b = appendJSONString(b, prefix+id)
+	b = oaiformat.AppendString(b, prefix+id)
 	b = append(b, `,"object":"`...)
 	b = append(b, object...)
 	b = append(b, `","created":`...)
 	b = strconv.AppendInt(b, time.Now().Unix(), 10)
 	b = append(b, `,"model":`...)
-	b = appendJSONString(b, model)
+	b = oaiformat.AppendString(b, model)
 	c.head = append(b, `,"choices":[`...)
 	return c
 }
@@ -51,11 +52,11 @@ func (c *chunker) text(s []byte) []byte {
 	b := append(c.buf[:0], c.head...)
 	if c.chat {
 		b = append(b, `{"index":0,"delta":{"content":`...)
-		b = appendJSONString(b, string(s))
+		b = oaiformat.AppendString(b, string(s))
 		b = append(b, `},"logprobs":null,"finish_reason":null}`...)
 	} else {
 		b = append(b, `{"index":0,"text":`...)
-		b = appendJSONString(b, string(s))
+		b = oaiformat.AppendString(b, string(s))
 		b = append(b, `,"logprobs":null,"finish_reason":null}`...)
 	}
 	return c.end(b)
@@ -68,7 +69,7 @@ func (c *chunker) finish(reason string) []byte {
 	} else {
 		b = append(b, `{"index":0,"text":"","logprobs":null,"finish_reason":`...)
 	}
-	b = appendJSONString(b, reason)
+	b = oaiformat.AppendString(b, reason)
 	b = append(b, '}')
 	return c.end(b)
 }
@@ -83,49 +84,6 @@ func (c *chunker) usage(prompt, completion uint32) []byte {
 	b = strconv.AppendUint(b, uint64(prompt)+uint64(completion), 10)
 	c.buf = append(b, `}}`...)
 	return c.buf
-}
-
-const hexDigits = "0123456789abcdef"
-
-// appendJSONString appends s as a JSON string; s is valid UTF-8 (the
-// detokenizer's output).
-func appendJSONString(b []byte, s string) []byte {
-	b = append(b, '"')
-	start := 0
-	for i := 0; i < len(s); {
-		c := s[i]
-		if c >= utf8.RuneSelf {
-			r, size := utf8.DecodeRuneInString(s[i:])
-			if r == '\u2028' || r == '\u2029' {
-				b = append(b, s[start:i]...)
-				b = append(b, '\\', 'u', '2', '0', '2', hexDigits[r&0xf])
-				start = i + size
-			}
-			i += size
-			continue
-		}
-		if c >= 0x20 && c != '"' && c != '\\' {
-			i++
-			continue
-		}
-		b = append(b, s[start:i]...)
-		switch c {
-		case '"', '\\':
-			b = append(b, '\\', c)
-		case '\n':
-			b = append(b, '\\', 'n')
-		case '\r':
-			b = append(b, '\\', 'r')
-		case '\t':
-			b = append(b, '\\', 't')
-		default:
-			b = append(b, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
-		}
-		i++
-		start = i
-	}
-	b = append(b, s[start:]...)
-	return append(b, '"')
 }
 
 // stopFilter applies stop strings to the decoded text on the client side,

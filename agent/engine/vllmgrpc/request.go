@@ -7,6 +7,7 @@ import (
 	"math"
 	"strings"
 
+	"github.com/switchyard-ai/switchyard/oaiformat"
 	"github.com/switchyard-ai/switchyard/vllmpb"
 	"github.com/switchyard-ai/switchyard/wire"
 )
@@ -188,9 +189,9 @@ func buildRequest(api wire.API, raw []byte, tmpl ChatTemplate) (*job, error) {
 		s := int32(*b.Seed)
 		sp.Seed = &s
 	}
-	stops, err := stopList(b.Stop)
+	stops, err := oaiformat.Stops(b.Stop)
 	if err != nil {
-		return nil, err
+		return nil, badRequest("%v", err)
 	}
 	sp.Stop = stops
 	req.SamplingParams = sp
@@ -247,33 +248,6 @@ func setPrompt(req *vllmpb.GenerateRequest, raw json.RawMessage) error {
 		return nil
 	}
 	return badRequest("prompt must be a string, an array of one string or an array of token ids")
-}
-
-func stopList(raw json.RawMessage) ([]string, error) {
-	if isNull(raw) {
-		return nil, nil
-	}
-	var s string
-	if json.Unmarshal(raw, &s) == nil {
-		if s == "" {
-			return nil, nil
-		}
-		return []string{s}, nil
-	}
-	var list []string
-	if json.Unmarshal(raw, &list) != nil {
-		return nil, badRequest("stop must be a string or an array of strings")
-	}
-	out := list[:0]
-	for _, s := range list {
-		if s != "" {
-			out = append(out, s)
-		}
-	}
-	if len(out) == 0 {
-		return nil, nil
-	}
-	return out, nil
 }
 
 func isNull(raw json.RawMessage) bool {

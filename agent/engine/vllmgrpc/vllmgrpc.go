@@ -36,9 +36,11 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/switchyard-ai/switchyard/agent"
+	"github.com/switchyard-ai/switchyard/oaiformat"
 	"github.com/switchyard-ai/switchyard/vllmpb"
 	"github.com/switchyard-ai/switchyard/wire"
 )
@@ -229,7 +231,7 @@ func (a *Adapter) Stream(ctx context.Context, r *agent.Request, emit agent.Emit)
 	if model == "" {
 		model = r.Job.GetModel()
 	}
-	return a.stream(ctx, r.API, j, v, model, emit)
+	return a.stream(outgoing(ctx, r.Job), r.API, j, v, model, emit)
 }
 
 func (a *Adapter) stream(ctx context.Context, api wire.API, j *job, v Vocabulary, model string, emit agent.Emit) error {
@@ -325,9 +327,18 @@ func (a *Adapter) stream(ctx context.Context, api wire.API, j *job, v Vocabulary
 	}
 }
 
-// doRemoteDecode is the prefill leg's kv_transfer_params, as vLLM's
-// disaggregated-serving proxy sends it.
-const doRemoteDecode = `{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}`
+// outgoing adds what every engine request of job carries as gRPC
+// metadata: x-request-id, one for all legs and attempts (the engine's own
+// request id stays per attempt, for aborts), and the W3C trace context.
+func outgoing(ctx context.Context, job *wire.Job) context.Context {
+	kv := []string{"x-request-id", oaiformat.RequestID(job)}
+	for _, k := range oaiformat.TraceHeaders {
+		if v := job.GetTrace()[k]; v != "" {
+			kv = append(kv, k, v)
+		}
+	}
+	return metadata.AppendToOutgoingContext(ctx, kv...)
+}
 
 // Prefill runs the prefill leg of a vLLM PD job (max_tokens 1, no stream,
 // do_remote_decode) and hands the kv_transfer_params it returns to the
@@ -342,8 +353,12 @@ func (a *Adapter) Prefill(ctx context.Context, r *agent.Request, handoff func(*w
 	j.req.Stream = false
 	one := uint32(1)
 	j.req.SamplingParams.MaxTokens = &one
-	kv := doRemoteDecode
+	// vLLM refuses min_tokens above max_tokens; its proxy drops them from
+	// the prefill leg, and so does this one.
+	j.req.SamplingParams.MinTokens = 0
+	kv := string(oaiformat.VLLMPrefillParams)
 	j.req.KvTransferParamsJson = &kv
+	ctx = outgoing(ctx, r.Job)
 
 	gctx, cancel := context.WithCancel(ctx)
 	defer cancel()

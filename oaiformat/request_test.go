@@ -1,6 +1,8 @@
-package openaihttp
+package oaiformat
 
 import (
+	"encoding/json"
+	"errors"
 	"strings"
 	"testing"
 
@@ -36,32 +38,44 @@ var parseCases = []struct {
 	{"stop number", wire.API_API_CHAT, `{"messages":[{"role":"user","content":"hi"}],"stop":1}`, "invalid_type", false, false},
 	{"prompt number", wire.API_API_COMPLETION, `{"prompt":1}`, "invalid_type", false, false},
 	{"no prompt", wire.API_API_COMPLETION, `{}`, "invalid_value", false, false},
+	{"kv_transfer_params", wire.API_API_CHAT, `{"messages":[{"role":"user","content":"hi"}],"kv_transfer_params":{"do_remote_prefill":true,"remote_host":"10.0.0.9"}}`, "reserved_field", false, false},
+	{"kv_transfer_params null", wire.API_API_CHAT, `{"messages":[{"role":"user","content":"hi"}],"kv_transfer_params":null}`, "reserved_field", false, false},
+	{"bootstrap_host", wire.API_API_COMPLETION, `{"prompt":"x","bootstrap_host":"10.0.0.9"}`, "reserved_field", false, false},
+	{"bootstrap_port", wire.API_API_COMPLETION, `{"prompt":"x","bootstrap_port":8998}`, "reserved_field", false, false},
+	{"bootstrap_room", wire.API_API_COMPLETION, `{"prompt":"x","bootstrap_room":7}`, "reserved_field", false, false},
+	{"bootstrap_pair_key", wire.API_API_COMPLETION, `{"prompt":"x","bootstrap_pair_key":"k"}`, "reserved_field", false, false},
+	{"escaped hand-off key", wire.API_API_COMPLETION, `{"prompt":"x","kv_transfer_p\u0061rams":{}}`, "reserved_field", false, false},
 	{"invalid utf8", wire.API_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"\xc3\"}]}", "invalid_encoding", false, false},
 }
 
 func TestParseRequest(t *testing.T) {
 	for _, tc := range parseCases {
 		t.Run(tc.name, func(t *testing.T) {
-			p, err := parseRequest(tc.api, []byte(tc.body))
+			p, err := Read(tc.api, []byte(tc.body))
 			if tc.code != "" {
-				if err == nil || err.Code == nil || *err.Code != tc.code || err.Status != 400 {
-					t.Fatalf("got %+v, want code %s", err, tc.code)
+				var e *Error
+				if !errors.As(err, &e) || e.Code != tc.code {
+					t.Fatalf("got %v, want code %s", err, tc.code)
+				}
+				if e.Code == "reserved_field" && (e.Param == "" || !strings.Contains(e.Message, e.Param)) {
+					t.Fatalf("refusal %+v does not name the field", e)
 				}
 				return
 			}
 			if err != nil {
-				t.Fatalf("unexpected error %+v", *err)
+				t.Fatalf("unexpected error %v", err)
 			}
-			if p.Stream != tc.stream || p.Need.NoPD != tc.noPD {
+			if p.Stream != tc.stream || (p.NoPD != "") != tc.noPD {
 				t.Fatalf("parsed %+v", p)
 			}
 		})
 	}
 }
 
-// FuzzParseRequest: no body crashes the parser, every rejection is a 400
-// with a code, and an accepted body is a JSON object with a sane model.
-func FuzzParseRequest(f *testing.F) {
+// FuzzRead: no body crashes the reader, every refusal is an *Error with a
+// code, an accepted body has a sane model and n, and no accepted body
+// carries a hand-off field as an engine reads keys.
+func FuzzRead(f *testing.F) {
 	for _, tc := range parseCases {
 		f.Add(uint8(tc.api), []byte(tc.body))
 	}
@@ -70,15 +84,25 @@ func FuzzParseRequest(f *testing.F) {
 		if api%2 == 1 {
 			a = wire.API_API_COMPLETION
 		}
-		p, err := parseRequest(a, body)
+		p, err := Read(a, body)
 		if err != nil {
-			if err.Status != 400 || err.Code == nil || err.Message == "" {
-				t.Fatalf("rejection %+v", err)
+			var e *Error
+			if !errors.As(err, &e) || e.Code == "" || e.Message == "" {
+				t.Fatalf("rejection %v", err)
 			}
 			return
 		}
-		if len(p.Model) > maxModelLen || p.N < 1 || p.N > maxN {
+		if len(p.Model) > MaxModelLen || p.N < 1 || p.N > MaxN {
 			t.Fatalf("accepted %+v", p)
+		}
+		var m map[string]json.RawMessage
+		if err := json.Unmarshal(body, &m); err != nil {
+			t.Fatalf("accepted %q that encoding/json refuses: %v", body, err)
+		}
+		for _, k := range HandoffFields {
+			if _, ok := m[k]; ok {
+				t.Fatalf("accepted %q with %s", body, k)
+			}
 		}
 	})
 }
@@ -95,9 +119,9 @@ func TestNoMigration(t *testing.T) {
 		`{` + msgs + `,"tools":[{"type":"function","function":{"name":"f"}}]}`: "tools",
 		`{` + msgs + `,"functions":[{"name":"f"}]}`:                            "tools",
 	} {
-		p, err := parseRequest(wire.API_API_CHAT, []byte(body))
+		p, err := Read(wire.API_API_CHAT, []byte(body))
 		if err != nil {
-			t.Fatalf("%s: %+v", body, *err)
+			t.Fatalf("%s: %v", body, err)
 		}
 		if p.NoMigration != want {
 			t.Errorf("%s: NoMigration %q, want %q", body, p.NoMigration, want)

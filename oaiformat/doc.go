@@ -1,0 +1,25 @@
+// Package oaiformat owns Switchyard's reading and writing of the OpenAI
+// request and chunk format, so that one package, not six, decides what a
+// body means and what an engine receives.
+//
+// It reads a client's request into the facts the broker needs ([Read]:
+// model, stream, n, include_usage, tools, why the PD pipeline or a
+// migration cannot serve it) and refuses the hand-off fields that belong to
+// Switchyard's PD pipeline ([HandoffFields]). It builds the bodies engines
+// receive: the agent's streaming body ([StreamingBody]), the PD legs
+// ([VLLMPrefillBody], [VLLMDecodeBody], [SGLangBody]) and a migrated
+// attempt's continuation ([Continuation]). Each engine body is one
+// validating pass over the client's body that copies its members as they
+// were written ([Rewrite]); no body is decoded and encoded again. It
+// rewrites the chunks of a migrated stream ([RewriteChunk]), and holds
+// the helpers several adapters shared copies of: stop lists ([Stops]) and
+// a JSON string appender ([AppendString]). The per-token chunk scan lives
+// in the chunkjson subpackage.
+//
+// Keys: engines (Python's json, pydantic) match keys exactly after
+// unescaping, so the rewrites compare keys exactly, and a body with an
+// escaped key goes through encoding/json to compare keys as the engine
+// will read them. [Read] decodes with encoding/json, whose case-insensitive
+// matching makes its refusals stricter than the engines' reading, never
+// looser.
+package oaiformat
