@@ -546,6 +546,11 @@ func (c *Call) stuck() error {
 	if !ok {
 		return nil
 	}
+	if c.agent == "" && c.prefillAgent != "" && c.handedOff.IsZero() {
+		// A prefill agent runs the leg: it is alive as long as it
+		// heartbeats, however long the prompt, whatever the pool's state.
+		return c.agentGone(m, c.prefillAgent)
+	}
 	if c.agent == "" {
 		if !routeEligible(m, c.Route, c.pair) {
 			return fmt.Errorf("%w: route %s of %q has no eligible agent", errNotTaken, routeName(c.Route, c.pair), c.Model)
