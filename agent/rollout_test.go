@@ -18,6 +18,7 @@ import (
 	"github.com/switchyard-ai/switchyard/agent"
 	"github.com/switchyard-ai/switchyard/broker"
 	"github.com/switchyard-ai/switchyard/internal/natstest"
+	"github.com/switchyard-ai/switchyard/internal/testwait"
 	"github.com/switchyard-ai/switchyard/subjects"
 	"github.com/switchyard-ai/switchyard/wire"
 )
@@ -25,19 +26,11 @@ import (
 // Tests of issue 13's agent side: pairing, state reason, slow start,
 // keep-alives, hand-off expiry, decode-job publishing and PD-safe cancel.
 
+// checkFor is the shared poll (internal/testwait) under this package's
+// old name.
 func checkFor(t testing.TB, total, every time.Duration, f func() error) {
 	t.Helper()
-	deadline := time.Now().Add(total)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal(err)
-		}
-		time.Sleep(every)
-	}
+	testwait.For(t, total, every, f)
 }
 
 // env is an embedded NATS server with the jobs stream, as a broker makes it.

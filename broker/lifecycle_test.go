@@ -19,6 +19,7 @@ import (
 
 	"github.com/switchyard-ai/switchyard/dispatch"
 	"github.com/switchyard-ai/switchyard/internal/natstest"
+	"github.com/switchyard-ai/switchyard/internal/testwait"
 	"github.com/switchyard-ai/switchyard/subjects"
 	"github.com/switchyard-ai/switchyard/wire"
 )
@@ -69,7 +70,7 @@ func newRig(t *testing.T, cfg Config) *rig {
 		<-done
 		b.jobDeletes.Wait()
 	})
-	checkFor(t, 10*time.Second, 10*time.Millisecond, b.Ready)
+	testwait.For(t, 10*time.Second, 10*time.Millisecond, b.Ready)
 	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)
@@ -212,7 +213,7 @@ func serve(_ *fakeAgent, _ *wire.Job, say func(*wire.Chunk)) {
 // waitEligible waits until the broker's table counts the agents eligible.
 func (r *rig) waitEligible(ids ...string) {
 	r.t.Helper()
-	checkFor(r.t, 5*time.Second, 10*time.Millisecond, func() error {
+	testwait.For(r.t, 5*time.Second, 10*time.Millisecond, func() error {
 		m, ok := r.b.Fleet().Model(testModel)
 		if !ok {
 			return errors.New("model not in the table")
@@ -278,7 +279,7 @@ func TestRetryBeforeFirstToken(t *testing.T) {
 	})
 	r.waitEligible("bad")
 	c := submit(t, r.b)
-	checkFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+	testwait.For(t, 5*time.Second, 10*time.Millisecond, func() error {
 		if bad.pulled.Load() == 0 {
 			return errors.New("bad agent has not pulled yet")
 		}
@@ -332,7 +333,7 @@ func TestStallWithoutKeepAlive(t *testing.T) {
 	defer close(release)
 	r.waitEligible("mute")
 	c := submit(t, r.b)
-	checkFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+	testwait.For(t, 5*time.Second, 10*time.Millisecond, func() error {
 		if mute.pulled.Load() == 0 {
 			return errors.New("not pulled yet")
 		}
@@ -455,7 +456,7 @@ func TestAbandonedJobLeavesQueue(t *testing.T) {
 				t.Fatalf("%d jobs queued, want 1", n)
 			}
 			tc.end(t, c)
-			checkFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+			testwait.For(t, 5*time.Second, 10*time.Millisecond, func() error {
 				if n := r.streamMsgs(); n != 0 {
 					return fmt.Errorf("%d jobs still queued", n)
 				}
@@ -503,7 +504,7 @@ func TestHandoffExpires(t *testing.T) {
 		}
 	}()
 	c := submit(t, r.b)
-	checkFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+	testwait.For(t, 5*time.Second, 10*time.Millisecond, func() error {
 		if prefills.Load() == 0 {
 			return errors.New("no prefill yet")
 		}
@@ -529,7 +530,7 @@ func TestCapacityWait(t *testing.T) {
 		a := r.agent("w", subjects.PoolRegular, "", 1, serve)
 		r.waitEligible("w")
 		a.state.Store(wire.StateWarming)
-		checkFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+		testwait.For(t, 5*time.Second, 10*time.Millisecond, func() error {
 			if m, _ := r.b.Fleet().Model(testModel); m.Eligible(dispatch.RouteRegular) {
 				return errors.New("still eligible")
 			}
@@ -547,7 +548,7 @@ func TestCapacityWait(t *testing.T) {
 		r := newRig(t, Config{CapacityWait: 10 * time.Second})
 		a := r.agent("w", subjects.PoolRegular, "", 1, serve)
 		a.state.Store(wire.StateWarming)
-		checkFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+		testwait.For(t, 5*time.Second, 10*time.Millisecond, func() error {
 			if m, ok := r.b.Fleet().Model(testModel); !ok || m.Eligible(dispatch.RouteRegular) {
 				return errors.New("model not known as warming yet")
 			}
