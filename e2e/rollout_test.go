@@ -1,0 +1,463 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/switchyard-ai/switchyard/simengine"
+)
+
+// Timing of the rollout's engines. Every prompt token costs prefillPerToken
+// before the first token, so a long prompt's first token comes after about
+// 3s, beyond the broker's 2s stall timeout, while a short one's takes a few
+// tens of milliseconds.
+const (
+	rolloutTTFT        = 30 * time.Millisecond
+	rolloutPerToken    = time.Millisecond
+	rolloutITL         = 15 * time.Millisecond
+	rolloutStall       = 2 * time.Second
+	rolloutSlowStart   = 2 * time.Second
+	rolloutLoadTime    = 10 * time.Second
+	rolloutHandoffHold = 300 * time.Millisecond
+	rolloutTokens      = 12 // output tokens of a steady request
+	rolloutLoad        = 0.9
+)
+
+// longPrompt is the prompt of a request whose first token comes after
+// more than the stall timeout on a rollout engine.
+func longPrompt(tag int) string {
+	return fmt.Sprintf("rq-%d long context:%s", tag, strings.Repeat(" the", 3000))
+}
+
+// TestRealisticRollout is issue 13's rollout, through the real broker and
+// worker-agent run functions, each agent in front of its own sim-engine
+// over HTTP with the openai, vllm and sglang adapters:
+//
+//  1. a regular pool (2 agents x 4 slots) at about 90% load with open-loop
+//     Poisson streaming traffic (seeded);
+//  2. a vLLM-protocol prefill/decode pair (8 slots each) whose engines load
+//     for 10s;
+//  3. a vLLM decode agent whose engine never becomes healthy and an SGLang
+//     prefill agent with no partner; long-prompt requests whose first
+//     token comes after more than the stall timeout; clients that hang up
+//     between the end of their prefill and decode's first token;
+//  4. the regular pool drains, comes back, and the PD agents drain.
+//
+// It asserts what the issue lists: no failed request but the ones clients
+// cancelled; TTFT p99 while the PD engines load no worse than twice the
+// steady state's (nothing waits in a queue nobody pulls); no agent above
+// its effective slots in any /v1/fleet sample; regular and decode
+// utilisation within 10 points at steady state; no prefill run twice;
+// zero KV blocks held by the prefill engines at the end; no job started
+// for a request that had already ended.
+func TestRealisticRollout(t *testing.T) {
+	if testing.Short() {
+		t.Skip("the realistic rollout takes about 80s")
+	}
+	if e := expect(t, simengine.APIChat, fmt.Sprintf(`{"messages":[{"role":"user","content":%q}],"max_tokens":4}`, longPrompt(1))); rolloutTTFT+time.Duration(e.PromptTokens)*rolloutPerToken < rolloutStall+time.Second/2 {
+		t.Fatalf("a long prompt's first token comes after %d prompt tokens, not beyond the %s stall timeout", e.PromptTokens, rolloutStall)
+	}
+	b := startBroker(t, "--slow-start", rolloutSlowStart.String(), "--stall-timeout", rolloutStall.String())
+	engCfg := func(role simengine.Role, proto simengine.PDProtocol, slots int, load time.Duration) simengine.Config {
+		return simengine.Config{Model: model, TTFT: rolloutTTFT, PrefillPerToken: rolloutPerToken, ITL: rolloutITL, Slots: slots,
+			Role: role, PDProtocol: proto, BootstrapPort: 0, BootstrapTimeout: 5 * time.Second,
+			// A leaked hand-off must still be held when the test looks.
+			KVHoldTimeout: 10 * time.Minute, LoadTime: load}
+	}
+	agents := map[string]*proc{}
+	engines := map[string]*spyEngine{}
+	addAgent := func(id string, e *spyEngine, slots int, args ...string) {
+		agents[id] = startAgent(t, b.NATS, id, &engine{URL: e.URL}, slots, append([]string{"--model", model}, args...)...)
+	}
+	drain := func(id string) {
+		if err := agents[id].Stop(t); err != nil {
+			t.Errorf("agent %s: %v", id, err)
+		}
+	}
+
+	// The regular pool.
+	for _, n := range []string{"e1", "e2"} {
+		engines[n] = startSpyEngine(t, n, engCfg(simengine.RoleRegular, simengine.PDVLLM, 4, 0))
+	}
+	addAgent("r1", engines["e1"], 4)
+	addAgent("r2", engines["e2"], 4)
+	waitEligible(t, b.HTTP, "r1", "r2")
+
+	hc := rolloutHTTPClient()
+	defer hc.CloseIdleConnections()
+	var (
+		mu      sync.Mutex
+		reqs    []*rolloutReq
+		samples []fleetSample
+		nextTag atomic.Int64
+		wg      sync.WaitGroup
+		probes  sync.Map // tag -> chan struct{}: closed when its prefill ended
+	)
+	send := func(ctx context.Context, kind string, tag int, prompt string, maxTokens int) *rolloutReq {
+		r := &rolloutReq{kind: kind, tag: tag}
+		mu.Lock()
+		reqs = append(reqs, r)
+		mu.Unlock()
+		rolloutStream(ctx, hc, b.HTTP, r, prompt, maxTokens)
+		return r
+	}
+	newTag := func() int { return int(nextTag.Add(1)) }
+
+	// Calibrate: the mean duration of a steady request with every slot
+	// busy, so that the Poisson rate gives about 90% of the regular
+	// pool's slots on this machine, however loaded it is.
+	calCtx, calStop := context.WithTimeout(context.Background(), 3*time.Second)
+	var calMu sync.Mutex
+	var calSum time.Duration
+	var calN int
+	var calWG sync.WaitGroup
+	for range 8 {
+		calWG.Add(1)
+		go func() {
+			defer calWG.Done()
+			for calCtx.Err() == nil {
+				r := &rolloutReq{}
+				rolloutStream(context.Background(), hc, b.HTTP, r, fmt.Sprintf("calibration %d", newTag()), rolloutTokens)
+				if r.err != "" {
+					t.Errorf("calibration request failed: %s", r.err)
+					return
+				}
+				calMu.Lock()
+				calSum += r.end.Sub(r.sent)
+				calN++
+				calMu.Unlock()
+			}
+		}()
+	}
+	calWG.Wait()
+	calStop()
+	if calN == 0 {
+		t.Fatal("no calibration request completed")
+	}
+	service := calSum / time.Duration(calN)
+	rate := rolloutLoad * 8 / service.Seconds()
+	t.Logf("calibration: %d requests, mean %s: %.1f requests/s for %.0f%% of 8 slots", calN, service.Round(time.Millisecond), rate, rolloutLoad*100)
+
+	loadCtx, stopLoad := context.WithCancel(context.Background())
+	defer stopLoad()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		poisson(loadCtx, 13, func() float64 { return rate }, func() {
+			tag := newTag()
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				send(context.Background(), "steady", tag, fmt.Sprintf("rq-%d tell me about the rollout", tag), rolloutTokens)
+			}()
+		})
+	}()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for loadCtx.Err() == nil {
+			if s, err := sampleFleet(b.HTTP); err == nil {
+				mu.Lock()
+				samples = append(samples, s)
+				mu.Unlock()
+			}
+			select {
+			case <-loadCtx.Done():
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	}()
+
+	var phases []rolloutPhase
+	mark := func(name string) { phases = append(phases, rolloutPhase{name, time.Now()}) }
+
+	mark("regular 90%")
+	time.Sleep(10 * time.Second) // a window of traffic, not a wait for state
+
+	// The PD pair, engines loading for 10s.
+	mark("PD pair loading")
+	engines["p1"] = startSpyEngine(t, "p1", engCfg(simengine.RolePrefill, simengine.PDVLLM, 8, rolloutLoadTime))
+	engines["d1"] = startSpyEngine(t, "d1", engCfg(simengine.RoleDecode, simengine.PDVLLM, 8, rolloutLoadTime))
+	// A prefill's end cancels its probe's client; its decode leg waits a
+	// little before reaching the decode engine, as in a busy decode queue,
+	// so the hang-up lands in the hand-off. Probes start later.
+	engines["p1"].onDone = func(tag int) {
+		if c, ok := probes.Load(tag); ok {
+			close(c.(chan struct{}))
+		}
+	}
+	engines["d1"].hold = func(tag int) time.Duration {
+		if _, ok := probes.Load(tag); ok {
+			return rolloutHandoffHold
+		}
+		return 0
+	}
+	addAgent("p1", engines["p1"], 8, "--engine", "vllm", "--role", "prefill")
+	addAgent("d1", engines["d1"], 8, "--engine", "vllm", "--role", "decode")
+	checkFor(t, 40*time.Second, 50*time.Millisecond, func() error {
+		f := getFleet(t, b.HTTP)
+		for _, id := range []string{"p1", "d1"} {
+			ok := false
+			for _, a := range f.Agents {
+				ok = ok || (a.ID == id && a.Eligible)
+			}
+			if !ok {
+				return fmt.Errorf("%s not eligible yet", id)
+			}
+		}
+		return nil
+	})
+	mark("PD ramp")
+	time.Sleep(rolloutSlowStart)
+
+	// Agents that must count zero, and the hard requests.
+	mark("steady with PD")
+	engines["x1"] = startSpyEngine(t, "x1", engCfg(simengine.RoleDecode, simengine.PDVLLM, 8, simengine.LoadNever))
+	engines["s1"] = startSpyEngine(t, "s1", engCfg(simengine.RolePrefill, simengine.PDSGLang, 8, 0))
+	addAgent("x1", engines["x1"], 8, "--engine", "vllm", "--role", "decode")
+	addAgent("s1", engines["s1"], 8, "--engine", "sglang", "--role", "prefill",
+		"--bootstrap-host", "127.0.0.1", "--bootstrap-port", fmt.Sprint(engines["s1"].BootstrapPort()))
+	hardCtx, stopHard := context.WithCancel(loadCtx)
+	wg.Add(2)
+	go func() { // long prompts, one every 1.5s
+		defer wg.Done()
+		for hardCtx.Err() == nil {
+			tag := newTag()
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				send(context.Background(), "long", tag, longPrompt(tag), 4)
+			}()
+			select {
+			case <-hardCtx.Done():
+			case <-time.After(1500 * time.Millisecond):
+			}
+		}
+	}()
+	probeCtx, stopProbes := context.WithCancel(hardCtx)
+	go func() { // hand-off hang-ups, one every 400ms
+		defer wg.Done()
+		for probeCtx.Err() == nil {
+			tag := newTag()
+			ended := make(chan struct{})
+			probes.Store(tag, ended)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				ctx, cancel := context.WithCancel(context.Background())
+				defer cancel()
+				r := &rolloutReq{kind: "handoff", tag: tag}
+				mu.Lock()
+				reqs = append(reqs, r)
+				mu.Unlock()
+				done, watched := make(chan struct{}), make(chan bool)
+				go func() {
+					select {
+					case <-ended:
+						cancel()
+						watched <- true
+					case <-done:
+						watched <- false
+					}
+				}()
+				rolloutStream(ctx, hc, b.HTTP, r, fmt.Sprintf("rq-%d hang up in the hand-off", tag), rolloutTokens)
+				close(done)
+				r.cancelled = <-watched
+			}()
+			select {
+			case <-probeCtx.Done():
+			case <-time.After(400 * time.Millisecond):
+			}
+		}
+	}()
+	// The agents that count zero say why in /v1/fleet.
+	checkFor(t, 20*time.Second, 50*time.Millisecond, func() error {
+		for _, a := range getFleet(t, b.HTTP).Agents {
+			if (a.ID == "x1" || a.ID == "s1") && (a.Eligible || a.Reason == "") {
+				return fmt.Errorf("agent %s: eligible %v, reason %q", a.ID, a.Eligible, a.Reason)
+			}
+		}
+		seen := 0
+		for _, a := range getFleet(t, b.HTTP).Agents {
+			if a.ID == "x1" || a.ID == "s1" {
+				seen++
+			}
+		}
+		if seen < 2 {
+			return fmt.Errorf("x1 and s1 not both in the fleet yet")
+		}
+		return nil
+	})
+	time.Sleep(12 * time.Second)
+	stopProbes()
+
+	mark("drain regular")
+	drain("r1")
+	drain("r2")
+	mark("PD only")
+	time.Sleep(4 * time.Second)
+	mark("regular back")
+	addAgent("r3", engines["e1"], 4)
+	addAgent("r4", engines["e2"], 4)
+	waitEligible(t, b.HTTP, "r3", "r4")
+	time.Sleep(rolloutSlowStart + 2*time.Second)
+	stopHard()
+
+	mark("drain PD")
+	drain("p1")
+	drain("s1")
+	// Decode legs already handed off still need their decode agent.
+	checkFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+		f := getFleetFull(t, b.HTTP)
+		for _, a := range f.Agents {
+			if a.Pool == "decode" && a.Active > 0 {
+				return fmt.Errorf("decode %s busy", a.ID)
+			}
+		}
+		if len(f.Models) > 0 && f.Models[0].Queue["decode"] > 0 {
+			return fmt.Errorf("decode queue %d", f.Models[0].Queue["decode"])
+		}
+		return nil
+	})
+	drain("d1")
+	drain("x1")
+	mark("regular again")
+	time.Sleep(3 * time.Second)
+	mark("end")
+	stopLoad()
+	wg.Wait()
+
+	mu.Lock()
+	defer mu.Unlock()
+	byTag := map[int]*rolloutReq{}
+	for _, r := range reqs {
+		byTag[r.tag] = r
+	}
+	t.Logf("per window:\n%s", rolloutTable(phases, reqs, samples))
+
+	// No failed request except the ones clients cancelled.
+	failed, cancelled := 0, 0
+	for _, r := range reqs {
+		if r.cancelled {
+			cancelled++
+		}
+		if r.failed() {
+			failed++
+			if failed <= 5 {
+				t.Errorf("%s request rq-%d sent at +%s failed: %s", r.kind, r.tag, r.sent.Sub(phases[0].at).Round(time.Millisecond), r.err)
+			}
+		}
+	}
+	if failed > 0 {
+		t.Errorf("%d of %d requests failed", failed, len(reqs))
+	}
+	if cancelled < 3 {
+		t.Errorf("only %d clients hung up in a hand-off; the scenario needs several", cancelled)
+	}
+
+	// Nothing waited in a queue nobody pulled: TTFT p99 of the steady
+	// requests sent while the PD engines loaded is no worse than twice the
+	// p99 of the regular-only window before.
+	steady, loading := windowTTFT(reqs, phases, 0), windowTTFT(reqs, phases, 1)
+	if len(steady) < 100 || len(loading) < 100 {
+		t.Errorf("too few samples for a p99: %d steady, %d while loading", len(steady), len(loading))
+	} else if ps, pl := quantile(steady, 0.99), quantile(loading, 0.99); pl > 2*ps {
+		t.Errorf("TTFT p99 while PD engines load %s, more than twice the steady %s", pl, ps)
+	}
+
+	// No agent ever above its effective slots; an agent that does not
+	// serve (warming) holds nothing.
+	over := 0
+	for _, s := range samples {
+		for _, a := range s.agents {
+			bad := (a.State == "ready" && float64(a.Active) > a.EffectiveSlots+1e-9) ||
+				(a.State == "warming" && a.Active > 0) || a.Active > a.Slots
+			if bad {
+				over++
+				if over <= 5 {
+					t.Errorf("agent %s (%s) at +%s: active %d, effective slots %.2f of %d", a.ID, a.State, s.at.Sub(phases[0].at).Round(time.Millisecond), a.Active, a.EffectiveSlots, a.Slots)
+				}
+			}
+		}
+	}
+
+	// Steady state with both routes: regular and decode utilisation within
+	// 10 points.
+	ru, du, n := 0.0, 0.0, 0
+	for _, s := range samplesIn(samples, phases, 3) {
+		r, okR := s.poolUtil("regular")
+		d, okD := s.poolUtil("decode")
+		if okR && okD {
+			ru, du, n = ru+r, du+d, n+1
+		}
+	}
+	if n < 50 {
+		t.Errorf("only %d samples with both pools serving", n)
+	} else if ru, du = ru/float64(n), du/float64(n); math.Abs(ru-du) > 0.10 {
+		t.Errorf("steady state utilisation: regular %.0f%%, decode %.0f%%, more than 10 points apart", 100*ru, 100*du)
+	} else {
+		t.Logf("steady state utilisation: regular %.0f%%, decode %.0f%% (%d samples)", 100*ru, 100*du, n)
+	}
+
+	// No prefill run twice, and no job started for a request that had
+	// already ended. A decode leg may start after its client hung up in
+	// the hand-off: taking the hand-off is how its KV is freed.
+	prefills := map[int]int{}
+	for name, e := range engines {
+		for _, h := range e.Hits() {
+			r := byTag[h.tag]
+			switch {
+			case r == nil:
+				t.Errorf("engine %s ran rq-%d, which no client sent", name, h.tag)
+				continue
+			case name == "x1" || name == "s1":
+				t.Errorf("engine %s, whose agent counts zero, ran rq-%d", name, h.tag)
+			case !r.end.IsZero() && h.at.After(r.end) && !(name == "d1" && r.cancelled):
+				t.Errorf("engine %s started rq-%d %s after its client was gone (%s)", name, h.tag, h.at.Sub(r.end).Round(time.Millisecond), r.err)
+			}
+			if name != "d1" {
+				prefills[h.tag]++
+			}
+		}
+	}
+	twice := 0
+	for tag, k := range prefills {
+		if k > 1 {
+			twice++
+			if twice <= 5 {
+				t.Errorf("rq-%d (%s) prefilled %d times", tag, byTag[tag].kind, k)
+			}
+		}
+	}
+
+	// Zero KV blocks held at the end.
+	for _, name := range []string{"p1", "s1"} {
+		checkFor(t, 15*time.Second, 50*time.Millisecond, func() error {
+			held, err := engines[name].heldKV()
+			if err != nil {
+				return err
+			}
+			if held != 0 {
+				return fmt.Errorf("%s holds %v KV blocks", name, held)
+			}
+			return nil
+		})
+	}
+}
+
+// windowTTFT returns the TTFTs of the steady requests sent in phase i.
+func windowTTFT(reqs []*rolloutReq, phases []rolloutPhase, i int) []time.Duration {
+	var out []time.Duration
+	for _, r := range reqs {
+		if r.kind == "steady" && r.ttft > 0 && !r.sent.Before(phases[i].at) && r.sent.Before(phases[i+1].at) {
+			out = append(out, r.ttft)
+		}
+	}
+	return out
+}
