@@ -52,6 +52,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	fs.StringVar(&cfg.BootstrapHost, "bootstrap-host", def.BootstrapHost, "host a prefill engine's bootstrap side channel listens on and advertises")
 	fs.IntVar(&cfg.BootstrapPort, "bootstrap-port", def.BootstrapPort, "port of a prefill engine's bootstrap side channel (0: any free port)")
 	fs.DurationVar(&cfg.BootstrapTimeout, "bootstrap-timeout", def.BootstrapTimeout, "how long a decode engine waits to reach its prefill (SGLang: for the room to appear)")
+	fs.DurationVar(&cfg.KVHoldTimeout, "kv-hold-timeout", def.KVHoldTimeout, "how long a prefill engine holds a hand-off's KV blocks that no decode reads (vLLM NIXL's lease)")
+	fs.Var((*loadTime)(&cfg.LoadTime), "load-time", "how long the engine loads after start: until then /health, /v1/models and completions answer 503 (gRPC: Unavailable); a duration, or never")
 
 	if err := applyEnv(fs, getenv); err != nil {
 		return err
@@ -105,17 +107,24 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	// them.
 	attrs := []any{"addr", ln.Addr().String(), "model", cfg.Model,
 		"ttft", cfg.TTFT, "prefill_per_token", cfg.PrefillPerToken, "itl", cfg.ITL, "slots", cfg.Slots,
-		"role", eng.Role()}
+		"role", eng.Role(), "load_time", (*loadTime)(&cfg.LoadTime).String()}
 	if gln != nil {
 		attrs = append(attrs, "grpc_addr", gln.Addr().String())
 	}
 	if eng.Role() != simengine.RoleRegular {
 		attrs = append(attrs, "pd_protocol", eng.PDProtocol())
 	}
+	if eng.Role() == simengine.RolePrefill {
+		attrs = append(attrs, "kv_hold_timeout", cfg.KVHoldTimeout)
+	}
 	if a := eng.BootstrapAddr(); a != "" {
 		attrs = append(attrs, "bootstrap_addr", a, "engine_id", eng.EngineID())
 	}
 	log.Info("listening", attrs...)
+	if cfg.LoadTime > 0 && cfg.LoadTime != simengine.LoadNever {
+		t := time.AfterFunc(cfg.LoadTime, func() { log.Info("loaded", "model", cfg.Model) })
+		defer t.Stop()
+	}
 
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
@@ -170,4 +179,31 @@ func applyEnv(fs *flag.FlagSet, getenv func(string) string) error {
 		}
 	})
 	return err
+}
+
+// loadTime is the --load-time flag: a duration, or "never" for
+// simengine.LoadNever.
+type loadTime time.Duration
+
+func (l *loadTime) String() string {
+	if time.Duration(*l) == simengine.LoadNever {
+		return "never"
+	}
+	return time.Duration(*l).String()
+}
+
+func (l *loadTime) Set(s string) error {
+	if s == "never" {
+		*l = loadTime(simengine.LoadNever)
+		return nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("want a duration or never: %w", err)
+	}
+	if d < 0 {
+		return errors.New("must not be negative")
+	}
+	*l = loadTime(d)
+	return nil
 }

@@ -13,8 +13,9 @@ import (
 )
 
 var (
-	_ agent.Engine       = (*Adapter)(nil)
-	_ agent.LoadReporter = (*Adapter)(nil)
+	_ agent.Engine        = (*Adapter)(nil)
+	_ agent.LoadReporter  = (*Adapter)(nil)
+	_ agent.HealthChecker = (*Adapter)(nil)
 )
 
 // Adapter runs jobs on an in-process simulated engine.
@@ -44,6 +45,10 @@ func (a *Adapter) Stream(ctx context.Context, r *agent.Request, emit agent.Emit)
 	}
 	return err
 }
+
+// Health fails while the simulator is loading (simengine.Config.LoadTime),
+// so that the agent stays warming as it does for an HTTP engine's /health.
+func (a *Adapter) Health(context.Context) error { return a.e.Health() }
 
 // Load reports the simulator's queue.
 func (a *Adapter) Load(context.Context) (agent.Load, error) {
