@@ -109,15 +109,14 @@ func TestRealisticRollout(t *testing.T) {
 	}
 	newTag := func() int { return int(nextTag.Add(1)) }
 
-	// Calibrate: the mean duration of a steady request with every slot
-	// busy, so that the Poisson rate gives about 90% of the regular
-	// pool's slots on this machine, however loaded it is.
-	calCtx, calStop := context.WithTimeout(context.Background(), 3*time.Second)
-	var calMu sync.Mutex
-	var calSum time.Duration
-	var calN int
+	// Calibrate: the regular pool's throughput with more clients than
+	// slots, so that the Poisson rate is about 90% of what its slots serve
+	// on this machine, however loaded it is.
+	calStart := time.Now()
+	calCtx, calStop := context.WithTimeout(context.Background(), 4*time.Second)
+	var calN atomic.Int64
 	var calWG sync.WaitGroup
-	for range 8 {
+	for range 12 {
 		calWG.Add(1)
 		go func() {
 			defer calWG.Done()
@@ -128,21 +127,21 @@ func TestRealisticRollout(t *testing.T) {
 					t.Errorf("calibration request failed: %s", r.err)
 					return
 				}
-				calMu.Lock()
-				calSum += r.end.Sub(r.sent)
-				calN++
-				calMu.Unlock()
+				// The first second fills the slots; count after it.
+				if r.end.Sub(calStart) > time.Second && calCtx.Err() == nil {
+					calN.Add(1)
+				}
 			}
 		}()
 	}
 	calWG.Wait()
 	calStop()
-	if calN == 0 {
-		t.Fatal("no calibration request completed")
+	if calN.Load() < 20 {
+		t.Fatalf("calibration: only %d requests completed", calN.Load())
 	}
-	service := calSum / time.Duration(calN)
-	rate := rolloutLoad * 8 / service.Seconds()
-	t.Logf("calibration: %d requests, mean %s: %.1f requests/s for %.0f%% of 8 slots", calN, service.Round(time.Millisecond), rate, rolloutLoad*100)
+	capacity := float64(calN.Load()) / 3
+	rate := rolloutLoad * capacity
+	t.Logf("calibration: the regular pool serves %.1f requests/s; Poisson rate %.1f/s", capacity, rate)
 
 	loadCtx, stopLoad := context.WithCancel(context.Background())
 	defer stopLoad()
@@ -200,6 +199,13 @@ func TestRealisticRollout(t *testing.T) {
 	}
 	addAgent("p1", engines["p1"], 8, "--engine", "vllm", "--role", "prefill")
 	addAgent("d1", engines["d1"], 8, "--engine", "vllm", "--role", "decode")
+	checkFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+		if !engines["p1"].Loaded() || !engines["d1"].Loaded() {
+			return fmt.Errorf("PD engines still loading")
+		}
+		return nil
+	})
+	mark("PD ramp")
 	checkFor(t, 40*time.Second, 50*time.Millisecond, func() error {
 		f := getFleet(t, b.HTTP)
 		for _, id := range []string{"p1", "d1"} {
@@ -213,7 +219,6 @@ func TestRealisticRollout(t *testing.T) {
 		}
 		return nil
 	})
-	mark("PD ramp")
 	time.Sleep(rolloutSlowStart)
 
 	// Agents that must count zero, and the hard requests.
@@ -387,6 +392,10 @@ func TestRealisticRollout(t *testing.T) {
 		}
 	}
 
+	if over > 0 {
+		t.Errorf("%d agent samples of %d /v1/fleet samples above effective slots", over, len(samples))
+	}
+
 	// Steady state with both routes: regular and decode utilisation within
 	// 10 points.
 	ru, du, n := 0.0, 0.0, 0
@@ -409,6 +418,7 @@ func TestRealisticRollout(t *testing.T) {
 	// already ended. A decode leg may start after its client hung up in
 	// the hand-off: taking the hand-off is how its KV is freed.
 	prefills := map[int]int{}
+	misrun := 0
 	for name, e := range engines {
 		for _, h := range e.Hits() {
 			r := byTag[h.tag]
@@ -417,9 +427,13 @@ func TestRealisticRollout(t *testing.T) {
 				t.Errorf("engine %s ran rq-%d, which no client sent", name, h.tag)
 				continue
 			case name == "x1" || name == "s1":
-				t.Errorf("engine %s, whose agent counts zero, ran rq-%d", name, h.tag)
+				if misrun++; misrun <= 5 {
+					t.Errorf("engine %s, whose agent counts zero, ran rq-%d", name, h.tag)
+				}
 			case !r.end.IsZero() && h.at.After(r.end) && !(name == "d1" && r.cancelled):
-				t.Errorf("engine %s started rq-%d %s after its client was gone (%s)", name, h.tag, h.at.Sub(r.end).Round(time.Millisecond), r.err)
+				if misrun++; misrun <= 5 {
+					t.Errorf("engine %s started rq-%d %s after its client was gone (%s)", name, h.tag, h.at.Sub(r.end).Round(time.Millisecond), r.err)
+				}
 			}
 			if name != "d1" {
 				prefills[h.tag]++
@@ -434,6 +448,9 @@ func TestRealisticRollout(t *testing.T) {
 				t.Errorf("rq-%d (%s) prefilled %d times", tag, byTag[tag].kind, k)
 			}
 		}
+	}
+	if twice+misrun > 0 {
+		t.Errorf("%d requests prefilled more than once; %d jobs run by agents that count zero or after their client left", twice, misrun)
 	}
 
 	// Zero KV blocks held at the end.
