@@ -32,7 +32,7 @@ func (e *env) rollout(d *doc) error {
 		"sim-engines (`--ttft 30ms --prefill-per-token 1ms --itl 15ms`) each behind a worker-agent (`--engine openai`, `vllm` or `sglang`). "+
 		"Regular pool: 2 agents x 4 slots; PD pair: vLLM prefill and decode, 8 slots each, engines `--load-time 10s`; "+
 		"then a vLLM decode agent on an engine with `--load-time never` and an SGLang prefill agent with no partner. "+
-		"Open-loop Poisson streaming traffic (seeded; 12 output tokens) at 90%% of the regular pool's slots, the rate calibrated from the mean request time with every slot busy. "+
+		"Open-loop Poisson streaming traffic (seeded; 12 output tokens) at 90%% of the regular pool's slots, the rate calibrated from the regular pool's throughput with 12 closed-loop clients on its 8 slots. "+
 		"From \"steady with PD\" to \"drain PD\": a ~3 s-prefill prompt (3,000 tokens) every 1.5 s, and every 400 ms a client that hangs up when its ~0.4 s prefill should end. "+
 		"Route shares are over the requests sent in the window (`x-switchyard-route`); utilisation is the mean over `/v1/fleet` samples (every 50 ms) of active / effective slots of the pool's eligible agents; "+
 		"TTFT is of the steady requests sent in the window.\n\n")
@@ -162,13 +162,14 @@ func (e *env) rolloutRun() (table, summary string, err error) {
 		return r
 	}
 
-	// Calibrate the rate: mean request time with the 8 regular slots busy.
-	calEnd := time.Now().Add(3 * time.Second)
+	// Calibrate the rate: the regular pool's throughput with more clients
+	// than slots (counted after the first second, which fills them).
+	calStart := time.Now()
+	calEnd := calStart.Add(4 * time.Second)
 	var calMu sync.Mutex
-	var calSum time.Duration
-	var calN int
+	calN := 0
 	var calWG sync.WaitGroup
-	for range 8 {
+	for range 12 {
 		calWG.Add(1)
 		go func() {
 			defer calWG.Done()
@@ -178,20 +179,21 @@ func (e *env) rolloutRun() (table, summary string, err error) {
 				if r.err != "" {
 					return
 				}
-				calMu.Lock()
-				calSum += r.end.Sub(r.sent)
-				calN++
-				calMu.Unlock()
+				if r.end.Sub(calStart) > time.Second && r.end.Before(calEnd) {
+					calMu.Lock()
+					calN++
+					calMu.Unlock()
+				}
 			}
 		}()
 	}
 	calWG.Wait()
-	if calN == 0 {
-		return "", "", fmt.Errorf("no calibration request completed")
+	if calN < 20 {
+		return "", "", fmt.Errorf("calibration: only %d requests completed", calN)
 	}
-	service := calSum / time.Duration(calN)
-	rate := 0.9 * 8 / service.Seconds()
-	e.logf("rollout: mean request %s with 8 slots busy: %.1f requests/s", service.Round(time.Millisecond), rate)
+	capacity := float64(calN) / 3
+	rate := 0.9 * capacity
+	e.logf("rollout: the regular pool serves %.1f requests/s; Poisson rate %.1f/s", capacity, rate)
 
 	ctx, stopLoad := context.WithCancel(e.ctx)
 	defer stopLoad()
@@ -271,9 +273,14 @@ func (e *env) rolloutRun() (table, summary string, err error) {
 		engines[n.name] = en
 		must(agent(n.name, en, 8, "--engine", "vllm", "--role", n.role))
 	}
-	waitFleet("PD pair eligible", 60*time.Second, eligible("p1", "d1"))
-	e.logf("rollout: PD pair eligible %s after its engines started", time.Since(loaded).Round(100*time.Millisecond))
+	for _, n := range []string{"p1", "d1"} {
+		if err := e.waitHTTP("http://" + engines[n].addr + "/health"); err != nil {
+			return "", "", fmt.Errorf("engine %s: %w", n, err)
+		}
+	}
+	e.logf("rollout: PD engines loaded %s after they started", time.Since(loaded).Round(100*time.Millisecond))
 	mark("PD ramp")
+	waitFleet("PD pair eligible", 30*time.Second, eligible("p1", "d1"))
 	time.Sleep(slowStart)
 
 	mark("steady with PD")
@@ -465,7 +472,7 @@ func (e *env) rolloutRun() (table, summary string, err error) {
 	}
 	retries := brokerCounter(e.ctx, br.HTTP, "switchyard_retries_total")
 	var s strings.Builder
-	fmt.Fprintf(&s, "Rate %.1f requests/s (mean request %s with every regular slot busy). Failed requests: **%d of %d**", rate, service.Round(time.Millisecond), failed, len(reqs))
+	fmt.Fprintf(&s, "Poisson rate %.1f requests/s (the regular pool served %.1f/s with every slot busy). Failed requests: **%d of %d**", rate, capacity, failed, len(reqs))
 	if len(firstErrs) > 0 {
 		fmt.Fprintf(&s, " (first: %s)", strings.Join(firstErrs, "; "))
 	}
