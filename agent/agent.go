@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/switchyard-ai/switchyard/dispatch"
 	"github.com/switchyard-ai/switchyard/internal/chunkjson"
 	"github.com/switchyard-ai/switchyard/subjects"
 	"github.com/switchyard-ai/switchyard/wire"
@@ -33,10 +34,14 @@ type Agent struct {
 	engine Engine
 	subj   subjects.Builder
 	hbSubj string
-	// decodeSubj is where a prefill agent publishes decode jobs.
+	// pair is a PD agent's pairing key (protocol and labels); decodeSubj
+	// is where a prefill agent publishes decode jobs: the decode queue of
+	// its own pairing, which only decode agents that can take its
+	// hand-offs pull.
+	pair       string
 	decodeSubj string
 
-	state       atomic.Value // string: wire.State*
+	state       atomic.Pointer[stateInfo]
 	readySince  atomic.Int64 // unix nanos
 	active      atomic.Int32
 	hbSeq       atomic.Uint32
@@ -74,9 +79,12 @@ func New(nc *nats.Conn, engine Engine, cfg Config, opts ...Option) (*Agent, erro
 		cancelled: make(map[string]cancelMark),
 	}
 	a.hbSubj, _ = a.subj.Heartbeat(cfg.Model, cfg.Pool, cfg.ID)
-	a.decodeSubj, _ = a.subj.Jobs(cfg.Model, subjects.PoolDecode)
+	a.pair = cfg.pairKey()
+	if a.pair != "" {
+		a.decodeSubj, _ = a.subj.PDJobs(cfg.Model, subjects.PoolDecode, a.pair)
+	}
 	a.metrics = newMetrics(a)
-	a.state.Store(wire.StateWarming)
+	a.state.Store(&stateInfo{state: wire.StateWarming})
 	for _, o := range opts {
 		o(a)
 	}
@@ -91,18 +99,57 @@ func (a *Agent) ID() string { return a.cfg.ID }
 func (a *Agent) Active() int { return int(a.active.Load()) }
 
 // State returns the agent's state: warming, ready or draining.
-func (a *Agent) State() string { return a.state.Load().(string) }
+func (a *Agent) State() string { return a.state.Load().state }
 
-func (a *Agent) setState(s string) {
-	if a.state.Swap(s) != s {
-		if s == wire.StateReady {
-			a.readySince.Store(time.Now().UnixNano())
-		}
-		select {
-		case a.stateCh <- struct{}{}:
-		default:
-		}
+// StateReason says why the agent does not serve now ("engine not healthy
+// yet: ..."); empty while it serves.
+func (a *Agent) StateReason() string { return a.state.Load().reason }
+
+// stateInfo is a state and why the agent is in it, swapped as one.
+type stateInfo struct{ state, reason string }
+
+// setState moves the agent to state, for reason (empty when it serves),
+// and announces a change in a heartbeat at once.
+func (a *Agent) setState(state, reason string) {
+	old := a.state.Swap(&stateInfo{state: state, reason: reason})
+	if old.state == state && old.reason == reason {
+		return
 	}
+	if state == wire.StateReady && old.state != wire.StateReady {
+		a.readySince.Store(time.Now().UnixNano())
+	}
+	select {
+	case a.stateCh <- struct{}{}:
+	default:
+	}
+}
+
+// PullLimit returns the most jobs the agent holds now: its slots, bounded
+// while it ramps up by the slow-start rule the broker weighs it with
+// (never below one job). Zero while it does not pull.
+func (a *Agent) PullLimit() int {
+	if a.State() != wire.StateReady {
+		return 0
+	}
+	return a.pullLimit(time.Now())
+}
+
+func (a *Agent) pullLimit(now time.Time) int {
+	var since time.Time
+	if rs := a.readySince.Load(); rs != 0 {
+		since = time.Unix(0, rs)
+	}
+	return max(1, int(math.Floor(dispatch.Ramp(a.cfg.Slots, since, now, a.cfg.ramp()))))
+}
+
+// ramping reports whether the pull limit may still grow, and how often to
+// look again: a few times per slot the ramp adds.
+func (a *Agent) ramping(now time.Time) (time.Duration, bool) {
+	rs := a.readySince.Load()
+	if a.cfg.SlowStart <= 0 || rs == 0 || !now.Before(time.Unix(0, rs).Add(a.cfg.SlowStart)) {
+		return 0, false
+	}
+	return max(a.cfg.SlowStart/time.Duration(4*a.cfg.Slots), 10*time.Millisecond), true
 }
 
 // Run serves until ctx ends, then drains: it announces "draining", stops
@@ -137,8 +184,8 @@ func (a *Agent) Run(ctx context.Context) error {
 		return err
 	}
 	ref := &consumerRef{cons: cons}
-	a.setState(wire.StateReady)
-	a.log.Info("agent ready", "slots", a.cfg.Slots)
+	a.setState(wire.StateReady, "")
+	a.log.Info("agent ready", "slots", a.cfg.Slots, "pair", a.pair)
 
 	var jobs sync.WaitGroup
 	pulled := make(chan struct{})
@@ -148,7 +195,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}()
 	<-ctx.Done()
 	drainStart := time.Now()
-	a.setState(wire.StateDraining)
+	a.setState(wire.StateDraining, "stopping: finishing the jobs it holds")
 	a.log.Info("agent draining", "active", a.Active())
 	a.waitJobs(pulled, &jobs, drainStart)
 	// A prefill engine keeps each hand-off (KV cache, bootstrap room) for
@@ -218,6 +265,7 @@ func (a *Agent) waitHealthy(ctx context.Context) error {
 			return nil
 		}
 		a.log.Info("engine not healthy yet", "err", err)
+		a.setState(wire.StateWarming, "engine not healthy yet: "+err.Error())
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -229,11 +277,7 @@ func (a *Agent) waitHealthy(ctx context.Context) error {
 // consumer binds to the pool's shared durable consumer, creating it if this
 // is the pool's first agent, and waits for the broker's stream to exist.
 func (a *Agent) consumer(ctx context.Context) (jetstream.Consumer, error) {
-	name, err := subjects.ConsumerName(a.cfg.Model, a.cfg.Pool)
-	if err != nil {
-		return nil, err
-	}
-	filter, err := a.subj.Jobs(a.cfg.Model, a.cfg.Pool)
+	name, filter, err := a.queue()
 	if err != nil {
 		return nil, err
 	}
@@ -257,12 +301,32 @@ func (a *Agent) consumer(ctx context.Context) (jetstream.Consumer, error) {
 			return cons, nil
 		}
 		a.log.Warn("jobs consumer not ready, retrying", "stream", a.cfg.Stream, "consumer", name, "err", err)
+		if a.State() == wire.StateWarming {
+			a.setState(wire.StateWarming, "jobs queue not ready: "+err.Error())
+		}
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		case <-time.After(delay):
 		}
 	}
+}
+
+// queue returns the durable consumer and the subject the agent pulls: its
+// pool's queue, or for a PD agent its pool's queue of its own pairing.
+func (a *Agent) queue() (name, filter string, err error) {
+	if a.pair == "" {
+		if name, err = subjects.ConsumerName(a.cfg.Model, a.cfg.Pool); err != nil {
+			return "", "", err
+		}
+		filter, err = a.subj.Jobs(a.cfg.Model, a.cfg.Pool)
+		return name, filter, err
+	}
+	if name, err = subjects.PDConsumerName(a.cfg.Model, a.cfg.Pool, a.pair); err != nil {
+		return "", "", err
+	}
+	filter, err = a.subj.PDJobs(a.cfg.Model, a.cfg.Pool, a.pair)
+	return name, filter, err
 }
 
 // consumerRef is the pool's consumer as the agent's slots share it. When a
@@ -313,17 +377,15 @@ func consumerGone(err error) bool {
 const pullRetryMax = time.Second
 
 // pull is the agent's one pull loop: it asks the pool's consumer for as
-// many jobs as it has free slots and runs each in its own goroutine. Pull
-// failures back off (a pull that fails at once must not spin) and a
-// consumer found gone is bound again.
+// many jobs as its pull limit leaves room for and runs each in its own
+// goroutine. A pull asks for exactly that room, so the agent never holds
+// more jobs than its limit (its slots, or less while it ramps up after
+// becoming ready), and it keeps one pull request waiting at the server
+// instead of one per idle slot. Pull failures back off (a pull that fails
+// at once must not spin) and a consumer found gone is bound again.
 func (a *Agent) pull(ctx context.Context, ref *consumerRef, jobs *sync.WaitGroup) {
-	// One token per free slot: a pull asks for exactly the slots it holds,
-	// so the agent can never hold more jobs than slots, and it keeps one
-	// pull request waiting at the server instead of one per idle slot.
-	free := make(chan struct{}, a.cfg.Slots)
-	for range a.cfg.Slots {
-		free <- struct{}{}
-	}
+	var held atomic.Int32 // jobs taken and not yet ended
+	freed := make(chan struct{}, 1)
 	backoff := time.Duration(0)
 	pause := func() {
 		backoff = min(max(2*backoff, 50*time.Millisecond), pullRetryMax)
@@ -333,27 +395,29 @@ func (a *Agent) pull(ctx context.Context, ref *consumerRef, jobs *sync.WaitGroup
 		}
 	}
 	for ctx.Err() == nil {
-		select {
-		case <-free:
-		case <-ctx.Done():
-			return
-		}
-		n := 1
-	more:
-		for n < a.cfg.Slots {
-			select {
-			case <-free:
-				n++
-			default:
-				break more
+		now := time.Now()
+		n := a.pullLimit(now) - int(held.Load())
+		if n <= 0 {
+			// Full: wait for a job to end, or for the ramp to make room.
+			var grow <-chan time.Time
+			var t *time.Timer
+			if every, ok := a.ramping(now); ok {
+				t = time.NewTimer(every)
+				grow = t.C
 			}
+			select {
+			case <-freed:
+			case <-grow:
+			case <-ctx.Done():
+			}
+			if t != nil {
+				t.Stop()
+			}
+			continue
 		}
 		cons, gen := ref.get()
 		batch, err := cons.Fetch(n, jetstream.FetchMaxWait(a.cfg.PullWait))
 		if err != nil {
-			for range n {
-				free <- struct{}{}
-			}
 			if ctx.Err() == nil {
 				a.log.Warn("pull failed", "err", err)
 				pause()
@@ -362,23 +426,25 @@ func (a *Agent) pull(ctx context.Context, ref *consumerRef, jobs *sync.WaitGroup
 		}
 		// A batch ends when it has n jobs or expires; while it has fewer,
 		// every job that arrives is delivered to it at once.
-		got := 0
 		for msg := range batch.Messages() {
 			if ctx.Err() != nil {
 				// Draining: hand the job straight back to the pool.
 				_ = msg.Nak()
 				continue
 			}
-			got++
+			held.Add(1)
 			jobs.Add(1)
 			go func() {
 				defer jobs.Done()
-				defer func() { free <- struct{}{} }()
+				defer func() {
+					held.Add(-1)
+					select {
+					case freed <- struct{}{}:
+					default:
+					}
+				}()
 				a.handle(ctx, msg)
 			}()
-		}
-		for range n - got {
-			free <- struct{}{}
 		}
 		err = batch.Error()
 		switch {
@@ -485,16 +551,41 @@ func (a *Agent) handle(ctx context.Context, msg jetstream.Msg) {
 		return
 	}
 	out := newStream(a, job)
-	if dl := job.GetDeadline(); dl != nil && time.Now().After(dl.AsTime()) {
+	id, attempt := job.GetRequestId(), job.GetAttempt()
+	now := time.Now()
+	if dl := job.GetDeadline(); dl != nil && now.After(dl.AsTime()) {
 		a.metrics.jobs.WithLabelValues(JobExpired).Inc()
 		_ = msg.Term()
 		out.fail(&wire.Error{Code: wire.CodeDeadlineExceeded, Message: "job deadline passed before it started"})
 		return
 	}
-	if a.wasCancelled(job.GetRequestId(), job.GetAttempt()) {
-		a.metrics.jobs.WithLabelValues(JobCancelled).Inc()
+	prefill := a.cfg.Pool == subjects.PoolPrefill
+	// A decode leg carries a hand-off whose KV the prefill engine holds
+	// until a decode reads it (or its hold ends).
+	pdDecode := a.cfg.Pool == subjects.PoolDecode && job.GetPd() != nil
+	cancelled := a.wasCancelled(id, attempt)
+	if exp := job.GetHandoffExpires(); pdDecode && exp != nil && now.After(exp.AsTime()) {
+		// The prefill engine no longer holds the KV: the decode would fail
+		// or recompute. End the attempt before any token; the broker
+		// retries the request.
+		a.metrics.jobs.WithLabelValues(JobExpired).Inc()
 		_ = msg.Term()
+		if !cancelled {
+			out.fail(&wire.Error{Code: wire.CodeHandoffExpired, Retryable: true,
+				Message: fmt.Sprintf("decode job taken %s after its hand-off expired (the prefill engine's KV hold)", now.Sub(exp.AsTime()).Round(time.Millisecond))})
+		}
 		return
+	}
+	if cancelled {
+		if !pdDecode {
+			a.metrics.jobs.WithLabelValues(JobCancelled).Inc()
+			_ = msg.Term()
+			return
+		}
+		// A decode leg of a cancelled request still takes its hand-off, in
+		// silence, so the prefill engine frees the KV it holds for it; the
+		// cancel below aborts it at its first chunk.
+		out.muted.Store(true)
 	}
 	actx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
 	defer cancel(nil)
@@ -503,11 +594,11 @@ func (a *Agent) handle(ctx context.Context, msg jetstream.Msg) {
 		actx, c2 = context.WithDeadline(actx, dl.AsTime())
 		defer c2()
 	}
-	prefill := a.cfg.Pool == subjects.PoolPrefill
+	defer out.quiet()
 	if prefill {
 		if err := a.doubleAck(actx, msg); err != nil {
 			// Not confirmed: the job may already be with another agent.
-			a.log.Warn("job ack failed, dropping it", "request", job.GetRequestId(), "err", err)
+			a.log.Warn("job ack failed, dropping it", "request", id, "err", err)
 			return
 		}
 	} else {
@@ -517,30 +608,50 @@ func (a *Agent) handle(ctx context.Context, msg jetstream.Msg) {
 		// lost in a NATS failover, the job redelivered after AckWait), the
 		// broker listens only to the first that spoke for it.
 		if err := out.send(&wire.Chunk{Kind: wire.Chunk_KIND_ACCEPTED, PrefillAgent: job.GetPd().GetPrefillAgent()}); err != nil {
-			a.log.Warn("accepted chunk not sent", "request", job.GetRequestId(), "err", err)
+			a.log.Warn("accepted chunk not sent", "request", id, "err", err)
 		}
 		// A plain ack: nothing waits for its confirmation any more, so the
 		// server's reply would only cost a message and a goroutine per job.
 		if err := msg.Ack(); err != nil {
-			a.log.Warn("job ack not sent", "request", job.GetRequestId(), "err", err)
+			a.log.Warn("job ack not sent", "request", id, "err", err)
+		}
+		// Until the first token the broker hears from this attempt only
+		// through keep-alives: a long prefill, a busy engine, a decode
+		// waiting for its KV.
+		out.keepalive(actx, a.cfg.Keepalive)
+	}
+	pf := &prefillState{}
+	stop := func(cause error) {
+		if cause != errCancelled {
+			cancel(cause)
+			return
+		}
+		out.muted.Store(true) // a cancelled attempt sends nothing more
+		switch {
+		case pdDecode:
+			out.cancelAtKV(cancel)
+		case prefill && !pf.cancel():
+			// Handed off: the leg is done (vLLM), or runs for the decode
+			// that reads its KV (SGLang); the decode agent stops it.
+		default:
+			cancel(cause)
 		}
 	}
 	// Held by request and attempt: a stream migrated to this same agent
 	// starts its new attempt while the old one may still be ending, and
 	// each must stay reachable by its own cancel.
-	id, attempt := job.GetRequestId(), job.GetAttempt()
 	a.mu.Lock()
-	a.jobs[id] = append(a.jobs[id], heldJob{attempt: attempt, cancel: cancel})
+	a.jobs[id] = append(a.jobs[id], heldJob{attempt: attempt, cancel: stop})
 	// A cancel that came after the check above but before this found no
 	// job to stop; it is on record, so honour it here.
-	mark, cancelled := a.cancelled[id]
+	mark, cancelledNow := a.cancelled[id]
 	drainExpired := a.drainExpired
 	a.mu.Unlock()
 	switch {
-	case cancelled && attempt <= mark.upTo:
-		cancel(errCancelled)
+	case cancelledNow && attempt <= mark.upTo:
+		stop(errCancelled)
 	case drainExpired:
-		cancel(errDrainTimeout)
+		stop(errDrainTimeout)
 	}
 	a.active.Add(1)
 	defer func() {
@@ -559,24 +670,26 @@ func (a *Agent) handle(ctx context.Context, msg jetstream.Msg) {
 		out.fail(&wire.Error{Code: wire.CodeBadRequest, Message: err.Error()})
 		return
 	}
-	req := &Request{RequestID: job.GetRequestId(), API: job.GetApi(), Body: body, Job: job}
+	req := &Request{RequestID: id, API: job.GetApi(), Body: body, Job: job}
 	if prefill {
-		a.prefill(actx, req, out)
+		a.prefill(actx, req, out, pf)
 		return
 	}
 	out.called = time.Now()
 	err = a.engine.Stream(actx, req, out.emit)
 	a.metrics.duration.Observe(time.Since(out.called).Seconds())
 	switch {
+	case context.Cause(actx) == errCancelled || out.muted.Load():
+		// Stopped by its cancel, or (a PD decode leg) ran on silently to
+		// take its hand-off: nothing is reported.
+		a.metrics.jobs.WithLabelValues(JobCancelled).Inc()
+		a.log.Debug("job cancelled", "request", id, "tookKV", out.tookKV)
 	case err == nil:
 		a.metrics.jobs.WithLabelValues(JobOK).Inc()
 		out.finish()
-	case context.Cause(actx) == errCancelled:
-		a.metrics.jobs.WithLabelValues(JobCancelled).Inc()
-		a.log.Debug("job cancelled", "request", job.GetRequestId())
 	case context.Cause(actx) == errDrainTimeout:
 		a.metrics.jobs.WithLabelValues(JobDrained).Inc()
-		a.log.Info("job ended by the drain timeout", "request", job.GetRequestId(), "tokens", out.tokens)
+		a.log.Info("job ended by the drain timeout", "request", id, "tokens", out.tokens)
 		out.fail(drainedError(a.cfg.ID))
 	case errors.Is(actx.Err(), context.DeadlineExceeded):
 		a.metrics.jobs.WithLabelValues(JobExpired).Inc()
@@ -590,43 +703,89 @@ func (a *Agent) handle(ctx context.Context, msg jetstream.Msg) {
 		// Safe to run again elsewhere only if the client saw nothing and the
 		// engine did not judge the request itself bad.
 		we.Retryable = out.tokens == 0 && we.Code != wire.CodeBadRequest
-		a.log.Warn("engine request failed", "request", job.GetRequestId(), "err", err)
+		a.log.Warn("engine request failed", "request", id, "err", err)
 		out.fail(we)
 	}
 }
 
+// prefillState orders a prefill job's hand-off against its cancel: before
+// the hand-off a cancel aborts the leg; from the hand-off on the decode
+// side owns the KV, and a cancel leaves the leg alone.
+type prefillState struct {
+	mu        sync.Mutex
+	handedOff bool // the hand-off began: the decode job is being published
+	cancelled bool
+	published bool // the decode job is in its queue
+}
+
+// cancel records a cancel and reports whether it should abort the leg.
+func (p *prefillState) cancel() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cancelled = true
+	return !p.handedOff
+}
+
+// handOff marks the hand-off begun and reports whether a cancel came
+// first.
+func (p *prefillState) handOff() (cancelled bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.handedOff = true
+	return p.cancelled
+}
+
 // prefill runs the prefill leg of a PD job and publishes its decode job.
-// It reports on the reply subject only in the prefill stage: accepted, and
-// an error if the leg fails; the decode agent owns the token stream.
-func (a *Agent) prefill(ctx context.Context, req *Request, out *stream) {
+// It reports on the reply subject only in the prefill stage: accepted,
+// keep-alives while the leg runs, and an error if the leg fails; the decode
+// agent owns the token stream.
+func (a *Agent) prefill(ctx context.Context, req *Request, out *stream, ps *prefillState) {
 	out.stage = wire.Chunk_STAGE_PREFILL
 	out.send(&wire.Chunk{Kind: wire.Chunk_KIND_ACCEPTED})
+	out.keepalive(ctx, a.cfg.Keepalive)
 	pf, ok := a.engine.(Prefiller)
 	if !ok {
 		out.fail(&wire.Error{Code: wire.CodeInternal, Message: "agent " + a.cfg.ID + " has no prefill-capable engine"})
 		return
 	}
-	handedOff := false
+	calls := 0
 	handoff := func(h *wire.PDHandoff) error {
-		if handedOff {
+		if calls++; calls > 1 {
 			return errors.New("agent: handoff called twice")
 		}
-		handedOff = true
+		if ps.handOff() && a.cfg.PDProtocol == "sglang" {
+			// Cancelled before SGLang's hand-off, which comes before its
+			// leg: no KV exists yet, so nothing needs a decode.
+			return errCancelled
+		}
+		// vLLM hands off once its leg is done and the engine holds the
+		// KV: the decode job goes out even for a cancelled request, so a
+		// decode agent reads (and frees) the KV instead of leaving it held
+		// until the engine's lease ends.
 		a.lastHandoff.Store(time.Now().UnixNano())
-		return a.publishDecode(ctx, req.Job, h)
+		err := a.publishDecode(context.WithoutCancel(ctx), req.Job, h)
+		if err == nil {
+			ps.mu.Lock()
+			ps.published = true
+			ps.mu.Unlock()
+		}
+		return err
 	}
 	err := pf.Prefill(ctx, req, handoff)
+	ps.mu.Lock()
+	handedOff, published := ps.handedOff, ps.published
+	ps.mu.Unlock()
 	if err == nil && !handedOff {
 		err = errors.New("prefill finished without a hand-off")
 	}
 	switch {
+	case out.muted.Load() || context.Cause(ctx) == errCancelled:
+		a.metrics.jobs.WithLabelValues(JobCancelled).Inc()
+		a.log.Debug("prefill cancelled", "request", req.RequestID, "handedOff", handedOff)
 	case err == nil:
 		a.metrics.jobs.WithLabelValues(JobHandedOff).Inc()
 		out.ended = true
-	case context.Cause(ctx) == errCancelled:
-		a.metrics.jobs.WithLabelValues(JobCancelled).Inc()
-		a.log.Debug("prefill cancelled", "request", req.RequestID)
-	case context.Cause(ctx) == errDrainTimeout && !handedOff:
+	case context.Cause(ctx) == errDrainTimeout && !published:
 		a.metrics.jobs.WithLabelValues(JobDrained).Inc()
 		out.fail(drainedError(a.cfg.ID))
 	default:
@@ -635,13 +794,24 @@ func (a *Agent) prefill(ctx context.Context, req *Request, out *stream) {
 		if !errors.As(err, &we) {
 			we = &wire.Error{Code: wire.CodeEngine, Message: "prefill leg: " + err.Error()}
 		}
-		we.Retryable = !handedOff && we.Code != wire.CodeBadRequest
+		// Before its decode job is out, the client has seen nothing.
+		we.Retryable = !published && we.Code != wire.CodeBadRequest
 		a.log.Warn("prefill leg failed", "request", req.RequestID, "err", err)
 		out.fail(we)
 	}
 }
 
-// publishDecode sends the decode leg of job to the model's decode queue.
+// Bounds of one try to publish a decode job and of the wait between two.
+const (
+	publishTry        = time.Second
+	publishBackoffMax = time.Second
+)
+
+// publishDecode sends the decode leg of job to the decode queue of the
+// agent's pairing. A "not now" failure (no responders while a stream
+// leader is elected, a timeout, NATS reconnecting) is tried again with
+// backoff for as long as the job's deadline and the hand-off's KV hold
+// allow; a full queue ends the attempt with a retryable queue_full error.
 func (a *Agent) publishDecode(ctx context.Context, job *wire.Job, h *wire.PDHandoff) error {
 	dj := proto.Clone(job).(*wire.Job)
 	h = proto.Clone(h).(*wire.PDHandoff)
@@ -650,14 +820,68 @@ func (a *Agent) publishDecode(ctx context.Context, job *wire.Job, h *wire.PDHand
 		h.Protocol = a.cfg.PDProtocol
 	}
 	dj.Pd = h
+	dj.PdPair = a.pair
+	expires := time.Now().Add(a.cfg.KVHold)
+	dj.HandoffExpires = timestamppb.New(expires)
 	data, err := proto.Marshal(dj)
 	if err != nil {
 		return err
 	}
-	if _, err := a.js.Publish(ctx, a.decodeSubj, data); err != nil {
-		return &wire.Error{Code: wire.CodeEngineDown, Message: "publishing the decode job: " + err.Error()}
+	until := expires
+	if dl := job.GetDeadline(); dl != nil && dl.AsTime().Before(until) {
+		until = dl.AsTime()
 	}
-	return nil
+	ctx, cancel := context.WithDeadline(ctx, until)
+	defer cancel()
+	// One id per attempt's decode job: a try whose answer was lost but
+	// whose message was stored is not stored twice.
+	msgID := fmt.Sprintf("%s.%d.decode", job.GetRequestId(), job.GetAttempt())
+	for backoff := 25 * time.Millisecond; ; backoff = min(2*backoff, publishBackoffMax) {
+		tctx, tcancel := context.WithTimeout(ctx, publishTry)
+		_, err = a.js.Publish(tctx, a.decodeSubj, data, jetstream.WithMsgID(msgID))
+		tcancel()
+		switch {
+		case err == nil:
+			return nil
+		case queueFull(err):
+			return &wire.Error{Code: wire.CodeQueueFull, Retryable: true,
+				Message: "the decode queue " + a.decodeSubj + " is full: " + err.Error()}
+		case !notNow(err):
+			return &wire.Error{Code: wire.CodeEngineDown, Message: "publishing the decode job: " + err.Error()}
+		}
+		a.metrics.publishRetries.Inc()
+		a.log.Debug("decode job not published yet, retrying", "request", job.GetRequestId(), "err", err, "backoff", backoff)
+		select {
+		case <-ctx.Done():
+			return &wire.Error{Code: wire.CodeEngineDown, Message: "publishing the decode job until its deadline or KV hold: " + err.Error()}
+		case <-time.After(backoff):
+		}
+	}
+}
+
+// JetStream's error codes a publish may get.
+const (
+	jsStoreFailed     = 10077 // a per-subject bound with discard-new: "maximum messages per subject exceeded"
+	jsClusterNotAvail = 10008 // "JetStream system temporarily unavailable": a leader election
+)
+
+// queueFull reports whether a publish failed because its queue is full.
+func queueFull(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.ErrorCode == jsStoreFailed
+}
+
+// notNow reports whether a publish failed for a reason that passes: no
+// responders while a stream leader is elected, a lost answer, NATS
+// reconnecting.
+func notNow(err error) bool {
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		return apiErr.ErrorCode == jsClusterNotAvail
+	}
+	return errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse) ||
+		errors.Is(err, nats.ErrTimeout) || errors.Is(err, context.DeadlineExceeded) ||
+		errors.Is(err, nats.ErrConnectionReconnecting)
 }
 
 // streamingBody sets stream and stream_options.include_usage on an OpenAI
@@ -753,26 +977,33 @@ func (a *Agent) publishHeartbeat(ctx context.Context) {
 
 // Heartbeat returns the heartbeat the agent would publish now.
 func (a *Agent) Heartbeat() *wire.Heartbeat {
+	st := a.state.Load()
 	hb := &wire.Heartbeat{
-		AgentId:   a.cfg.ID,
-		Model:     a.cfg.Model,
-		Pool:      a.cfg.Pool,
-		Engine:    a.cfg.Engine,
-		Transport: a.cfg.Transport,
-		State:     a.State(),
-		Slots:     uint32(a.cfg.Slots),
-		Active:    uint32(max(0, a.Active())),
-		Interval:  durationpb.New(a.cfg.Heartbeat),
-		Seq:       a.hbSeq.Add(1),
-		Version:   a.cfg.Version,
-		SentAt:    timestamppb.Now(),
+		AgentId:     a.cfg.ID,
+		Model:       a.cfg.Model,
+		Pool:        a.cfg.Pool,
+		Engine:      a.cfg.Engine,
+		Transport:   a.cfg.Transport,
+		State:       st.state,
+		StateReason: st.reason,
+
+		Slots:    uint32(a.cfg.Slots),
+		Active:   uint32(max(0, a.Active())),
+		Interval: durationpb.New(a.cfg.Heartbeat),
+		Seq:      a.hbSeq.Add(1),
+		Version:  a.cfg.Version,
+		SentAt:   timestamppb.Now(),
 	}
 	if a.cfg.Pool != subjects.PoolRegular {
 		hb.PdProtocol = a.cfg.PDProtocol
+		hb.PdLabels = a.cfg.PDLabels
 	}
 	if a.cfg.Pool == subjects.PoolPrefill && a.cfg.BootstrapPort != 0 {
 		hb.BootstrapHost = a.cfg.BootstrapHost
 		hb.BootstrapPort = uint32(a.cfg.BootstrapPort)
+	}
+	if st.state == wire.StateReady {
+		hb.PullLimit = uint32(a.pullLimit(time.Now()))
 	}
 	if rs := a.readySince.Load(); rs != 0 {
 		hb.ReadySince = timestamppb.New(time.Unix(0, rs))

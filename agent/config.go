@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/switchyard-ai/switchyard/dispatch"
 	"github.com/switchyard-ai/switchyard/subjects"
 )
 
@@ -27,6 +28,15 @@ const (
 	// DefaultHandoffGrace covers a decode agent's pull and its engine's KV
 	// fetch after the prefill agent published the decode job.
 	DefaultHandoffGrace = 3 * time.Second
+	// DefaultKeepalive is how often a job with no token yet tells the
+	// broker its engine is still working. It must stay well under the
+	// broker's --stall-timeout (30s by default) so a long prefill is never
+	// taken for a dead agent; 1s leaves room for many lost keep-alives.
+	DefaultKeepalive = time.Second
+	// DefaultKVHold is how long a prefill engine holds the KV blocks of a
+	// hand-off for its decode leg: vLLM's NIXL lease
+	// (VLLM_NIXL_ABORT_REQUEST_TIMEOUT) is 30s today.
+	DefaultKVHold = 30 * time.Second
 )
 
 // Config is what an agent needs; zero fields take the defaults.
@@ -56,6 +66,28 @@ type Config struct {
 	// answers by retrying each elsewhere (or migrating it, after its first
 	// token), and the agent exits. Zero waits for every job to finish.
 	DrainTimeout time.Duration
+	// PDLabels are the labels a prefill and a decode agent must share to
+	// hand off to each other ("k=v,k=v": KV connector, engine version...).
+	// With PDProtocol they make the agent's pairing key: a PD agent pulls
+	// only its pairing's queue. Canonicalised by New; ignored by regular
+	// agents.
+	PDLabels string
+	// SlowStart and SlowStartFloor bound what the agent holds after it
+	// becomes ready, by the rule the broker weighs it with
+	// (dispatch.Ramp): from the floor (a fraction of Slots, at least one
+	// job) up to Slots over SlowStart. Zero SlowStart turns the ramp off,
+	// as in dispatch.Config; the command defaults to the broker's 30s and
+	// 0.1.
+	SlowStart      time.Duration
+	SlowStartFloor float64
+	// Keepalive is the interval of keep-alive chunks while a job has no
+	// token yet; zero takes DefaultKeepalive, a negative value turns them
+	// off.
+	Keepalive time.Duration
+	// KVHold is how long this prefill agent's engine holds a hand-off's KV
+	// for its decode leg: a decode job not taken within it is not run
+	// (zero takes DefaultKVHold).
+	KVHold time.Duration
 }
 
 func (c *Config) setDefaults() {
@@ -93,6 +125,28 @@ func (c *Config) setDefaults() {
 	if c.Version == "" {
 		c.Version = "dev"
 	}
+	if c.Keepalive == 0 {
+		c.Keepalive = DefaultKeepalive
+	}
+	if c.KVHold == 0 {
+		c.KVHold = DefaultKVHold
+	}
+	if l, err := subjects.CanonicalLabels(c.PDLabels); err == nil {
+		c.PDLabels = l // a bad value stays for Validate to refuse
+	}
+}
+
+// pairKey is the agent's PD pairing key; empty for regular agents.
+func (c Config) pairKey() string {
+	if c.Pool == subjects.PoolRegular {
+		return ""
+	}
+	return subjects.PairKey(c.PDProtocol, c.PDLabels)
+}
+
+// ramp is the slow-start rule as the dispatch package states it.
+func (c Config) ramp() dispatch.Config {
+	return dispatch.Config{SlowStart: c.SlowStart, SlowStartFloor: c.SlowStartFloor}
 }
 
 // Validate reports what is wrong with c after defaults are applied.
@@ -115,6 +169,15 @@ func (c Config) Validate() error {
 	}
 	if c.Slots < 1 {
 		errs = append(errs, fmt.Errorf("slots %d: want at least 1", c.Slots))
+	}
+	if _, err := subjects.CanonicalLabels(c.PDLabels); err != nil {
+		errs = append(errs, fmt.Errorf("pd labels: %w", err))
+	}
+	if err := c.ramp().Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("slow start: %w", err))
+	}
+	if c.KVHold < 0 {
+		errs = append(errs, fmt.Errorf("kv hold %s: want a positive duration", c.KVHold))
 	}
 	if c.Heartbeat < 10*time.Millisecond {
 		errs = append(errs, fmt.Errorf("heartbeat %s: want at least 10ms", c.Heartbeat))

@@ -9,7 +9,10 @@ type Metrics struct {
 	duration prometheus.Histogram
 	active   prometheus.GaugeFunc
 	hbErrors prometheus.Counter
-	a        *Agent
+	// publishRetries counts decode-job publishes tried again after a
+	// passing failure.
+	publishRetries prometheus.Counter
+	a              *Agent
 }
 
 // Job outcomes.
@@ -42,12 +45,15 @@ func newMetrics(a *Agent) *Metrics {
 		hbErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "switchyard_agent_heartbeat_publish_errors_total", Help: "Heartbeats that could not be published.",
 		}),
+		publishRetries: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "switchyard_agent_decode_publish_retries_total", Help: "Decode-job publishes tried again after a passing failure (no responders, timeout, reconnecting).",
+		}),
 	}
 }
 
 // Register adds the agent's collectors to r.
 func (m *Metrics) Register(r prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.jobs, m.ttft, m.duration, m.active, m.hbErrors} {
+	for _, c := range []prometheus.Collector{m.jobs, m.ttft, m.duration, m.active, m.hbErrors, m.publishRetries} {
 		if err := r.Register(c); err != nil {
 			return err
 		}

@@ -1,6 +1,9 @@
 package agent
 
 import (
+	"context"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -38,6 +41,20 @@ type stream struct {
 	// next chunk is already at hand.
 	batch      wire.Chunk
 	batchBytes int
+
+	// muted is set by a cancel: a cancelled attempt sends nothing more,
+	// whatever its engine still does (a PD decode leg runs on to take its
+	// hand-off).
+	muted atomic.Bool
+	// mu orders the keep-alive goroutine against the attempt's first chunk
+	// after accepted, and a PD-safe cancel against the engine's first
+	// chunk. The engine's goroutine writes spoke and tookKV only under mu;
+	// it alone reads them without.
+	mu        sync.Mutex
+	spoke     bool                    // a token, final or error went out, or the job ended: no more keep-alives
+	tookKV    bool                    // the engine produced its first chunk: a decode leg read its hand-off
+	abortAtKV context.CancelCauseFunc // a cancel that waits for the engine's first chunk
+	kaStop    chan struct{}           // closed when keep-alives stop
 }
 
 func newStream(a *Agent, job *wire.Job) *stream {
@@ -45,6 +62,12 @@ func newStream(a *Agent, job *wire.Job) *stream {
 }
 
 func (s *stream) send(c *wire.Chunk) error {
+	if c.Kind != wire.Chunk_KIND_ACCEPTED && !s.spoke {
+		s.quiet()
+	}
+	if s.muted.Load() {
+		return nil
+	}
 	c.RequestId = s.job.GetRequestId()
 	c.Attempt = s.job.GetAttempt()
 	c.Seq = s.seq
@@ -60,8 +83,98 @@ func (s *stream) send(c *wire.Chunk) error {
 	return s.a.nc.Publish(s.job.GetReplySubject(), s.buf)
 }
 
+// quiet ends the keep-alives: the attempt spoke, or ended.
+func (s *stream) quiet() {
+	s.mu.Lock()
+	if !s.spoke {
+		s.spoke = true
+		if s.kaStop != nil {
+			close(s.kaStop)
+		}
+	}
+	s.mu.Unlock()
+}
+
+// keepalive starts sending a keep-alive chunk every interval until the
+// attempt speaks or ends (quiet), is cancelled or ctx ends. A keep-alive is
+// outside the sequence: it repeats the sequence number of the last chunk
+// sent (accepted's), so the stream's numbering is untouched and a broker
+// that does not know the kind drops it as a duplicate.
+func (s *stream) keepalive(ctx context.Context, every time.Duration) {
+	if every <= 0 {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.spoke || s.kaStop != nil {
+		return
+	}
+	s.kaStop = make(chan struct{})
+	go s.keepaliveLoop(ctx, every, s.kaStop)
+}
+
+func (s *stream) keepaliveLoop(ctx context.Context, every time.Duration, stop <-chan struct{}) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	var buf []byte
+	for {
+		select {
+		case <-stop:
+			return
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		s.mu.Lock()
+		if s.spoke || s.muted.Load() {
+			s.mu.Unlock()
+			return
+		}
+		c := &wire.Chunk{
+			Kind: wire.Chunk_KIND_KEEPALIVE, RequestId: s.job.GetRequestId(), Attempt: s.job.GetAttempt(),
+			Seq: max(s.seq, 1) - 1, AgentId: s.a.cfg.ID, Stage: s.stage,
+		}
+		var err error
+		if buf, err = (proto.MarshalOptions{}).MarshalAppend(buf[:0], c); err == nil {
+			err = s.a.nc.Publish(s.job.GetReplySubject(), buf)
+		}
+		s.mu.Unlock()
+		if err != nil {
+			s.a.log.Debug("keep-alive not sent", "request", s.job.GetRequestId(), "err", err)
+		}
+	}
+}
+
+// cancelAtKV is the PD-safe cancel of a decode leg: the attempt goes
+// silent now, but the engine request is aborted only once the engine has
+// produced its first chunk, that is once it has read the hand-off's KV
+// from the prefill engine, so no KV stays held there for a decode that
+// never comes.
+func (s *stream) cancelAtKV(cancel context.CancelCauseFunc) {
+	s.muted.Store(true)
+	s.mu.Lock()
+	took := s.tookKV
+	if !took {
+		s.abortAtKV = cancel
+	}
+	s.mu.Unlock()
+	if took {
+		cancel(errCancelled)
+	}
+}
+
 // emit is the Engine's callback for one engine chunk (see Emit).
 func (s *stream) emit(raw []byte, more bool) error {
+	if !s.tookKV {
+		s.mu.Lock()
+		s.tookKV = true
+		abort := s.abortAtKV
+		s.mu.Unlock()
+		if abort != nil {
+			abort(errCancelled)
+			return errCancelled
+		}
+	}
 	// Only the few fields the broker needs are parsed (one pass, no
 	// reflection: this runs for every token); everything else travels in
 	// Event.raw untouched.
@@ -123,6 +236,7 @@ func (s *stream) finish() {
 		return
 	}
 	s.ended = true
+	s.quiet()
 	if err := s.flush(); err != nil {
 		s.a.log.Warn("token chunk not sent", "request", s.job.GetRequestId(), "err", err)
 	}
@@ -136,6 +250,7 @@ func (s *stream) fail(e *wire.Error) {
 		return
 	}
 	s.ended = true
+	s.quiet()
 	// What the engine produced before it failed still reaches the client.
 	if err := s.flush(); err != nil {
 		s.a.log.Warn("token chunk not sent", "request", s.job.GetRequestId(), "err", err)

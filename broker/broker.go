@@ -47,6 +47,10 @@ type Broker struct {
 	metrics *Metrics
 	routes  sync.Map // model -> *routeStats
 	depth   atomic.Pointer[depthReading]
+	stream  atomic.Pointer[jetstream.Stream] // the jobs stream, once EnsureStream made it
+	flight  inFlight                         // jobs dispatched and not yet ended, per queue
+	// jobDeletes tracks deletions of abandoned jobs in the background.
+	jobDeletes sync.WaitGroup
 
 	// publishTimeout bounds a JetStream call (a job's publish, a stream
 	// check) whose context has no deadline, so a request never waits long
@@ -61,7 +65,7 @@ type agentEntry struct {
 	hb    *wire.Heartbeat
 }
 
-type jobsKey struct{ model, pool string }
+type jobsKey struct{ model, pool, pair string }
 
 // New returns a broker using nc, which the caller owns and closes.
 func New(nc *nats.Conn, cfg Config, opts ...Option) (*Broker, error) {
@@ -148,7 +152,7 @@ func (b *Broker) EnsureStream(ctx context.Context) error {
 		Storage:              b.storage(),
 		Replicas:             b.cfg.Replicas,
 	}
-	_, err := b.js.CreateOrUpdateStream(ctx, cfg)
+	st, err := b.js.CreateOrUpdateStream(ctx, cfg)
 	if err != nil {
 		// JetStream cannot change the storage of a stream: one created
 		// with the other storage keeps it (delete the stream, which holds
@@ -157,12 +161,13 @@ func (b *Broker) EnsureStream(ctx context.Context) error {
 			b.log.Warn("jobs stream keeps the storage it was created with", "stream", b.cfg.Stream,
 				"storage", st.CachedInfo().Config.Storage.String(), "wanted", cfg.Storage.String())
 			cfg.Storage = st.CachedInfo().Config.Storage
-			_, err = b.js.CreateOrUpdateStream(ctx, cfg)
+			st, err = b.js.CreateOrUpdateStream(ctx, cfg)
 		}
 	}
 	if err != nil {
 		return fmt.Errorf("broker: stream %s: %w", b.cfg.Stream, err)
 	}
+	b.stream.Store(&st)
 	return nil
 }
 
@@ -353,13 +358,17 @@ func (b *Broker) onHeartbeat(m *nats.Msg) {
 	}
 	now := b.now()
 	a := dispatch.Agent{
-		ID:       key.Agent,
-		Pool:     pool,
-		State:    state,
-		Slots:    int(hb.GetSlots()),
-		Active:   int(hb.GetActive()),
-		LastSeen: now,
-		Interval: hb.GetInterval().AsDuration(),
+		ID:          key.Agent,
+		Pool:        pool,
+		State:       state,
+		Slots:       int(hb.GetSlots()),
+		Active:      int(hb.GetActive()),
+		LastSeen:    now,
+		Interval:    hb.GetInterval().AsDuration(),
+		PullLimit:   int(hb.GetPullLimit()),
+		PDProtocol:  hb.GetPdProtocol(),
+		PDLabels:    hb.GetPdLabels(),
+		StateReason: hb.GetStateReason(),
 	}
 	if hb.GetReadySince() != nil {
 		a.ReadySince = hb.GetReadySince().AsTime()
@@ -370,7 +379,8 @@ func (b *Broker) onHeartbeat(m *nats.Msg) {
 	b.agents[k] = &agentEntry{agent: a, hb: hb}
 	b.known[key.Model] = now
 	b.mu.Unlock()
-	if prev == nil || prev.agent.State != a.State || prev.agent.Pool != a.Pool || prev.agent.Slots != a.Slots || prev.agent.Active != a.Active {
+	if prev == nil || prev.agent.State != a.State || prev.agent.Pool != a.Pool || prev.agent.Slots != a.Slots || prev.agent.Active != a.Active ||
+		prev.agent.PullLimit != a.PullLimit || prev.agent.StateReason != a.StateReason || prev.agent.PDProtocol != a.PDProtocol || prev.agent.PDLabels != a.PDLabels {
 		select {
 		case b.dirty <- struct{}{}:
 		default:
@@ -436,6 +446,10 @@ func (b *Broker) Heartbeats() []*wire.Heartbeat {
 	return out
 }
 
+// InFlight returns what this broker has dispatched to model's queues and
+// the agents have not yet reported, as the dispatch rule sees it.
+func (b *Broker) InFlight(model string) dispatch.InFlight { return b.flight.model(model) }
+
 // Models returns the models that have at least one live agent.
 func (b *Broker) Models() []string { return b.table.Load().Models() }
 
@@ -446,12 +460,18 @@ func (b *Broker) knownModel(model string) bool {
 	return ok
 }
 
-func (b *Broker) jobsSubject(model, pool string) (string, error) {
-	k := jobsKey{model, pool}
+func (b *Broker) jobsSubject(model, pool, pair string) (string, error) {
+	k := jobsKey{model, pool, pair}
 	if s, ok := b.jobSubj.Load(k); ok {
 		return s.(string), nil
 	}
-	s, err := b.subj.Jobs(model, pool)
+	var s string
+	var err error
+	if pair == "" {
+		s, err = b.subj.Jobs(model, pool)
+	} else {
+		s, err = b.subj.PDJobs(model, pool, pair)
+	}
 	if err != nil {
 		return "", err
 	}

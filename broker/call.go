@@ -82,6 +82,10 @@ type Call struct {
 	attemptStart    time.Time
 	agent           string // the agent that accepted the current attempt
 	prefillAgent    string
+	pair            string      // the PD pairing of the current attempt
+	jobSeq          uint64      // the stream sequence of the current attempt's job
+	handedOff       time.Time   // when the current attempt's prefill leg handed off
+	load            attemptLoad // what the current attempt counts in flight
 	watch           *time.Ticker
 	migrations      int
 	sent            strings.Builder // the text handed to the client so far
@@ -136,10 +140,7 @@ func (b *Broker) submit(ctx context.Context, req Request) (*Call, error) {
 		}
 		model = models[0]
 	}
-	if _, ok := fleet.Model(model); !ok {
-		if b.knownModel(model) {
-			return nil, fmt.Errorf("%w %q", ErrNoCapacity, model)
-		}
+	if _, ok := fleet.Model(model); !ok && !b.knownModel(model) {
 		return nil, fmt.Errorf("%w %q: served models: %s", ErrUnknownModel, model, strings.Join(fleet.Models(), ", "))
 	}
 	now := b.now()
@@ -165,7 +166,7 @@ func (b *Broker) submit(ctx context.Context, req Request) (*Call, error) {
 	}
 	// Register before publishing: an agent may answer before Publish returns.
 	b.calls.Store(c.ID, c)
-	if err := c.dispatch(ctx); err != nil {
+	if err := c.startFirst(ctx); err != nil {
 		b.calls.Delete(c.ID)
 		return nil, err
 	}
@@ -180,20 +181,22 @@ func (c *Call) dispatch(ctx context.Context) error {
 	if !ok {
 		return fmt.Errorf("%w %q", ErrNoCapacity, c.Model)
 	}
-	route, err := m.Decide(c.req.Need, b.rand())
+	flight := b.flight.model(c.Model)
+	d, err := m.Decide(c.req.Need, flight, b.rand())
 	switch {
 	case errors.Is(err, dispatch.ErrUnsupported):
 		return fmt.Errorf("%w: %v", ErrUnsupported, err)
 	case err != nil:
 		return fmt.Errorf("%w %q: %w", ErrNoCapacity, c.Model, err)
 	}
+	route := d.Route
 	pool := subjects.PoolRegular
 	var pd *wire.PDHandoff
 	if route == dispatch.RoutePD {
 		pool = subjects.PoolPrefill
 		pd = &wire.PDHandoff{}
 	}
-	subject, err := b.jobsSubject(c.Model, pool)
+	subject, err := b.jobsSubject(c.Model, pool, d.Pair)
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrUnknownModel, err)
 	}
@@ -214,23 +217,27 @@ func (c *Call) dispatch(ctx context.Context) error {
 		ClientRequestId: c.req.ClientRequestID,
 		BrokerId:        b.cfg.ID,
 		Pd:              pd,
+		PdPair:          d.Pair,
 	}
 	data, err := proto.Marshal(job)
 	if err != nil {
 		return fmt.Errorf("broker: encode job: %w", err)
 	}
-	c.Route = route
+	c.Route, c.pair = route, d.Pair
 	c.attemptStart = b.now()
-	c.agent, c.prefillAgent = "", ""
+	c.agent, c.prefillAgent, c.jobSeq, c.handedOff = "", "", 0, time.Time{}
 	// However long the client may wait, a publish that NATS cannot take
 	// now is a 503, not a hang; an unconfirmed publish may still land after
 	// a reconnect, so the attempt is cancelled to keep it from starting.
 	pctx, cancel := context.WithTimeout(ctx, b.publishTimeout)
 	defer cancel()
-	if _, err := b.js.Publish(pctx, subject, data); err != nil {
+	ack, err := b.js.Publish(pctx, subject, data)
+	if err != nil {
 		c.cancelAttempt(attempt)
 		return publishError(subject, err)
 	}
+	c.jobSeq = ack.Sequence
+	c.load.dispatched(flight, route, c.pair)
 	b.countRoute(c.Model, route)
 	return nil
 }
@@ -241,16 +248,7 @@ func (c *Call) retry(ctx context.Context, why error) error {
 	if c.retries >= c.b.cfg.RetryLimit {
 		return fmt.Errorf("request %s: %d retries: %w", c.ID, c.retries, why)
 	}
-	c.retries++
-	c.mu.Lock()
-	old := c.attempt
-	c.attempt++
-	c.nextSeq, c.speaker = 0, ""
-	c.mu.Unlock()
-	c.cancelAttempt(old)
-	c.b.metrics.retries.WithLabelValues(retryReason(why)).Inc()
-	c.b.log.Info("retrying request", "request", c.ID, "attempt", old+1, "reason", why)
-	if err := c.dispatch(ctx); err != nil {
+	if err := c.startAttempt(ctx, retryAttempt, why); err != nil {
 		return fmt.Errorf("request %s: retry after %v: %w", c.ID, why, err)
 	}
 	return nil
@@ -262,13 +260,18 @@ func retryReason(err error) string {
 		return "not_taken"
 	case errors.Is(err, errAgentLost):
 		return "agent_lost"
+	case errors.Is(err, errHandoffExpired):
+		return "handoff_expired"
+	case errors.Is(err, ErrStalled):
+		return "stalled"
 	}
 	return "attempt_failed"
 }
 
 var (
-	errNotTaken  = errors.New("no live agent took the job")
-	errAgentLost = errors.New("agent lost before the first token")
+	errNotTaken       = errors.New("no live agent took the job")
+	errAgentLost      = errors.New("agent lost before the first token")
+	errHandoffExpired = errors.New("no decode agent took the hand-off while the prefill engine held its KV")
 )
 
 type brokenAttempt struct {
@@ -325,9 +328,16 @@ func (b *Broker) onReply(m *nats.Msg) {
 		c.mu.Unlock()
 		return // an abandoned attempt
 	}
-	// The prefill leg speaks only to say it started or failed, outside the
-	// decode leg's sequence.
-	if chunk.GetStage() != wire.Chunk_STAGE_PREFILL {
+	// The prefill leg speaks only to say it started, works, handed off or
+	// failed, outside the decode leg's sequence; keep-alives are outside
+	// every sequence.
+	switch {
+	case chunk.GetKind() == wire.Chunk_KIND_KEEPALIVE:
+		if c.speaker != "" && chunk.GetStage() != wire.Chunk_STAGE_PREFILL && chunk.GetAgentId() != c.speaker {
+			c.mu.Unlock()
+			return
+		}
+	case chunk.GetStage() != wire.Chunk_STAGE_PREFILL:
 		// Agents speak before their ack is confirmed, so in a failover two
 		// may run one attempt: the first to speak is the one relayed.
 		switch id := chunk.GetAgentId(); {
@@ -417,6 +427,20 @@ func (c *Call) Next(ctx context.Context) (*wire.Chunk, error) {
 			case <-c.deadline.C:
 				return nil, fmt.Errorf("%w: request %s", ErrTimeout, c.ID)
 			case <-c.stall.C:
+				if c.waitingForDecode() {
+					// Between the hand-off and the decode agent's accept no
+					// agent speaks: the decode queue may be busy. The bound is
+					// how long the prefill engine holds the KV.
+					if left := c.handedOff.Add(c.b.cfg.KVHold).Sub(c.b.now()); left > 0 {
+						c.stall.Reset(min(left, c.b.cfg.StallTimeout))
+						continue
+					}
+					if err := c.recover(ctx, fmt.Errorf("%w: request %s: %s", errHandoffExpired, c.ID, c.b.cfg.KVHold)); err != nil {
+						return nil, err
+					}
+					c.restartStall()
+					continue
+				}
 				if idle := time.Since(c.asked); idle < c.b.cfg.StallTimeout {
 					c.stall.Reset(c.b.cfg.StallTimeout - idle)
 					continue
@@ -427,7 +451,7 @@ func (c *Call) Next(ctx context.Context) (*wire.Chunk, error) {
 				c.restartStall()
 				continue
 			case <-watch:
-				if c.agent == "" && c.firstToken.IsZero() && c.b.now().Sub(c.Started) > c.b.cfg.QueueTimeout {
+				if c.agent == "" && c.prefillAgent == "" && c.firstToken.IsZero() && c.b.now().Sub(c.Started) > c.b.cfg.QueueTimeout {
 					// Nobody took the job in time: give up cleanly; the
 					// cancel at Close keeps the queued job from starting.
 					return nil, fmt.Errorf("%w: request %s waited %s", ErrQueueTimeout, c.ID, c.b.cfg.QueueTimeout)
@@ -447,11 +471,31 @@ func (c *Call) Next(ctx context.Context) (*wire.Chunk, error) {
 		if !current {
 			continue // queued before the attempt was abandoned
 		}
-		if ch.GetKind() == wire.Chunk_KIND_ACCEPTED {
+		switch ch.GetKind() {
+		case wire.Chunk_KIND_KEEPALIVE:
+			// The agent holding the attempt is alive and its engine works
+			// on it: before the first token that is all the stall timer
+			// asks, so a long prefill is never taken for a dead agent.
+			c.restartStall()
+			continue
+		case wire.Chunk_KIND_ACCEPTED:
+			c.restartStall()
 			if ch.GetStage() == wire.Chunk_STAGE_PREFILL {
 				c.prefillAgent = ch.GetAgentId()
+				c.load.prefillTaken()
 			} else {
-				c.agent, c.prefillAgent = ch.GetAgentId(), ch.GetPrefillAgent()
+				c.agent = ch.GetAgentId()
+				if p := ch.GetPrefillAgent(); p != "" {
+					c.prefillAgent = p
+				}
+				c.load.taken()
+			}
+		case wire.Chunk_KIND_FINAL:
+			if ch.GetStage() == wire.Chunk_STAGE_PREFILL {
+				// The prefill leg handed off: its decode job is queued.
+				c.handedOff = c.b.now()
+				c.restartStall()
+				continue
 			}
 		}
 		if ch.GetKind() == wire.Chunk_KIND_ERROR && recoverable(ch.GetError(), !c.firstToken.IsZero()) {
@@ -498,12 +542,15 @@ func (c *Call) stuck() error {
 		return nil
 	}
 	if c.agent == "" {
-		if !m.Eligible(c.Route) {
-			return fmt.Errorf("%w: route %s of %q has no eligible agent", errNotTaken, c.Route, c.Model)
+		if !routeEligible(m, c.Route, c.pair) {
+			return fmt.Errorf("%w: route %s of %q has no eligible agent", errNotTaken, routeName(c.Route, c.pair), c.Model)
 		}
 		// Neither accepted nor waiting: an agent took the job and died
 		// before it could say so. Allow for heartbeats and the queue depth
 		// poll to catch up before calling the job lost.
+		if !c.handedOff.IsZero() {
+			return nil // the decode queue holds it; bounded by KVHold
+		}
 		if c.prefillAgent != "" {
 			return c.agentGone(m, c.prefillAgent) // the prefill leg runs
 		}
@@ -516,6 +563,27 @@ func (c *Call) stuck() error {
 		return nil
 	}
 	return c.agentGone(m, c.agent)
+}
+
+// routeEligible reports whether the queue an attempt went to still has
+// agents that pull it: for PD, its own pairing.
+func routeEligible(m *dispatch.Model, route dispatch.Route, pair string) bool {
+	if route != dispatch.RoutePD || pair == "" {
+		return m.Eligible(route)
+	}
+	for _, p := range m.Pairs() {
+		if p.Key == pair {
+			return p.Eligible
+		}
+	}
+	return false
+}
+
+func routeName(route dispatch.Route, pair string) string {
+	if pair == "" {
+		return route.String()
+	}
+	return route.String() + " (" + pair + ")"
 }
 
 // agentGone reports an agent that stopped heartbeating or left the table.
@@ -619,12 +687,15 @@ func (c *Call) Close() {
 	// leg running (the prefill of a PD request whose decode failed, or the
 	// engine request of a client that went away).
 	if c.ended.Load() && outcome == OutcomeOK {
+		c.load.release()
 		return
 	}
 	c.mu.Lock()
 	attempt := c.attempt
 	c.mu.Unlock()
 	c.cancelAttempt(attempt)
+	c.dropJob()
+	c.load.release()
 }
 
 // logEnd writes the one line per finished request: ids, route, agents,

@@ -24,6 +24,7 @@ const (
 	DefaultQueueTimeout      = time.Minute
 	DefaultAcceptTimeout     = time.Second
 	DefaultWatchInterval     = 250 * time.Millisecond
+	DefaultKVHold            = 30 * time.Second
 )
 
 // Config is what a broker needs; zero fields take the defaults above.
@@ -70,6 +71,18 @@ type Config struct {
 	AcceptTimeout time.Duration
 	// WatchInterval is how often a waiting request checks its attempt.
 	WatchInterval time.Duration
+	// KVHold is how long a prefill engine holds the KV of a hand-off for
+	// its decode leg (vLLM NIXL's lease is 30s): a PD attempt whose decode
+	// job no decode agent took within it after the hand-off is abandoned
+	// and the request retried, since its KV is gone. Match the agents'
+	// --kv-hold.
+	KVHold time.Duration
+	// CapacityWait is how long a request for a known model with no agent
+	// serving it now (all warming, draining or gone) waits for one to
+	// become ready before it is refused with ErrNoCapacity (503 with
+	// Retry-After). Zero refuses at once. A request never waits in a queue
+	// that no agent pulls.
+	CapacityWait time.Duration
 	// Dispatch configures the routing decision.
 	Dispatch dispatch.Config
 }
@@ -117,6 +130,9 @@ func (c *Config) setDefaults() {
 	if c.WatchInterval == 0 {
 		c.WatchInterval = DefaultWatchInterval
 	}
+	if c.KVHold == 0 {
+		c.KVHold = DefaultKVHold
+	}
 }
 
 // Validate reports what is wrong with c after defaults are applied.
@@ -135,7 +151,7 @@ func (c Config) Validate() error {
 	if c.QueueMax < 1 {
 		errs = append(errs, fmt.Errorf("queue max %d: want at least 1", c.QueueMax))
 	}
-	if c.HeartbeatInterval < 0 || c.RequestTimeout < 0 || c.StallTimeout < 0 {
+	if c.HeartbeatInterval < 0 || c.RequestTimeout < 0 || c.StallTimeout < 0 || c.KVHold < 0 || c.CapacityWait < 0 {
 		errs = append(errs, errors.New("durations must not be negative"))
 	}
 	if c.ChunkBuffer < 1 {

@@ -63,19 +63,10 @@ func (c *Call) migrate(ctx context.Context, why error) error {
 	if remaining < 1 {
 		return fmt.Errorf("request %s: stream broken at its last token: %w", c.ID, why)
 	}
-	c.migrations++
 	c.sentTokens = c.tokens
-	c.mu.Lock()
-	old := c.attempt
-	c.attempt++
-	c.nextSeq, c.speaker = 0, ""
-	c.mu.Unlock()
-	c.cancelAttempt(old)
-	c.b.metrics.migrations.Inc()
-	c.b.log.Info("migrating request", "request", c.ID, "attempt", old+1, "tokens_sent", c.tokens, "reason", why)
 	c.body = body
 	c.cont = &wire.Continuation{Text: sentText, CompletionTokens: uint32(c.tokens)}
-	if err := c.dispatch(ctx); err != nil {
+	if err := c.startAttempt(ctx, migrationAttempt, why); err != nil {
 		return fmt.Errorf("request %s: migration after %v: %w", c.ID, why, err)
 	}
 	return nil

@@ -127,7 +127,7 @@ func (b *Broker) pollDepth(ctx context.Context) {
 		if out[j.Model] == nil {
 			out[j.Model] = make(map[string]int)
 		}
-		out[j.Model][j.Pool] = int(n)
+		out[j.Model][j.Pool] += int(n) // PD pools sum their pairings
 	}
 	b.depth.Store(&depthReading{pools: out, at: at})
 }

@@ -11,8 +11,9 @@ import (
 
 var benchSizes = []int{10, 100, 1000, 10000}
 
-// benchAgents returns n agents, 60% regular, 20% prefill, 20% decode, with
-// mixed load, some ramping and a few draining or stale, so NewModel walks
+// benchAgents returns n agents, 60% regular, 20% prefill, 20% decode in
+// two pairings (vllm, sglang), with mixed load, some ramping or capped by
+// their pull limit, and a few warming, draining or stale, so NewModel walks
 // every branch.
 func benchAgents(n int) []dispatch.Agent {
 	rng := rand.New(rand.NewPCG(7, 7))
@@ -26,9 +27,16 @@ func benchAgents(n int) []dispatch.Agent {
 			pool = dispatch.PoolDecode
 		}
 		a := ready(fmt.Sprintf("agent-%d", i), pool, 16, rng.IntN(17))
+		if pool != dispatch.PoolRegular && i%10 >= 5 {
+			a.PDProtocol = "sglang"
+		}
 		switch i % 20 {
 		case 5:
 			a.ReadySince = t0.Add(-time.Duration(rng.IntN(30)) * time.Second)
+			a.PullLimit = 1 + rng.IntN(16)
+		case 7:
+			a = warming(a)
+			a.StateReason = "engine not healthy yet"
 		case 11:
 			a.State = dispatch.StateDraining
 		case 17:
@@ -47,7 +55,30 @@ func BenchmarkDecide(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
 				r += 0x9e3779b97f4a7c15 // Weyl sequence: uniform enough, free
-				if _, err := m.Decide(dispatch.Need{}, r); err != nil {
+				if _, err := m.Decide(dispatch.Need{}, nil, r); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkDecideInFlight is Decide as the broker calls it, asking what it
+// dispatched since the heartbeats (here a map lookup per pool and pairing).
+func BenchmarkDecideInFlight(b *testing.B) {
+	seen := inflight{
+		{dispatch.PoolRegular, ""}:       {pending: 2, active: 30},
+		{dispatch.PoolDecode, "vllm"}:    {pending: 1, active: 12},
+		{dispatch.PoolPrefill, "sglang"}: {pending: 3},
+	}
+	for _, n := range benchSizes {
+		b.Run(fmt.Sprintf("agents=%d", n), func(b *testing.B) {
+			m := dispatch.NewModel("m", benchAgents(n), t0, dispatch.DefaultConfig())
+			var r uint64
+			b.ReportAllocs()
+			for b.Loop() {
+				r += 0x9e3779b97f4a7c15
+				if _, err := m.Decide(dispatch.Need{}, seen, r); err != nil {
 					b.Fatal(err)
 				}
 			}

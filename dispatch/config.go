@@ -28,9 +28,10 @@ type Config struct {
 	SlowStart time.Duration
 
 	// SlowStartFloor is the fraction of an agent's slots it counts with at
-	// the start of the ramp, and all the time while warming. The floor is
-	// never below one slot (nor above Slots), so a warming or new agent with
-	// few slots still draws some traffic. In [0, 1]; DefaultConfig sets 0.1.
+	// the start of the ramp, when it becomes ready (a warming agent counts
+	// zero). The floor is never below one slot (nor above Slots), so a new
+	// agent with few slots still draws some traffic. In [0, 1];
+	// DefaultConfig sets 0.1.
 	SlowStartFloor float64
 
 	// MissedHeartbeats is how many heartbeat intervals may pass without a

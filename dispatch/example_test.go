@@ -9,49 +9,86 @@ import (
 	"github.com/switchyard-ai/switchyard/dispatch"
 )
 
+// dispatched is what a broker counts between heartbeats: jobs it sent to
+// the regular queue that no agent has taken yet.
+type dispatched struct{ regular int }
+
+func (d dispatched) Outstanding(pool dispatch.Pool, pair string) (pending, active int) {
+	if pool == dispatch.PoolRegular {
+		return d.regular, 0
+	}
+	return 0, 0
+}
+
 func ExampleModel_Decide() {
 	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	agent := func(id string, pool dispatch.Pool, active int) dispatch.Agent {
-		return dispatch.Agent{
+		a := dispatch.Agent{
 			ID: id, Pool: pool, State: dispatch.StateReady,
 			Slots: 8, Active: active,
 			ReadySince: now.Add(-time.Hour), LastSeen: now, Interval: time.Second,
 		}
+		if pool != dispatch.PoolRegular {
+			a.PDProtocol = "vllm"
+		}
+		return a
 	}
-	// 2 regular agents with 10 free slots between them, 2 prefill agents
-	// and 1 decode agent with 3 free slots: PD is as wide as its decode.
+	// A second decode agent whose engine is still loading its weights: it
+	// pulls no jobs, so it counts zero.
+	loading := agent("d2", dispatch.PoolDecode, 0)
+	loading.State, loading.StateReason = dispatch.StateWarming, "engine not healthy yet: loading weights"
+	// 2 regular agents with 10 free slots between them; 2 prefill agents
+	// (13 free) and 1 ready decode agent (3 free) of the vllm pairing. A PD
+	// request holds a decode slot for its whole life, so PD weighs 3.
 	m := dispatch.NewModel("llama", []dispatch.Agent{
 		agent("r1", dispatch.PoolRegular, 2),
 		agent("r2", dispatch.PoolRegular, 4),
 		agent("p1", dispatch.PoolPrefill, 0),
 		agent("p2", dispatch.PoolPrefill, 3),
 		agent("d1", dispatch.PoolDecode, 5),
+		loading,
 	}, now, dispatch.DefaultConfig())
 
 	regular, pd := m.Weights()
 	fmt.Printf("weights: regular %v, pd %v (pd share %.0f%%)\n", regular, pd, 100*pd/(regular+pd))
+	for _, v := range m.Agents() {
+		if !v.Eligible {
+			fmt.Printf("%s counts zero: %s\n", v.ID, v.Reason)
+		}
+	}
 
 	// r is the caller's random number; here two fixed values show both ends.
 	for _, r := range []uint64{0, math.MaxUint64} {
-		route, _ := m.Decide(dispatch.Need{}, r)
-		fmt.Println("route:", route)
+		d, _ := m.Decide(dispatch.Need{}, nil, r)
+		fmt.Printf("route: %v %q\n", d.Route, d.Pair)
 	}
 
+	// The broker has sent 10 regular jobs since the last heartbeats and no
+	// agent took them yet: regular is full until they are taken.
+	seen := dispatched{regular: 10}
+	regular, pairs, _ := m.LiveWeights(seen)
+	fmt.Printf("with 10 pending: regular %v, pd %q %v\n", regular, pairs[0].Key, pairs[0].Weight)
+	d, _ := m.Decide(dispatch.Need{}, seen, math.MaxUint64)
+	fmt.Printf("route: %v %q\n", d.Route, d.Pair)
+
 	// A request PD cannot serve goes to regular...
-	route, _ := m.Decide(dispatch.Need{NoPD: true, Reason: "n > 1"}, 0)
-	fmt.Println("n > 1:", route)
+	d, _ = m.Decide(dispatch.Need{NoPD: true, Reason: "n > 1"}, seen, 0)
+	fmt.Println("n > 1:", d.Route)
 
 	// ...and fails clearly when there is no regular agent.
 	pdOnly := dispatch.NewModel("llama", []dispatch.Agent{
 		agent("p1", dispatch.PoolPrefill, 0),
 		agent("d1", dispatch.PoolDecode, 0),
 	}, now, dispatch.DefaultConfig())
-	_, err := pdOnly.Decide(dispatch.Need{NoPD: true, Reason: "n > 1"}, 0)
+	_, err := pdOnly.Decide(dispatch.Need{NoPD: true, Reason: "n > 1"}, nil, 0)
 	fmt.Println(errors.Is(err, dispatch.ErrUnsupported), err)
 	// Output:
-	// weights: regular 10, pd 6 (pd share 38%)
-	// route: pd
-	// route: regular
+	// weights: regular 10, pd 3 (pd share 23%)
+	// d2 counts zero: warming: engine not healthy yet: loading weights
+	// route: pd "vllm"
+	// route: regular ""
+	// with 10 pending: regular 0, pd "vllm" 3
+	// route: pd "vllm"
 	// n > 1: regular
 	// true dispatch: request not supported by the available route: model "llama" has no eligible regular agent and PD cannot serve this request: n > 1
 }

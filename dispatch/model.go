@@ -1,9 +1,13 @@
 package dispatch
 
 import (
+	"cmp"
 	"math"
+	"slices"
 	"strconv"
 	"time"
+
+	"github.com/switchyard-ai/switchyard/subjects"
 )
 
 // Agent is what the broker knows about one agent from its last heartbeat.
@@ -16,28 +20,56 @@ type Agent struct {
 	ReadySince time.Time     // when it became ready; zero if never (or not reported)
 	LastSeen   time.Time     // when its last heartbeat arrived (broker clock)
 	Interval   time.Duration // its heartbeat interval; 0 means 1s
+
+	// PullLimit is the agent's own current bound on the jobs it holds (its
+	// slow-start ramp, the heartbeat's pull_limit); 0 means not reported.
+	// Effective slots never exceed it: the broker does not count on slots
+	// the agent will not pull for.
+	PullLimit int
+	// PDProtocol is the hand-off protocol of a prefill or decode agent,
+	// "vllm" or "sglang"; PDLabels the labels its operator declared must
+	// match, in canonical form (subjects.CanonicalLabels), possibly "".
+	// Together they are the agent's pairing (subjects.PairKey).
+	PDProtocol string
+	PDLabels   string
+	// StateReason says why the agent does not serve, from its heartbeat
+	// ("engine not healthy yet: ..."); shown in the view of a warming agent.
+	StateReason string
 }
 
 // AgentView is an agent as a snapshot counts it, for the fleet view.
 type AgentView struct {
 	Agent
+	// Pair is the agent's pairing key, subjects.PairKey(PDProtocol,
+	// PDLabels), for prefill and decode agents; "" for regular ones.
+	Pair           string
 	Eligible       bool
-	EffectiveSlots float64 // slots after slow start; 0 when not eligible
+	EffectiveSlots float64 // slots after slow start and PullLimit; 0 when not eligible
 	Free           float64 // max(0, EffectiveSlots - Active)
 	Reason         string  // why it is not eligible; "" when it is
 }
 
-// Reasons an agent is not eligible, as in AgentView.Reason.
+// Reasons an agent is not eligible, as in AgentView.Reason. A warming agent
+// that reports why has ReasonWarming + ": " + its StateReason; an agent
+// without a partner has ReasonNoPartner + ": " + which partner is missing.
 const (
 	ReasonUnknownPool  = "unknown pool"
 	ReasonUnknownState = "unknown state"
 	ReasonStale        = "stale"
 	ReasonDraining     = "draining"
 	ReasonNoSlots      = "no slots"
+	ReasonWarming      = "warming"
+	ReasonNoPartner    = "no PD partner"
+	// ReasonNoProtocol: a prefill or decode agent that does not say which
+	// hand-off protocol it speaks has no pairing, hence no queue to pull.
+	ReasonNoProtocol = "no PD protocol"
 )
 
-// PoolStats aggregates one pool of a model. Slots, EffectiveSlots, Active
-// and Free sum over the eligible agents only; Agents counts all of them.
+// PoolStats aggregates one pool of a model (of all pairings, for prefill
+// and decode). Slots, EffectiveSlots, Active and Free sum over the eligible
+// agents only; Agents counts all of them. Free is max(0, EffectiveSlots -
+// Active) per pairing, from heartbeats alone (Decide also subtracts what the
+// broker has seen since; see InFlight).
 type PoolStats struct {
 	Pool           Pool
 	Agents         int
@@ -46,6 +78,17 @@ type PoolStats struct {
 	EffectiveSlots float64
 	Active         int
 	Free           float64
+}
+
+// PairStats is one PD pairing of a model: its prefill and decode agents
+// (Pool, counts and sums as in PoolStats), whether it is eligible (at least
+// one eligible agent on each side) and its PD weight in the snapshot.
+type PairStats struct {
+	Key      string
+	Prefill  PoolStats
+	Decode   PoolStats
+	Eligible bool
+	Weight   float64
 }
 
 // Need is what a request requires of its route.
@@ -58,6 +101,25 @@ type Need struct {
 	Reason string
 }
 
+// InFlight is what the broker knows that heartbeats do not show yet: the
+// jobs dispatched since the agents' last heartbeats. Decide subtracts them
+// from free slots, so weights react between heartbeats (and, when the
+// broker counts from the job stream, to what other brokers sent).
+type InFlight interface {
+	// Outstanding returns for pool (pair is the pairing key for
+	// prefill/decode, "" for regular) the jobs this broker dispatched that
+	// no agent has taken yet (pending), and the jobs agents of that pool
+	// took and still hold (active), as the broker counts them.
+	Outstanding(pool Pool, pair string) (pending, active int)
+}
+
+// Decision is the outcome of Decide: the route and, for RoutePD, the
+// pairing whose queues the request goes to ("" for regular).
+type Decision struct {
+	Route Route
+	Pair  string
+}
+
 // Model is an immutable snapshot of one model's agents with the routing
 // decision precomputed. Build a new one with NewModel whenever heartbeats
 // change and on a timer (freshness and slow start depend on the time), and
@@ -68,22 +130,72 @@ type Model struct {
 	at         time.Time
 	agents     []AgentView
 	pools      [numPools]PoolStats
+	pairs      []PairStats // sorted by Key
 	pdEligible bool
 	saturated  bool
 	wRegular   float64
 	wPD        float64
-	// pdBelow: a decision goes to PD when the top 53 bits of r are below
-	// it; 0 never, 1<<53 always.
-	pdBelow uint64
+	// cands are the eligible routes Decide weighs: regular first (when
+	// eligible), then the eligible pairings in Key order.
+	cands []candidate
 
 	errNoCapacity  error
 	errUnsupported error
 }
 
+// candidate is one route Decide may pick, with what its weight needs.
+type candidate struct {
+	route Route
+	pair  string
+	// static is the weight without InFlight: the mode's weight; in
+	// capacity mode free slots by heartbeats, before the fall-back.
+	static float64
+	// fallback is the capacity mode's weight when every route is full:
+	// effective slots (min of the two legs for PD).
+	fallback float64
+	legs     [2]leg // regular: legs[0]; PD: decode, prefill
+	nlegs    int
+}
+
+// leg is one pool of a route, for the capacity weight.
+type leg struct {
+	pool Pool
+	eff  float64
+	// active is what the eligible agents' heartbeats hold; uncounted what
+	// the pool's other agents (draining, stale, without partner) hold, so
+	// that the broker's count of held jobs, which includes theirs, is not
+	// charged to the eligible agents.
+	active, uncounted int
+}
+
+// free is max(0, eff - max(heartbeat active, seen active) - seen pending).
+func (l *leg) free(seen InFlight, pair string) float64 {
+	act := l.active
+	var pending int
+	if seen != nil {
+		var held int
+		pending, held = seen.Outstanding(l.pool, pair)
+		act = max(act, held-l.uncounted)
+	}
+	return max(l.eff-float64(act)-float64(max(pending, 0)), 0)
+}
+
+// weight is the capacity weight of c under seen: a route is as wide as its
+// narrowest leg (for PD the decode slots a request holds for its life,
+// bounded by what prefill can feed).
+func (c *candidate) weight(seen InFlight) float64 {
+	w := c.legs[0].free(seen, c.pair)
+	for i := 1; i < c.nlegs; i++ {
+		w = min(w, c.legs[i].free(seen, c.pair))
+	}
+	return w
+}
+
 // NewModel builds the snapshot of model name from its agents at time now.
-// All the work of a decision is done here, once. cfg should have passed
-// Validate; out-of-range values are clamped rather than refused, so a bad
-// value cannot stop dispatch. agents is copied.
+// All the work of a decision that does not depend on InFlight is done
+// here, once. cfg should have passed Validate; out-of-range values are
+// clamped rather than refused, so a bad value cannot stop dispatch. agents
+// is copied.
 func NewModel(name string, agents []Agent, now time.Time, cfg Config) *Model {
 	cfg = cfg.normalized()
 	m := &Model{
@@ -96,62 +208,118 @@ func NewModel(name string, agents []Agent, now time.Time, cfg Config) *Model {
 		m.pools[p].Pool = Pool(p)
 	}
 	for i, a := range agents {
-		v := view(a, now, cfg)
-		m.agents[i] = v
-		if a.Pool >= numPools {
+		m.agents[i] = view(a, now, cfg)
+	}
+	m.pair()
+
+	var regUncounted int
+	pairUncounted := make([][2]int, len(m.pairs)) // prefill, decode
+	for i := range m.agents {
+		v := &m.agents[i]
+		if v.Pool >= numPools {
 			continue
 		}
-		ps := &m.pools[a.Pool]
-		ps.Agents++
+		var ps *PoolStats
+		var unc *int
+		if v.Pool == PoolRegular {
+			ps, unc = &m.pools[PoolRegular], &regUncounted
+		} else {
+			j := m.pairIndex(v.Pair)
+			side := &m.pairs[j].Prefill
+			unc = &pairUncounted[j][0]
+			if v.Pool == PoolDecode {
+				side, unc = &m.pairs[j].Decode, &pairUncounted[j][1]
+			}
+			add(side, v)
+			ps = &m.pools[v.Pool]
+		}
+		add(ps, v)
 		if !v.Eligible {
-			continue
+			*unc += max(v.Active, 0)
 		}
-		ps.Eligible++
-		ps.Slots += a.Slots
-		ps.EffectiveSlots += v.EffectiveSlots
-		ps.Active += max(a.Active, 0)
-		ps.Free += v.Free
+	}
+	reg := &m.pools[PoolRegular]
+	reg.Free = max(reg.EffectiveSlots-float64(reg.Active), 0)
+	for i := range m.pairs {
+		ps := &m.pairs[i]
+		for _, side := range []*PoolStats{&ps.Prefill, &ps.Decode} {
+			side.Free = max(side.EffectiveSlots-float64(side.Active), 0)
+			m.pools[side.Pool].Free += side.Free
+		}
 	}
 
-	reg, pre, dec := &m.pools[PoolRegular], &m.pools[PoolPrefill], &m.pools[PoolDecode]
-	m.pdEligible = pre.Eligible > 0 && dec.Eligible > 0
-	switch cfg.Mode {
-	case ModeCount:
-		m.wRegular = float64(reg.Eligible)
-		if m.pdEligible {
-			m.wPD = float64(pre.Eligible + dec.Eligible)
+	if reg.Eligible > 0 {
+		m.cands = append(m.cands, candidate{
+			route: RouteRegular,
+			legs:  [2]leg{{pool: PoolRegular, eff: reg.EffectiveSlots, active: reg.Active, uncounted: regUncounted}},
+			nlegs: 1,
+		})
+	}
+	for i := range m.pairs {
+		ps := &m.pairs[i]
+		if !ps.Eligible {
+			continue
 		}
-	case ModePaired:
-		m.wRegular = float64(reg.Eligible)
-		if m.pdEligible {
-			m.wPD = 2 * float64(min(pre.Eligible, dec.Eligible))
+		m.pdEligible = true
+		m.cands = append(m.cands, candidate{
+			route: RoutePD,
+			pair:  ps.Key,
+			legs: [2]leg{
+				{pool: PoolDecode, eff: ps.Decode.EffectiveSlots, active: ps.Decode.Active, uncounted: pairUncounted[i][1]},
+				{pool: PoolPrefill, eff: ps.Prefill.EffectiveSlots, active: ps.Prefill.Active, uncounted: pairUncounted[i][0]},
+			},
+			nlegs: 2,
+		})
+	}
+
+	var sum float64
+	for i := range m.cands {
+		c := &m.cands[i]
+		var p *PairStats
+		if c.route == RoutePD {
+			p = &m.pairs[m.pairIndex(c.pair)]
 		}
-	default: // ModeCapacity
-		m.wRegular = reg.Free
-		if m.pdEligible {
-			m.wPD = 2 * min(pre.Free, dec.Free)
-		}
-		if m.wRegular+m.wPD == 0 {
-			// Every route is full: keep filling the queues in proportion
-			// to capacity instead of refusing. Effective slots of an
-			// eligible agent are at least 1, so this is 0 only when no
-			// route is eligible.
-			m.saturated = reg.Eligible > 0 || m.pdEligible
-			m.wRegular = reg.EffectiveSlots
-			if m.pdEligible {
-				m.wPD = 2 * min(pre.EffectiveSlots, dec.EffectiveSlots)
+		switch cfg.Mode {
+		case ModeCount:
+			if p == nil {
+				c.static = float64(reg.Eligible)
+			} else {
+				c.static = float64(p.Prefill.Eligible + p.Decode.Eligible)
+			}
+			c.fallback = c.static
+		case ModePaired:
+			if p == nil {
+				c.static = float64(reg.Eligible)
+			} else {
+				c.static = 2 * float64(min(p.Prefill.Eligible, p.Decode.Eligible))
+			}
+			c.fallback = c.static
+		default: // ModeCapacity
+			c.static = c.weight(nil)
+			c.fallback = c.legs[0].eff
+			if c.nlegs == 2 {
+				c.fallback = min(c.fallback, c.legs[1].eff)
 			}
 		}
+		sum += c.static
 	}
-
-	switch sum := m.wRegular + m.wPD; {
-	case m.wPD <= 0:
-		m.pdBelow = 0
-	case m.wRegular <= 0:
-		m.pdBelow = 1 << 53
-	default:
-		t := uint64(math.Round(m.wPD / sum * (1 << 53)))
-		m.pdBelow = min(max(t, 1), 1<<53-1) // both routes keep a chance
+	// Every route full (capacity mode): keep filling the queues in
+	// proportion to capacity instead of refusing. Effective slots of an
+	// eligible agent are at least 1, so this happens only with something
+	// eligible.
+	m.saturated = sum == 0 && len(m.cands) > 0
+	for i := range m.cands {
+		c := &m.cands[i]
+		w := c.static
+		if m.saturated {
+			w = c.fallback
+		}
+		if c.route == RouteRegular {
+			m.wRegular = w
+		} else {
+			m.wPD += w
+			m.pairs[m.pairIndex(c.pair)].Weight = w
+		}
 	}
 
 	m.errNoCapacity = &decideError{sentinel: ErrNoCapacity, model: name}
@@ -159,9 +327,88 @@ func NewModel(name string, agents []Agent, now time.Time, cfg Config) *Model {
 	return m
 }
 
-// view decides one agent's eligibility and effective slots.
+// add counts agent v in ps.
+func add(ps *PoolStats, v *AgentView) {
+	ps.Agents++
+	if !v.Eligible {
+		return
+	}
+	ps.Eligible++
+	ps.Slots += v.Slots
+	ps.EffectiveSlots += v.EffectiveSlots
+	ps.Active += max(v.Active, 0)
+}
+
+// pair groups the prefill and decode agents by pairing key and takes
+// eligibility away from those whose pairing has no eligible agent on the
+// other side: a hand-off needs a partner of the same protocol and labels.
+func (m *Model) pair() {
+	type sides struct{ prefill, decode int }
+	count := map[string]*sides{}
+	for i := range m.agents {
+		v := &m.agents[i]
+		if v.Pool != PoolPrefill && v.Pool != PoolDecode {
+			continue
+		}
+		s := count[v.Pair]
+		if s == nil {
+			s = &sides{}
+			count[v.Pair] = s
+		}
+		if v.Eligible && v.Pool == PoolPrefill {
+			s.prefill++
+		} else if v.Eligible {
+			s.decode++
+		}
+	}
+	m.pairs = make([]PairStats, 0, len(count))
+	for key, s := range count {
+		m.pairs = append(m.pairs, PairStats{
+			Key:      key,
+			Prefill:  PoolStats{Pool: PoolPrefill},
+			Decode:   PoolStats{Pool: PoolDecode},
+			Eligible: s.prefill > 0 && s.decode > 0,
+		})
+	}
+	slices.SortFunc(m.pairs, func(a, b PairStats) int { return cmp.Compare(a.Key, b.Key) })
+	noPrefill := map[string]string{}
+	noDecode := map[string]string{}
+	for i := range m.agents {
+		v := &m.agents[i]
+		if !v.Eligible || (v.Pool != PoolPrefill && v.Pool != PoolDecode) {
+			continue
+		}
+		if m.pairs[m.pairIndex(v.Pair)].Eligible {
+			continue
+		}
+		// One string per pairing and side, shared by its agents.
+		missing, cache := PoolDecode, noDecode
+		if v.Pool == PoolDecode {
+			missing, cache = PoolPrefill, noPrefill
+		}
+		r, ok := cache[v.Pair]
+		if !ok {
+			r = ReasonNoPartner + ": no ready " + missing.String() + " agent with pairing " + strconv.Quote(v.Pair)
+			cache[v.Pair] = r
+		}
+		v.Eligible, v.EffectiveSlots, v.Free, v.Reason = false, 0, 0, r
+	}
+}
+
+// pairIndex returns the index of key in m.pairs, which holds every key of
+// the model's prefill and decode agents.
+func (m *Model) pairIndex(key string) int {
+	i, _ := slices.BinarySearchFunc(m.pairs, key, func(p PairStats, k string) int { return cmp.Compare(p.Key, k) })
+	return i
+}
+
+// view decides one agent's eligibility and effective slots on its own;
+// pairing is decided over all agents afterwards (see pair).
 func view(a Agent, now time.Time, cfg Config) AgentView {
 	v := AgentView{Agent: a}
+	if a.Pool == PoolPrefill || a.Pool == PoolDecode {
+		v.Pair = subjects.PairKey(a.PDProtocol, a.PDLabels)
+	}
 	switch {
 	case a.Pool >= numPools:
 		v.Reason = ReasonUnknownPool
@@ -169,19 +416,27 @@ func view(a Agent, now time.Time, cfg Config) AgentView {
 		v.Reason = ReasonStale
 	case a.State == StateDraining:
 		v.Reason = ReasonDraining
+	case a.State == StateWarming:
+		// Its agent pulls no jobs until the engine is healthy, so a job
+		// sent its way would wait in a queue nobody reads.
+		v.Reason = ReasonWarming
+		if a.StateReason != "" {
+			v.Reason += ": " + a.StateReason
+		}
 	case a.State >= numStates:
 		v.Reason = ReasonUnknownState
 	case a.Slots <= 0:
 		v.Reason = ReasonNoSlots
+	case a.PDProtocol == "" && a.Pool != PoolRegular:
+		v.Reason = ReasonNoProtocol
 	}
 	if v.Reason != "" {
 		return v
 	}
 	v.Eligible = true
-	if a.State == StateWarming {
-		v.EffectiveSlots = min(max(cfg.SlowStartFloor*float64(a.Slots), 1), float64(a.Slots))
-	} else {
-		v.EffectiveSlots = Ramp(a.Slots, a.ReadySince, now, cfg)
+	v.EffectiveSlots = Ramp(a.Slots, a.ReadySince, now, cfg)
+	if a.PullLimit > 0 {
+		v.EffectiveSlots = min(v.EffectiveSlots, float64(a.PullLimit))
 	}
 	v.Free = max(v.EffectiveSlots-float64(max(a.Active, 0)), 0)
 	return v
@@ -226,37 +481,79 @@ func fresh(a Agent, now time.Time, missed int) bool {
 	return now.Sub(a.LastSeen) < time.Duration(missed)*iv
 }
 
-// Decide picks the route of one request. r is a uniformly random uint64
-// from the caller (math/rand/v2's Uint64 in production, a seeded source in
-// tests); a route is chosen with probability weight/sum of weights, using
-// r's top 53 bits. Decide is O(1), allocation-free and lock-free, except
-// that an ErrUnsupported carrying a non-empty Need.Reason costs one small
+// below1 is the largest float64 below 1.
+const below1 = 1 - 0x1p-53
+
+// Decide picks the route of one request and, for PD, its pairing: one of
+// [regular, pairing 1, pairing 2, ...] with probability proportional to its
+// weight. r is a uniformly random uint64 from the caller (math/rand/v2's
+// Uint64 in production, a seeded source in tests); its top 53 bits are the
+// one random number of the draw. seen, if not nil, is asked once per pool
+// of each eligible route (capacity mode only) for the jobs dispatched and
+// held since the heartbeats; nil means the heartbeats are the whole truth.
+//
+// Decide is O(eligible routes), allocation-free and lock-free, except that
+// an ErrUnsupported carrying a non-empty Need.Reason costs one small
 // allocation.
 //
 // Errors: ErrNoCapacity when no route has an eligible agent (also from a
 // nil Model), ErrUnsupported when need.NoPD and only PD is eligible.
-func (m *Model) Decide(need Need, r uint64) (Route, error) {
+func (m *Model) Decide(need Need, seen InFlight, r uint64) (Decision, error) {
 	if m == nil {
-		return RouteRegular, ErrNoCapacity
+		return Decision{}, ErrNoCapacity
 	}
 	if need.NoPD {
 		switch {
 		case m.pools[PoolRegular].Eligible > 0:
-			return RouteRegular, nil
+			return Decision{Route: RouteRegular}, nil
 		case !m.pdEligible:
-			return RouteRegular, m.errNoCapacity
+			return Decision{}, m.errNoCapacity
 		case need.Reason == "":
-			return RouteRegular, m.errUnsupported
+			return Decision{}, m.errUnsupported
 		}
-		return RouteRegular, &decideError{sentinel: ErrUnsupported, model: m.name, reason: need.Reason}
+		return Decision{}, &decideError{sentinel: ErrUnsupported, model: m.name, reason: need.Reason}
 	}
-	if r>>11 < m.pdBelow {
-		return RoutePD, nil
+	live := seen != nil && m.mode == ModeCapacity
+	u := float64(r>>11) * 0x1p-53
+
+	// One pass, one random number: each route with weight w replaces the
+	// choice so far with probability w / (sum of weights up to it), and u
+	// is rescaled to stay uniform on [0, 1) given that outcome. The last
+	// choice standing has probability w / (sum of all weights), and seen is
+	// asked about each pool once.
+	chosen, sum := -1, 0.0
+	for i := range m.cands {
+		c := &m.cands[i]
+		w := c.static
+		if live {
+			w = c.weight(seen)
+		}
+		chosen, sum, u = step(i, w, chosen, sum, u)
 	}
-	if m.wRegular > 0 {
-		return RouteRegular, nil
+	if chosen < 0 {
+		// Every route is full: fill the queues in proportion to capacity.
+		for i := range m.cands {
+			chosen, sum, u = step(i, m.cands[i].fallback, chosen, sum, u)
+		}
 	}
-	return RouteRegular, m.errNoCapacity
+	if chosen < 0 {
+		return Decision{}, m.errNoCapacity
+	}
+	c := &m.cands[chosen]
+	return Decision{Route: c.route, Pair: c.pair}, nil
+}
+
+// step is one draw of Decide's weighted choice.
+func step(i int, w float64, chosen int, sum, u float64) (int, float64, float64) {
+	if !(w > 0) {
+		return chosen, sum, u
+	}
+	sum += w
+	p := w / sum
+	if u < p {
+		return i, sum, min(u/p, below1)
+	}
+	return chosen, sum, min((u-p)/(1-p), below1)
 }
 
 // decideError is what Decide returns: a sentinel with the model and, for
@@ -289,16 +586,48 @@ func (m *Model) Mode() Mode { return m.mode }
 // At returns the time the snapshot was evaluated at.
 func (m *Model) At() time.Time { return m.at }
 
-// Weights returns the route weights; a decision goes to PD with
-// probability pd/(regular+pd).
+// Weights returns the route weights from heartbeats alone (Decide with a
+// nil InFlight): regular, and PD summed over the eligible pairings. A
+// decision goes to PD with probability pd/(regular+pd).
 func (m *Model) Weights() (regular, pd float64) { return m.wRegular, m.wPD }
 
-// Saturated reports whether capacity mode found every route full and fell
-// back to weighting by total effective slots.
+// LiveWeights returns the weights Decide uses with seen: regular, the
+// pairings (as Pairs, with Weight the live weight) and whether the
+// capacity mode's fall-back to effective slots is in use. It allocates; it
+// is for views and metrics, not the request path.
+func (m *Model) LiveWeights(seen InFlight) (regular float64, pairs []PairStats, saturated bool) {
+	pairs = m.Pairs()
+	if seen == nil || m.mode != ModeCapacity {
+		return m.wRegular, pairs, m.saturated
+	}
+	ws := make([]float64, len(m.cands))
+	var sum float64
+	for i := range m.cands {
+		ws[i] = m.cands[i].weight(seen)
+		sum += ws[i]
+	}
+	saturated = sum == 0 && len(m.cands) > 0
+	for i := range m.cands {
+		c := &m.cands[i]
+		w := ws[i]
+		if saturated {
+			w = c.fallback
+		}
+		if c.route == RouteRegular {
+			regular = w
+		} else {
+			pairs[m.pairIndex(c.pair)].Weight = w
+		}
+	}
+	return regular, pairs, saturated
+}
+
+// Saturated reports whether capacity mode found every route full by
+// heartbeats and fell back to weighting by effective slots.
 func (m *Model) Saturated() bool { return m.saturated }
 
 // Eligible reports whether route has eligible agents: regular needs one
-// regular agent, PD one prefill and one decode agent.
+// regular agent, PD one prefill and one decode agent of the same pairing.
 func (m *Model) Eligible(route Route) bool {
 	switch route {
 	case RouteRegular:
@@ -323,6 +652,10 @@ func (m *Model) Pools() []PoolStats {
 	copy(out, m.pools[:])
 	return out
 }
+
+// Pairs returns a copy of the model's PD pairings, sorted by Key: every
+// pairing key any prefill or decode agent reports, eligible or not.
+func (m *Model) Pairs() []PairStats { return slices.Clone(m.pairs) }
 
 // Agents returns a copy of the per-agent views, in the order given to
 // NewModel.

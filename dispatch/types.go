@@ -59,8 +59,8 @@ func (p *Pool) UnmarshalText(b []byte) error {
 type State uint8
 
 const (
-	StateWarming  State = iota // engine up, not yet declared ready: counts at the slow-start floor
-	StateReady                 // serving: counts at its slow-start ramp
+	StateWarming  State = iota // engine not healthy yet, pulls no jobs: counts zero
+	StateReady                 // pulls jobs: counts at its slow-start ramp
 	StateDraining              // finishing in-flight work before exit: counts zero
 
 	numStates = 3
@@ -104,7 +104,8 @@ func (s *State) UnmarshalText(b []byte) error {
 }
 
 // Route is the outcome of a decision: the regular queue, or the PD pipeline
-// (the prefill queue, whose agents hand the request on to the decode queue).
+// (the prefill queue of one pairing, whose agents hand the request on to the
+// decode queue of the same pairing; see Decision).
 type Route uint8
 
 const (
@@ -134,14 +135,16 @@ func (r Route) MarshalText() ([]byte, error) {
 type Mode uint8
 
 const (
-	// ModeCapacity weighs routes by free effective slots (the default, and
-	// the zero value).
+	// ModeCapacity weighs routes by free effective slots, in concurrent
+	// requests: regular by its free slots, each PD pairing by the smaller of
+	// its decode and prefill free slots (the default, and the zero value).
 	ModeCapacity Mode = iota
-	// ModePaired weighs regular by eligible agents and PD by twice the
-	// smaller of the eligible prefill and decode counts.
+	// ModePaired weighs regular by eligible agents and each PD pairing by
+	// twice the smaller of its eligible prefill and decode counts.
 	ModePaired
 	// ModeCount is the SGLang reference gateway's rule: regular by eligible
-	// agents, PD by prefill plus decode agents. For comparison only.
+	// agents, each PD pairing by its prefill plus decode agents. For
+	// comparison only.
 	ModeCount
 
 	numModes = 3

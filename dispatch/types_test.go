@@ -161,7 +161,7 @@ func TestNewModelClampsConfig(t *testing.T) {
 	if m.Mode() != dispatch.ModeCapacity {
 		t.Errorf("Mode() = %v, want capacity", m.Mode())
 	}
-	if r, pd := m.Weights(); r != 48 || pd != 32 {
-		t.Errorf("Weights() = %v, %v; want 48, 32", r, pd)
+	if r, pd := m.Weights(); r != 48 || pd != 16 {
+		t.Errorf("Weights() = %v, %v; want 48, 16", r, pd)
 	}
 }

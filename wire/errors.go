@@ -12,6 +12,14 @@ const (
 	CodeCancelled        = "cancelled"          // the request was cancelled
 	CodeDraining         = "draining"           // the agent is shutting down
 	CodeInternal         = "internal"
+	// CodeHandoffExpired: a decode job was taken after its prefill engine's
+	// KV hold ended (Job.handoff_expires), so it was not run; retryable,
+	// nothing reached the client.
+	CodeHandoffExpired = "handoff_expired"
+	// CodeQueueFull: a job queue the agent publishes to (a prefill agent's
+	// decode queue) is at its bound; retryable, like a full queue at the
+	// broker (429 with Retry-After when no retry is left).
+	CodeQueueFull = "queue_full"
 )
 
 // Is makes errors.Is(err, &Error{Code: c}) match any *Error with code c, as

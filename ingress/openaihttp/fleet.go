@@ -4,6 +4,8 @@ import (
 	"net/http"
 	"sort"
 	"time"
+
+	"github.com/switchyard-ai/switchyard/dispatch"
 )
 
 type fleetAgent struct {
@@ -18,6 +20,8 @@ type fleetAgent struct {
 	EffectiveSlots float64   `json:"effective_slots"`
 	Eligible       bool      `json:"eligible"`
 	Reason         string    `json:"reason,omitempty"`
+	PDProtocol     string    `json:"pd_protocol,omitempty"`
+	Pairing        string    `json:"pairing,omitempty"`
 	ReadySince     time.Time `json:"ready_since,omitzero"`
 	LastHeartbeat  time.Time `json:"last_heartbeat"`
 }
@@ -33,15 +37,30 @@ type fleetPool struct {
 }
 
 type fleetModel struct {
-	Model   string             `json:"model"`
-	Mode    string             `json:"mode"`
+	Model string `json:"model"`
+	Mode  string `json:"mode"`
+	// Weights are the live weights of the next decision: heartbeats less
+	// the jobs this broker sent that they do not show yet.
 	Weights map[string]float64 `json:"weights"`
 	// Share is each route's fraction of the weight: where the next request
 	// goes, in probability.
-	Share  map[string]float64 `json:"share"`
-	Pools  []fleetPool        `json:"pools"`
-	Recent fleetRecent        `json:"recent"`
-	Queue  map[string]int     `json:"queue"`
+	Share map[string]float64 `json:"share"`
+	// Saturated: every route is full and weights fall back to capacity.
+	Saturated bool           `json:"saturated"`
+	Pools     []fleetPool    `json:"pools"`
+	Pairings  []fleetPair    `json:"pairings"`
+	Recent    fleetRecent    `json:"recent"`
+	Queue     map[string]int `json:"queue"`
+}
+
+// fleetPair is one PD pairing: the prefill and decode agents that can hand
+// off to each other (same PD protocol and declared labels).
+type fleetPair struct {
+	Pairing  string    `json:"pairing"`
+	Eligible bool      `json:"eligible"`
+	Weight   float64   `json:"weight"`
+	Prefill  fleetPool `json:"prefill"`
+	Decode   fleetPool `json:"decode"`
 }
 
 // fleetRecent is the route split of the requests started recently.
@@ -55,6 +74,10 @@ type fleetView struct {
 	At     time.Time    `json:"at"`
 	Models []fleetModel `json:"models"`
 	Agents []fleetAgent `json:"agents"`
+}
+
+func poolView(ps dispatch.PoolStats) fleetPool {
+	return fleetPool{Pool: ps.Pool.String(), Agents: ps.Agents, Eligible: ps.Eligible, Slots: ps.Slots, EffectiveSlots: ps.EffectiveSlots, Active: ps.Active, Free: ps.Free}
 }
 
 // recentWindow is the span of the fleet view's recent route split.
@@ -72,8 +95,15 @@ func (s *Server) fleet(w http.ResponseWriter, r *http.Request) {
 	depth := s.backend.QueueDepth()
 	for _, name := range f.AllModels() {
 		m, _ := f.Model(name)
-		reg, pd := m.Weights()
-		fm := fleetModel{Model: name, Mode: m.Mode().String(), Weights: map[string]float64{"regular": reg, "pd": pd}, Share: map[string]float64{"regular": 0, "pd": 0}}
+		reg, pairs, saturated := m.LiveWeights(s.backend.InFlight(name))
+		var pd float64
+		fm := fleetModel{Model: name, Mode: m.Mode().String(), Saturated: saturated, Pairings: []fleetPair{}}
+		for _, p := range pairs {
+			pd += p.Weight
+			fm.Pairings = append(fm.Pairings, fleetPair{Pairing: p.Key, Eligible: p.Eligible, Weight: p.Weight, Prefill: poolView(p.Prefill), Decode: poolView(p.Decode)})
+		}
+		fm.Weights = map[string]float64{"regular": reg, "pd": pd}
+		fm.Share = map[string]float64{"regular": 0, "pd": 0}
 		if sum := reg + pd; sum > 0 {
 			fm.Share["regular"], fm.Share["pd"] = reg/sum, pd/sum
 		}
@@ -84,7 +114,7 @@ func (s *Server) fleet(w http.ResponseWriter, r *http.Request) {
 			fm.Queue[pool] = n
 		}
 		for _, ps := range m.Pools() {
-			fm.Pools = append(fm.Pools, fleetPool{Pool: ps.Pool.String(), Agents: ps.Agents, Eligible: ps.Eligible, Slots: ps.Slots, EffectiveSlots: ps.EffectiveSlots, Active: ps.Active, Free: ps.Free})
+			fm.Pools = append(fm.Pools, poolView(ps))
 		}
 		view.Models = append(view.Models, fm)
 		for _, a := range m.Agents() {
@@ -93,6 +123,7 @@ func (s *Server) fleet(w http.ResponseWriter, r *http.Request) {
 				ID: a.ID, Model: name, Pool: a.Pool.String(), State: a.State.String(),
 				Engine: e[0], Transport: e[1], Slots: a.Slots, Active: a.Active,
 				EffectiveSlots: a.EffectiveSlots, Eligible: a.Eligible, Reason: a.Reason,
+				PDProtocol: a.PDProtocol, Pairing: a.Pair,
 				ReadySince: a.ReadySince.UTC(), LastHeartbeat: a.LastSeen.UTC(),
 			})
 		}

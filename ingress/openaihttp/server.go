@@ -24,6 +24,7 @@ type Backend interface {
 	Heartbeats() []*wire.Heartbeat
 	RecentRoutes(model string, window time.Duration) broker.Recent
 	QueueDepth() map[string]map[string]int
+	InFlight(model string) dispatch.InFlight
 }
 
 // DefaultMaxBody is the largest request body accepted. The broker's embedded

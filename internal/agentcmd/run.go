@@ -26,6 +26,7 @@ import (
 	"github.com/switchyard-ai/switchyard/agent/engine/pd"
 	"github.com/switchyard-ai/switchyard/agent/engine/sim"
 	"github.com/switchyard-ai/switchyard/agent/engine/vllmgrpc"
+	"github.com/switchyard-ai/switchyard/dispatch"
 	"github.com/switchyard-ai/switchyard/internal/cli"
 	"github.com/switchyard-ai/switchyard/internal/natsauth"
 	"github.com/switchyard-ai/switchyard/simengine"
@@ -56,6 +57,11 @@ type options struct {
 	metrics      string
 	logFormat    string
 	logLevel     string
+	pdLabels     string
+	slowStart    time.Duration
+	slowFloor    float64
+	keepalive    time.Duration
+	kvHold       time.Duration
 }
 
 func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*options, error) {
@@ -73,6 +79,11 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*o
 	fs.StringVar(&o.role, "role", subjects.PoolRegular, "pool this agent serves: regular, prefill or decode")
 	fs.StringVar(&o.pdProto, "pd-protocol", "", "PD hand-off for --engine sim (vllm or sglang); vllm and sglang engines imply theirs")
 	fs.StringVar(&o.bsHost, "bootstrap-host", "", "SGLang prefill: host of the engine's bootstrap server as decode engines reach it (default: the engine URL's host)")
+	fs.StringVar(&o.pdLabels, "pd-labels", "", "prefill/decode: labels a prefill and a decode agent must share to hand off to each other, k=v,k=v (e.g. kv=nixl,vllm=0.11); with the PD protocol they choose the queues the agent pulls and publishes to")
+	fs.DurationVar(&o.kvHold, "kv-hold", agent.DefaultKVHold, "prefill: how long the engine holds a hand-off's KV for its decode leg (vLLM NIXL's lease, VLLM_NIXL_ABORT_REQUEST_TIMEOUT); a decode job taken later is not run and the broker retries the request")
+	fs.DurationVar(&o.slowStart, "slow-start", dispatch.DefaultSlowStart, "after the engine becomes ready, ramp the jobs held from the floor up to --slots over this long, as the broker's --slow-start weighs the agent (0: off)")
+	fs.Float64Var(&o.slowFloor, "slow-start-floor", dispatch.DefaultSlowStartFloor, "fraction of --slots held at the start of the slow-start ramp (at least one job)")
+	fs.DurationVar(&o.keepalive, "keepalive", agent.DefaultKeepalive, "while a job has no token yet (a long prefill, a busy engine, a decode waiting for its KV), tell the broker this often that the engine is working; keep it well under the broker's --stall-timeout (30s) (0: off)")
 	fs.IntVar(&o.bsPort, "bootstrap-port", 8998, "SGLang prefill: the engine's bootstrap port (--disaggregation-bootstrap-port)")
 	fs.StringVar(&o.model, "model", "", "model id to serve (default: the engine's first model from /v1/models)")
 	fs.IntVar(&o.slots, "slots", agent.DefaultSlots, "jobs held at once (the engine's useful concurrency)")
@@ -93,7 +104,8 @@ Usage:
   worker-agent --engine vllm --role prefill --engine-url http://127.0.0.1:8100
   worker-agent --engine sim                  an in-process simulated engine`, []cli.Section{
 		{Title: "Engine", Flags: []string{"engine", "engine-url", "engine-api-key", "model", "slots", "tokenizer", "engine-grpc-tls"}},
-		{Title: "Role", Flags: []string{"role", "pd-protocol", "bootstrap-host", "bootstrap-port"}},
+		{Title: "Role", Flags: []string{"role", "pd-protocol", "pd-labels", "bootstrap-host", "bootstrap-port", "kv-hold"}},
+		{Title: "Load", Flags: []string{"slow-start", "slow-start-floor", "keepalive"}},
 		{Title: "Shutdown", Flags: []string{"drain-timeout"}},
 		{Title: "NATS", Flags: []string{"nats-url", "id", "heartbeat", "prefix",
 			"nats-creds", "nats-nkey", "nats-user", "nats-password", "nats-token", "nats-tls-ca", "nats-tls-cert", "nats-tls-key", "nats-inbox-prefix"}},
@@ -129,6 +141,17 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if _, err := subjects.ConsumerName("m", o.role); err != nil {
 		return fmt.Errorf("role %q: want regular, prefill or decode", o.role)
 	}
+	if _, err := subjects.CanonicalLabels(o.pdLabels); err != nil {
+		return fmt.Errorf("--pd-labels: %w", err)
+	}
+	if o.slowStart < 0 || o.slowFloor < 0 || o.slowFloor > 1 || o.keepalive < 0 || o.kvHold <= 0 {
+		return fmt.Errorf("--slow-start %s, --slow-start-floor %g, --keepalive %s, --kv-hold %s: want durations >= 0 (kv-hold > 0) and a floor in [0, 1]",
+			o.slowStart, o.slowFloor, o.keepalive, o.kvHold)
+	}
+	keepalive := o.keepalive
+	if keepalive == 0 {
+		keepalive = -1 // off; zero in agent.Config takes the default
+	}
 	eng, transport, err := buildEngine(ctx, o)
 	defer func() {
 		for _, c := range o.closers {
@@ -150,7 +173,8 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	a, err := agent.New(nc, eng, agent.Config{
 		ID: o.id, Model: o.model, Pool: o.role, Slots: o.slots, Heartbeat: o.heartbeat, DrainTimeout: o.drainTimeout,
 		Prefix: o.prefix, Engine: o.engine, Transport: transport,
-		PDProtocol: o.pdProto, BootstrapHost: o.bsHost, BootstrapPort: o.bsPort,
+		PDProtocol: o.pdProto, BootstrapHost: o.bsHost, BootstrapPort: o.bsPort, PDLabels: o.pdLabels,
+		SlowStart: o.slowStart, SlowStartFloor: o.slowFloor, Keepalive: keepalive, KVHold: o.kvHold,
 	}, agent.WithLogger(log))
 	if err != nil {
 		return err

@@ -84,6 +84,8 @@ type options struct {
 	retryLimit    int
 	migrationLim  int
 	queueTimeout  time.Duration
+	kvHold        time.Duration
+	capacityWait  time.Duration
 	readHeader    time.Duration
 	shutdownDelay time.Duration
 	idleTimeout   time.Duration
@@ -135,6 +137,8 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*o
 	fs.DurationVar(&o.streamWrite, "stream-write-timeout", 30*time.Second, "HTTP: a streaming client that accepts no data for this long is cut off and its request cancelled")
 	fs.DurationVar(&o.writeTimeout, "write-timeout", 0, "HTTP: bound on writing a non-streaming response (0: the request timeout)")
 	fs.DurationVar(&o.queueTimeout, "queue-timeout", broker.DefaultQueueTimeout, "end a request (503) that no agent took this long; its job never starts")
+	fs.DurationVar(&o.kvHold, "kv-hold", broker.DefaultKVHold, "PD: how long prefill engines hold a hand-off's KV; a decode job not taken within it is retried (match the agents' --kv-hold)")
+	fs.DurationVar(&o.capacityWait, "capacity-wait", 0, "a request for a model that no agent serves right now waits this long for one to become ready, then 503 with Retry-After (0: at once)")
 	fs.IntVar(&o.migrationLim, "migration-limit", broker.DefaultMigrationLimit, "migrations of a stream to another agent after its first token (-1: none; the client then gets one error event)")
 	fs.IntVar(&o.retryLimit, "retry-limit", broker.DefaultRetryLimit, "retries of a request before its first token (another agent or route)")
 	fs.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
@@ -281,6 +285,8 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		RetryLimit:        o.retryLimit,
 		MigrationLimit:    o.migrationLim,
 		QueueTimeout:      o.queueTimeout,
+		KVHold:            o.kvHold,
+		CapacityWait:      o.capacityWait,
 		Dispatch:          dcfg,
 	}, broker.WithLogger(log), broker.WithMetrics(metrics))
 	if err != nil {

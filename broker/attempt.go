@@ -1,0 +1,125 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/switchyard-ai/switchyard/dispatch"
+)
+
+// How an attempt starts, for logs and metrics.
+type startKind uint8
+
+const (
+	firstAttempt     startKind = iota // the request's first dispatch
+	retryAttempt                      // before the first token: run it again elsewhere
+	migrationAttempt                  // after it: continue the stream elsewhere
+)
+
+// startAttempt is the one path that starts an attempt: the first, a retry
+// or a migration (whose body and continuation the caller has set). A later
+// attempt abandons the current one first (see abandon). Then it routes the
+// attempt and publishes its job.
+func (c *Call) startAttempt(ctx context.Context, kind startKind, why error) error {
+	if kind != firstAttempt {
+		old := c.abandon()
+		switch kind {
+		case retryAttempt:
+			c.retries++
+			c.b.metrics.retries.WithLabelValues(retryReason(why)).Inc()
+			c.b.log.Info("retrying request", "request", c.ID, "attempt", old+1, "reason", why)
+		case migrationAttempt:
+			c.migrations++
+			c.b.metrics.migrations.Inc()
+			c.b.log.Info("migrating request", "request", c.ID, "attempt", old+1, "tokens_sent", c.tokens, "reason", why)
+		}
+	}
+	return c.dispatch(ctx)
+}
+
+// startFirst starts the first attempt. A known model that no agent serves
+// right now (its agents warming, draining or gone) is refused at once, or,
+// with CapacityWait, once no agent became ready within it: the job is
+// never published to a queue nobody pulls.
+func (c *Call) startFirst(ctx context.Context) error {
+	err := c.startAttempt(ctx, firstAttempt, nil)
+	if c.b.cfg.CapacityWait <= 0 || !errors.Is(err, ErrNoCapacity) {
+		return err
+	}
+	give := time.NewTimer(min(c.b.cfg.CapacityWait, time.Until(c.Deadline)))
+	defer give.Stop()
+	poll := time.NewTicker(c.b.cfg.WatchInterval)
+	defer poll.Stop()
+	for errors.Is(err, ErrNoCapacity) {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-give.C:
+			return fmt.Errorf("%w (waited %s)", err, c.b.cfg.CapacityWait)
+		case <-poll.C:
+		}
+		if m, ok := c.b.table.Load().Model(c.Model); ok && (m.Eligible(dispatch.RouteRegular) || m.Eligible(dispatch.RoutePD)) {
+			err = c.startAttempt(ctx, firstAttempt, nil)
+		}
+	}
+	return err
+}
+
+// abandon ends the current attempt for the broker and returns its number:
+// the attempt number moves on (the old attempt's late chunks are dropped
+// from now on), the sequence and the speaker start again, the old attempt
+// is cancelled at its agents, its job leaves the queue if no agent took it,
+// and what it counted in flight is released.
+func (c *Call) abandon() uint32 {
+	c.mu.Lock()
+	old := c.attempt
+	c.attempt++
+	c.nextSeq, c.speaker = 0, ""
+	c.mu.Unlock()
+	c.cancelAttempt(old)
+	c.dropJob()
+	c.load.release()
+	return old
+}
+
+// dropJob removes the current attempt's job from the stream if no agent
+// said it took it, so that no agent, however late it starts, runs it for
+// nobody, and the queue depth counts live requests only. The cancel
+// published beside it stops an agent that pulled it a moment ago. Decode
+// jobs are never dropped here: the prefill agent publishes them, and a
+// decode leg must still take its hand-off to free the prefill engine's KV.
+func (c *Call) dropJob() {
+	seq := c.jobSeq
+	c.jobSeq = 0
+	if seq == 0 || c.agent != "" || c.prefillAgent != "" {
+		return
+	}
+	c.b.deleteJob(seq)
+}
+
+// deleteJob deletes the job at seq from the jobs stream in the background.
+// A job an agent took meanwhile is gone already (work-queue retention
+// removes it at the ack): that answer is not an error worth a log line.
+func (b *Broker) deleteJob(seq uint64) {
+	st := b.stream.Load()
+	if st == nil {
+		return
+	}
+	b.jobDeletes.Add(1)
+	go func() {
+		defer b.jobDeletes.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), b.publishTimeout)
+		defer cancel()
+		if err := (*st).DeleteMsg(ctx, seq); err != nil && ctx.Err() == nil {
+			b.log.Debug("abandoned job not deleted", "seq", seq, "err", err)
+		}
+	}()
+}
+
+// waitingForDecode reports whether the current attempt's prefill leg handed
+// off and no decode agent took the hand-off yet.
+func (c *Call) waitingForDecode() bool {
+	return !c.handedOff.IsZero() && c.agent == ""
+}

@@ -1,0 +1,565 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/switchyard-ai/switchyard/dispatch"
+	"github.com/switchyard-ai/switchyard/internal/natstest"
+	"github.com/switchyard-ai/switchyard/subjects"
+	"github.com/switchyard-ai/switchyard/wire"
+)
+
+// The broker's core, tested where it lives: a real embedded NATS server, a
+// real broker, and fake agents that heartbeat, pull jobs from the real
+// stream and answer with chunks a test scripts.
+
+const testModel = "m"
+
+type rig struct {
+	t  *testing.T
+	nc *nats.Conn
+	js jetstream.JetStream
+	b  *Broker
+}
+
+func newRig(t *testing.T, cfg Config) *rig {
+	t.Helper()
+	s := natstest.RunJetStream(t)
+	nc, err := nats.Connect(s.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	if cfg.HeartbeatInterval == 0 {
+		cfg.HeartbeatInterval = 50 * time.Millisecond
+	}
+	if cfg.WatchInterval == 0 {
+		cfg.WatchInterval = 20 * time.Millisecond
+	}
+	if cfg.AcceptTimeout == 0 {
+		cfg.AcceptTimeout = 200 * time.Millisecond
+	}
+	cfg.Dispatch.MissedHeartbeats = 3
+	b, err := New(nc, cfg, WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = b.Run(ctx)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+		b.jobDeletes.Wait()
+	})
+	checkFor(t, 10*time.Second, 10*time.Millisecond, b.Ready)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &rig{t: t, nc: nc, js: js, b: b}
+}
+
+// fakeAgent heartbeats as ready in one queue and runs script for every job
+// it pulls, one at a time per slot.
+type fakeAgent struct {
+	id, pool, pair string
+	slots          int
+	state          atomic.Value // string
+	pulled         atomic.Int32
+	stop           context.CancelFunc
+	done           chan struct{}
+}
+
+type script func(a *fakeAgent, job *wire.Job, say func(*wire.Chunk))
+
+func (r *rig) agent(id, pool, protocol string, slots int, run script) *fakeAgent {
+	r.t.Helper()
+	a := &fakeAgent{id: id, pool: pool, slots: slots, done: make(chan struct{})}
+	a.state.Store(wire.StateReady)
+	b := subjects.Must(subjects.DefaultPrefix)
+	hbSubj, _ := b.Heartbeat(testModel, pool, id)
+	var filter, name string
+	if pool == subjects.PoolRegular {
+		filter, _ = b.Jobs(testModel, pool)
+		name, _ = subjects.ConsumerName(testModel, pool)
+	} else {
+		a.pair = subjects.PairKey(protocol, "")
+		filter, _ = b.PDJobs(testModel, pool, a.pair)
+		name, _ = subjects.PDConsumerName(testModel, pool, a.pair)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	a.stop = cancel
+	readySince := time.Now()
+	var active atomic.Int32
+	hb := func() {
+		h := &wire.Heartbeat{AgentId: id, Model: testModel, Pool: pool, State: a.state.Load().(string), Slots: uint32(slots),
+			Active: uint32(active.Load()), Interval: durationpb.New(50 * time.Millisecond), ReadySince: timestamppb.New(readySince)}
+		if pool != subjects.PoolRegular {
+			h.PdProtocol = protocol
+		}
+		data, _ := wire.MarshalHeartbeat(h)
+		_ = r.nc.Publish(hbSubj, data)
+	}
+	hb()
+	cons, err := r.js.CreateOrUpdateConsumer(ctx, r.b.cfg.Stream, jetstream.ConsumerConfig{
+		Durable: name, FilterSubject: filter, AckPolicy: jetstream.AckExplicitPolicy, MaxWaiting: 64,
+	})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { // heartbeats
+		defer wg.Done()
+		t := time.NewTicker(50 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				hb()
+			}
+		}
+	}()
+	for range slots {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				if a.state.Load() != wire.StateReady {
+					time.Sleep(20 * time.Millisecond)
+					continue
+				}
+				batch, err := cons.Fetch(1, jetstream.FetchMaxWait(100*time.Millisecond))
+				if err != nil {
+					continue
+				}
+				for msg := range batch.Messages() {
+					_ = msg.Ack()
+					job := new(wire.Job)
+					if proto.Unmarshal(msg.Data(), job) != nil {
+						continue
+					}
+					a.pulled.Add(1)
+					active.Add(1)
+					var seq uint64
+					say := func(c *wire.Chunk) {
+						c.RequestId, c.Attempt, c.AgentId = job.GetRequestId(), job.GetAttempt(), id
+						if c.GetStage() == wire.Chunk_STAGE_MAIN && (c.Kind == wire.Chunk_KIND_TOKEN || c.Kind == wire.Chunk_KIND_FINAL || c.Kind == wire.Chunk_KIND_ERROR || c.Kind == wire.Chunk_KIND_ACCEPTED) {
+							if c.Seq == 0 {
+								c.Seq = seq
+							}
+							seq = c.Seq + 1
+						}
+						data, _ := proto.Marshal(c)
+						_ = r.nc.Publish(job.GetReplySubject(), data)
+					}
+					run(a, job, say)
+					active.Add(-1)
+				}
+			}
+		}()
+	}
+	go func() {
+		wg.Wait()
+		close(a.done)
+	}()
+	r.t.Cleanup(a.Stop)
+	return a
+}
+
+func (a *fakeAgent) Stop() {
+	a.stop()
+	<-a.done
+}
+
+// token is a token chunk of one event with text.
+func token(text string) *wire.Chunk {
+	return &wire.Chunk{Kind: wire.Chunk_KIND_TOKEN, Events: []*wire.Event{{Raw: []byte(`{"id":"x","choices":[{"index":0,"delta":{"content":` + fmt.Sprintf("%q", text) + `}}]}`), DeltaText: text}}}
+}
+
+func final() *wire.Chunk {
+	return &wire.Chunk{Kind: wire.Chunk_KIND_FINAL, FinishReason: "stop", Usage: &wire.Usage{PromptTokens: 3, CompletionTokens: 2, TotalTokens: 5}}
+}
+
+// serve answers "a b" and a final chunk.
+func serve(_ *fakeAgent, _ *wire.Job, say func(*wire.Chunk)) {
+	say(&wire.Chunk{Kind: wire.Chunk_KIND_ACCEPTED})
+	say(token(" a"))
+	say(token(" b"))
+	say(final())
+}
+
+// waitEligible waits until the broker's table counts the agents eligible.
+func (r *rig) waitEligible(ids ...string) {
+	r.t.Helper()
+	checkFor(r.t, 5*time.Second, 10*time.Millisecond, func() error {
+		m, ok := r.b.Fleet().Model(testModel)
+		if !ok {
+			return errors.New("model not in the table")
+		}
+		elig := map[string]bool{}
+		for _, v := range m.Agents() {
+			elig[v.ID] = v.Eligible
+		}
+		for _, id := range ids {
+			if !elig[id] {
+				return fmt.Errorf("agent %s not eligible", id)
+			}
+		}
+		return nil
+	})
+}
+
+func body() []byte {
+	return []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":8,"stream":true}`)
+}
+
+// readAll reads a call to its end and returns the text and the final or
+// error chunk's kind.
+func readAll(t *testing.T, c *Call) (string, error) {
+	t.Helper()
+	var text strings.Builder
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for {
+		ch, err := c.Next(ctx)
+		if err != nil {
+			return text.String(), err
+		}
+		switch ch.GetKind() {
+		case wire.Chunk_KIND_TOKEN:
+			for _, ev := range ch.GetEvents() {
+				text.WriteString(ev.GetDeltaText())
+			}
+		case wire.Chunk_KIND_FINAL:
+			return text.String(), nil
+		case wire.Chunk_KIND_ERROR:
+			return text.String(), ch.GetError()
+		}
+	}
+}
+
+func submit(t *testing.T, b *Broker) *Call {
+	t.Helper()
+	c, err := b.Submit(context.Background(), Request{Model: testModel, API: wire.API_API_CHAT, Stream: true, Body: body()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+func TestRetryBeforeFirstToken(t *testing.T) {
+	r := newRig(t, Config{})
+	bad := r.agent("bad", subjects.PoolRegular, "", 1, func(a *fakeAgent, job *wire.Job, say func(*wire.Chunk)) {
+		say(&wire.Chunk{Kind: wire.Chunk_KIND_ACCEPTED})
+		say(&wire.Chunk{Kind: wire.Chunk_KIND_ERROR, Error: &wire.Error{Code: wire.CodeEngineDown, Message: "engine gone", Retryable: true}})
+		a.state.Store(wire.StateDraining) // take no more
+	})
+	r.waitEligible("bad")
+	c := submit(t, r.b)
+	checkFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if bad.pulled.Load() == 0 {
+			return errors.New("bad agent has not pulled yet")
+		}
+		return nil
+	})
+	good := r.agent("good", subjects.PoolRegular, "", 1, serve)
+	text, err := readAll(t, c)
+	if err != nil || text != " a b" {
+		t.Fatalf("got %q, %v", text, err)
+	}
+	if c.retries != 1 || good.pulled.Load() != 1 {
+		t.Fatalf("retries %d, good pulled %d", c.retries, good.pulled.Load())
+	}
+}
+
+// A first token that takes longer than the stall timeout is not a stall
+// while the agent says its engine works on it: the job runs once.
+func TestKeepAliveBeforeFirstToken(t *testing.T) {
+	r := newRig(t, Config{StallTimeout: 300 * time.Millisecond})
+	a := r.agent("slow", subjects.PoolRegular, "", 2, func(_ *fakeAgent, _ *wire.Job, say func(*wire.Chunk)) {
+		say(&wire.Chunk{Kind: wire.Chunk_KIND_ACCEPTED})
+		for range 10 { // 1s of prefill, keep-alives every 100ms
+			time.Sleep(100 * time.Millisecond)
+			say(&wire.Chunk{Kind: wire.Chunk_KIND_KEEPALIVE})
+		}
+		say(token(" a"))
+		say(token(" b"))
+		say(final())
+	})
+	r.waitEligible("slow")
+	c := submit(t, r.b)
+	text, err := readAll(t, c)
+	if err != nil || text != " a b" {
+		t.Fatalf("got %q, %v", text, err)
+	}
+	if c.retries != 0 || a.pulled.Load() != 1 {
+		t.Fatalf("retries %d, jobs pulled %d: a long prefill was run again", c.retries, a.pulled.Load())
+	}
+}
+
+// Silence from the agent that holds an attempt, with no keep-alive, is a
+// stall: the attempt is retried elsewhere.
+func TestStallWithoutKeepAlive(t *testing.T) {
+	r := newRig(t, Config{StallTimeout: 300 * time.Millisecond})
+	release := make(chan struct{})
+	mute := r.agent("mute", subjects.PoolRegular, "", 1, func(a *fakeAgent, _ *wire.Job, say func(*wire.Chunk)) {
+		say(&wire.Chunk{Kind: wire.Chunk_KIND_ACCEPTED})
+		a.state.Store(wire.StateDraining)
+		<-release
+	})
+	defer close(release)
+	r.waitEligible("mute")
+	c := submit(t, r.b)
+	checkFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if mute.pulled.Load() == 0 {
+			return errors.New("not pulled yet")
+		}
+		return nil
+	})
+	r.agent("good", subjects.PoolRegular, "", 1, serve)
+	text, err := readAll(t, c)
+	if err != nil || text != " a b" {
+		t.Fatalf("got %q, %v", text, err)
+	}
+	if c.retries != 1 {
+		t.Fatalf("retries %d, want 1", c.retries)
+	}
+}
+
+// A missing chunk after the first token migrates the stream: the new
+// attempt carries the text already sent.
+func TestSequenceGapMigrates(t *testing.T) {
+	r := newRig(t, Config{StallTimeout: 5 * time.Second})
+	var conts sync.Map
+	r.agent("gappy", subjects.PoolRegular, "", 1, func(a *fakeAgent, job *wire.Job, say func(*wire.Chunk)) {
+		say(&wire.Chunk{Kind: wire.Chunk_KIND_ACCEPTED})
+		say(token(" a"))
+		lost := token(" lost")
+		lost.Seq = 3 // seq 2 never arrives
+		say(lost)
+		a.state.Store(wire.StateDraining)
+	})
+	r.waitEligible("gappy")
+	c := submit(t, r.b)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var got strings.Builder
+	for got.String() != " a" {
+		ch, err := c.Next(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, ev := range ch.GetEvents() {
+			got.WriteString(ev.GetDeltaText())
+		}
+	}
+	r.agent("good", subjects.PoolRegular, "", 1, func(a *fakeAgent, job *wire.Job, say func(*wire.Chunk)) {
+		conts.Store(job.GetAttempt(), job.GetContinuation().GetText())
+		say(&wire.Chunk{Kind: wire.Chunk_KIND_ACCEPTED})
+		say(token(" b"))
+		say(final())
+	})
+	text, err := readAll(t, c)
+	if err != nil || got.String()+text != " a b" {
+		t.Fatalf("got %q + %q, %v", got.String(), text, err)
+	}
+	if c.migrations != 1 {
+		t.Fatalf("migrations %d", c.migrations)
+	}
+	if v, _ := conts.Load(uint32(1)); v != " a" {
+		t.Fatalf("continuation of attempt 1 = %v, want %q", v, " a")
+	}
+}
+
+// streamMsgs counts the jobs in the stream.
+func (r *rig) streamMsgs() uint64 {
+	st, err := r.js.Stream(context.Background(), r.b.cfg.Stream)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	info, err := st.Info(context.Background())
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return info.State.Msgs
+}
+
+// heartbeatOnly makes an agent that says it is ready and pulls nothing.
+func (r *rig) heartbeatOnly(id string, slots int) {
+	hbSubj, _ := subjects.Must(subjects.DefaultPrefix).Heartbeat(testModel, subjects.PoolRegular, id)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(50 * time.Millisecond)
+		defer t.Stop()
+		for {
+			h := &wire.Heartbeat{AgentId: id, Model: testModel, Pool: subjects.PoolRegular, State: wire.StateReady, Slots: uint32(slots),
+				Interval: durationpb.New(50 * time.Millisecond)}
+			data, _ := wire.MarshalHeartbeat(h)
+			_ = r.nc.Publish(hbSubj, data)
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	r.t.Cleanup(func() { cancel(); <-done })
+}
+
+// A cancelled or timed-out request's queued job leaves the stream, so an
+// agent that starts later never runs it, and the queue counts live
+// requests only.
+func TestAbandonedJobLeavesQueue(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		end  func(t *testing.T, c *Call)
+	}{
+		{"client cancel", func(t *testing.T, c *Call) { c.Close() }},
+		{"queue timeout", func(t *testing.T, c *Call) {
+			if _, err := readAll(t, c); !errors.Is(err, ErrQueueTimeout) {
+				t.Fatalf("err %v, want queue timeout", err)
+			}
+			c.Close()
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t, Config{QueueTimeout: 300 * time.Millisecond})
+			r.heartbeatOnly("idle", 1)
+			r.waitEligible("idle")
+			c := submit(t, r.b)
+			if n := r.streamMsgs(); n != 1 {
+				t.Fatalf("%d jobs queued, want 1", n)
+			}
+			tc.end(t, c)
+			checkFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+				if n := r.streamMsgs(); n != 0 {
+					return fmt.Errorf("%d jobs still queued", n)
+				}
+				return nil
+			})
+			late := r.agent("late", subjects.PoolRegular, "", 1, serve)
+			r.waitEligible("late")
+			if n := late.pulled.Load(); n != 0 {
+				t.Fatalf("a late agent ran %d abandoned jobs", n)
+			}
+			if p, a := r.b.InFlight(testModel).Outstanding(dispatch.PoolRegular, ""); p != 0 || a != 0 {
+				t.Fatalf("in flight after the end: pending %d, active %d", p, a)
+			}
+		})
+	}
+}
+
+// A PD attempt whose hand-off no decode agent takes within KVHold is
+// abandoned and retried (here on regular, the only route left), and the
+// prefill leg is not run twice.
+func TestHandoffExpires(t *testing.T) {
+	r := newRig(t, Config{KVHold: 400 * time.Millisecond, StallTimeout: 200 * time.Millisecond})
+	var prefills atomic.Int32
+	pre := r.agent("p", subjects.PoolPrefill, "vllm", 1, func(a *fakeAgent, _ *wire.Job, say func(*wire.Chunk)) {
+		prefills.Add(1)
+		say(&wire.Chunk{Kind: wire.Chunk_KIND_ACCEPTED, Stage: wire.Chunk_STAGE_PREFILL})
+		say(&wire.Chunk{Kind: wire.Chunk_KIND_FINAL, Stage: wire.Chunk_STAGE_PREFILL}) // handed off
+	})
+	// A decode agent that is ready but never pulls its hand-offs.
+	dec := r.agent("d", subjects.PoolDecode, "vllm", 1, serve)
+	r.waitEligible("p", "d")
+	dec.Stop() // its heartbeats stop too: give it a fresh one through a stand-in
+	hbSubj, _ := subjects.Must(subjects.DefaultPrefix).Heartbeat(testModel, subjects.PoolDecode, "d")
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		for {
+			data, _ := wire.MarshalHeartbeat(&wire.Heartbeat{AgentId: "d", Model: testModel, Pool: subjects.PoolDecode, State: wire.StateReady, Slots: 1, PdProtocol: "vllm", Interval: durationpb.New(50 * time.Millisecond)})
+			_ = r.nc.Publish(hbSubj, data)
+			select {
+			case <-stop:
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	}()
+	c := submit(t, r.b)
+	checkFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if prefills.Load() == 0 {
+			return errors.New("no prefill yet")
+		}
+		return nil
+	})
+	pre.state.Store(wire.StateDraining)
+	r.agent("r", subjects.PoolRegular, "", 1, serve)
+	text, err := readAll(t, c)
+	if err != nil || text != " a b" {
+		t.Fatalf("got %q, %v", text, err)
+	}
+	if c.retries != 1 || prefills.Load() != 1 {
+		t.Fatalf("retries %d, prefills %d", c.retries, prefills.Load())
+	}
+}
+
+// A model whose only agent is warming is refused at once (503), or waits
+// with CapacityWait until the agent is ready; nothing waits in a queue
+// that nobody pulls.
+func TestCapacityWait(t *testing.T) {
+	t.Run("refused at once", func(t *testing.T) {
+		r := newRig(t, Config{})
+		a := r.agent("w", subjects.PoolRegular, "", 1, serve)
+		r.waitEligible("w")
+		a.state.Store(wire.StateWarming)
+		checkFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+			if m, _ := r.b.Fleet().Model(testModel); m.Eligible(dispatch.RouteRegular) {
+				return errors.New("still eligible")
+			}
+			return nil
+		})
+		_, err := r.b.Submit(context.Background(), Request{Model: testModel, API: wire.API_API_CHAT, Stream: true, Body: body()})
+		if !errors.Is(err, ErrNoCapacity) {
+			t.Fatalf("err %v, want ErrNoCapacity", err)
+		}
+		if n := r.streamMsgs(); n != 0 {
+			t.Fatalf("%d jobs queued for a model nobody serves", n)
+		}
+	})
+	t.Run("waits for the first ready agent", func(t *testing.T) {
+		r := newRig(t, Config{CapacityWait: 10 * time.Second})
+		a := r.agent("w", subjects.PoolRegular, "", 1, serve)
+		a.state.Store(wire.StateWarming)
+		checkFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+			if m, ok := r.b.Fleet().Model(testModel); !ok || m.Eligible(dispatch.RouteRegular) {
+				return errors.New("model not known as warming yet")
+			}
+			return nil
+		})
+		go func() {
+			time.Sleep(300 * time.Millisecond) // an engine that finishes loading
+			a.state.Store(wire.StateReady)
+		}()
+		c := submit(t, r.b)
+		if text, err := readAll(t, c); err != nil || text != " a b" {
+			t.Fatalf("got %q, %v", text, err)
+		}
+	})
+}
