@@ -113,7 +113,7 @@ func (e *env) rolloutRun() (table, summary string, err error) {
 		// Not startAgent: an agent whose engine loads says nothing until
 		// it serves, and one whose engine never loads never does.
 		p, err := e.sup.start("agent-"+id, e.path("worker-agent"), append([]string{"--nats-url", br.NATS, "--id", id, "--model", model,
-			"--heartbeat", "100ms", "--log-level", "warn", "--engine-url", "http://" + en.addr, "--slots", strconv.Itoa(slots)}, args...)...)
+			"--heartbeat", "100ms", "--log-level", "warn", "--slow-start", slowStart.String(), "--engine-url", "http://" + en.addr, "--slots", strconv.Itoa(slots)}, args...)...)
 		agents[id] = p
 		return err
 	}

@@ -73,7 +73,7 @@ func TestRealisticRollout(t *testing.T) {
 	agents := map[string]*proc{}
 	engines := map[string]*spyEngine{}
 	addAgent := func(id string, e *spyEngine, slots int, args ...string) {
-		agents[id] = startAgent(t, b.NATS, id, &engine{URL: e.URL}, slots, append([]string{"--model", model}, args...)...)
+		agents[id] = startAgent(t, b.NATS, id, &engine{URL: e.URL}, slots, append([]string{"--model", model, "--slow-start", rolloutSlowStart.String()}, args...)...)
 	}
 	drain := func(id string) {
 		if err := agents[id].Stop(t); err != nil {
