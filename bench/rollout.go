@@ -33,7 +33,7 @@ func (e *env) rollout(d *doc) error {
 		"Regular pool: 2 agents x 4 slots; PD pair: vLLM prefill and decode, 8 slots each, engines `--load-time 10s`; "+
 		"then a vLLM decode agent on an engine with `--load-time never` and an SGLang prefill agent with no partner. "+
 		"Open-loop Poisson streaming traffic (seeded; 12 output tokens) at 90%% of the regular pool's slots, the rate calibrated from the regular pool's throughput with 12 closed-loop clients on its 8 slots. "+
-		"From \"steady with PD\" to \"drain PD\": a ~3 s-prefill prompt (3,000 tokens) every 1.5 s, and every 400 ms a client that hangs up when its ~0.4 s prefill should end. "+
+		"From \"long prompts, hang-ups\" to \"drain PD\": a ~3 s-prefill prompt (3,000 tokens) every 1.5 s, and every 400 ms a client that hangs up when its ~0.4 s prefill should end. "+
 		"Route shares are over the requests sent in the window (`x-switchyard-route`); utilisation is the mean over `/v1/fleet` samples (every 50 ms) of active / effective slots of the pool's eligible agents; "+
 		"TTFT is of the steady requests sent in the window.\n\n")
 	table, summary, err := e.rolloutRun()
@@ -292,6 +292,8 @@ func (e *env) rolloutRun() (table, summary string, err error) {
 		return "", "", err
 	}
 	must(agent("s1", engines["s1"], 8, "--engine", "sglang", "--role", "prefill", "--bootstrap-host", "127.0.0.1", "--bootstrap-port", engines["s1"].bootstrap))
+	time.Sleep(step(8))
+	mark("long prompts, hang-ups")
 	hardCtx, stopHard := context.WithCancel(ctx)
 	defer stopHard()
 	long := strings.Repeat(" the", 3000)
@@ -337,7 +339,7 @@ func (e *env) rolloutRun() (table, summary string, err error) {
 			}
 		}
 	}()
-	time.Sleep(step(12))
+	time.Sleep(step(10))
 	stopProbes()
 
 	mark("drain regular")
@@ -456,7 +458,7 @@ func (e *env) rolloutRun() (table, summary string, err error) {
 	over := 0
 	for _, s := range samples {
 		for _, a := range s.agents {
-			if (a.State == "ready" && float64(a.Active) > a.EffectiveSlots+1e-9) || a.Active > a.Slots {
+			if (a.Eligible && float64(a.Active) > a.EffectiveSlots+1e-9) || a.Active > a.Slots {
 				over++
 			}
 		}

@@ -228,6 +228,29 @@ func TestRealisticRollout(t *testing.T) {
 	addAgent("x1", engines["x1"], 8, "--engine", "vllm", "--role", "decode")
 	addAgent("s1", engines["s1"], 8, "--engine", "sglang", "--role", "prefill",
 		"--bootstrap-host", "127.0.0.1", "--bootstrap-port", fmt.Sprint(engines["s1"].BootstrapPort()))
+	// The agents that count zero say why in /v1/fleet.
+	checkFor(t, 20*time.Second, 50*time.Millisecond, func() error {
+		seen := 0
+		for _, a := range getFleet(t, b.HTTP).Agents {
+			if a.ID != "x1" && a.ID != "s1" {
+				continue
+			}
+			if seen++; a.Eligible || a.Reason == "" {
+				return fmt.Errorf("agent %s: eligible %v, reason %q", a.ID, a.Eligible, a.Reason)
+			}
+		}
+		if seen < 2 {
+			return fmt.Errorf("x1 and s1 not both in the fleet yet")
+		}
+		return nil
+	})
+	time.Sleep(8 * time.Second) // steady traffic over both routes
+
+	// Long prompts and hand-off hang-ups on top. They are a window of
+	// their own: a long prompt holds a regular slot through its prefill
+	// but a PD one only a prefill slot, so steady-state utilisation is
+	// compared without them.
+	mark("long prompts, hang-ups")
 	hardCtx, stopHard := context.WithCancel(loadCtx)
 	wg.Add(2)
 	go func() { // long prompts, one every 1.5s
@@ -281,25 +304,7 @@ func TestRealisticRollout(t *testing.T) {
 			}
 		}
 	}()
-	// The agents that count zero say why in /v1/fleet.
-	checkFor(t, 20*time.Second, 50*time.Millisecond, func() error {
-		for _, a := range getFleet(t, b.HTTP).Agents {
-			if (a.ID == "x1" || a.ID == "s1") && (a.Eligible || a.Reason == "") {
-				return fmt.Errorf("agent %s: eligible %v, reason %q", a.ID, a.Eligible, a.Reason)
-			}
-		}
-		seen := 0
-		for _, a := range getFleet(t, b.HTTP).Agents {
-			if a.ID == "x1" || a.ID == "s1" {
-				seen++
-			}
-		}
-		if seen < 2 {
-			return fmt.Errorf("x1 and s1 not both in the fleet yet")
-		}
-		return nil
-	})
-	time.Sleep(12 * time.Second)
+	time.Sleep(10 * time.Second)
 	stopProbes()
 
 	mark("drain regular")
@@ -381,7 +386,11 @@ func TestRealisticRollout(t *testing.T) {
 	over := 0
 	for _, s := range samples {
 		for _, a := range s.agents {
-			bad := (a.State == "ready" && float64(a.Active) > a.EffectiveSlots+1e-9) ||
+			// An agent that serves never holds more than its effective
+			// slots; one that does not (warming, draining, a decode whose
+			// prefill partner drained) may finish what it holds but never
+			// more than its slots, and a warming one holds nothing.
+			bad := (a.Eligible && float64(a.Active) > a.EffectiveSlots+1e-9) ||
 				(a.State == "warming" && a.Active > 0) || a.Active > a.Slots
 			if bad {
 				over++
@@ -453,7 +462,19 @@ func TestRealisticRollout(t *testing.T) {
 		t.Errorf("%d requests prefilled more than once; %d jobs run by agents that count zero or after their client left", twice, misrun)
 	}
 
-	// Zero KV blocks held at the end.
+	// Zero KV blocks held at the end. A hang-up whose decode leg never
+	// reached the decode engine is where a leak would come from.
+	unread := 0
+	decoded := map[int]bool{}
+	for _, h := range engines["d1"].Hits() {
+		decoded[h.tag] = true
+	}
+	for _, r := range reqs {
+		if r.cancelled && !decoded[r.tag] {
+			unread++
+		}
+	}
+	t.Logf("%d clients hung up in a hand-off; %d of them had no decode leg reach the decode engine", cancelled, unread)
 	for _, name := range []string{"p1", "s1"} {
 		checkFor(t, 15*time.Second, 50*time.Millisecond, func() error {
 			held, err := engines[name].heldKV()
