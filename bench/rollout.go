@@ -28,8 +28,8 @@ import (
 func (e *env) rollout(d *doc) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "## The realistic rollout\n\n")
-	fmt.Fprintf(&b, "Issue 13's rollout of `e2e/rollout_test.go`, every party its own process: a broker (`--slow-start 2s --stall-timeout 2s`), "+
-		"sim-engines (`--ttft 30ms --prefill-per-token 1ms --itl 15ms`) each behind a worker-agent (`--engine openai`, `vllm` or `sglang`). "+
+	fmt.Fprintf(&b, "Issue 13's rollout of `e2e/rollout_test.go`, every party its own process: a broker (`--slow-start 2s --stall-timeout 2s --capacity-wait 5s`), "+
+		"sim-engines (`--ttft 30ms --prefill-per-token 1ms --itl 15ms`) each behind a worker-agent (`--engine openai`, `vllm` or `sglang`, `--slow-start 2s`). "+
 		"Regular pool: 2 agents x 4 slots; PD pair: vLLM prefill and decode, 8 slots each, engines `--load-time 10s`; "+
 		"then a vLLM decode agent on an engine with `--load-time never` and an SGLang prefill agent with no partner. "+
 		"Open-loop Poisson streaming traffic (seeded; 12 output tokens) at 90%% of the regular pool's slots, the rate calibrated from the regular pool's throughput with 12 closed-loop clients on its 8 slots. "+
@@ -85,7 +85,7 @@ func (e *env) rolloutRun() (table, summary string, err error) {
 		scale = 0.5
 	}
 	step := func(s float64) time.Duration { return time.Duration(s * scale * float64(time.Second)) }
-	br, err := e.startBroker("broker-rollout", "", "--slow-start", slowStart.String(), "--stall-timeout", stall.String())
+	br, err := e.startBroker("broker-rollout", "", "--slow-start", slowStart.String(), "--stall-timeout", stall.String(), "--capacity-wait", "5s")
 	if err != nil {
 		return "", "", err
 	}

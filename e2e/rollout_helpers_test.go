@@ -361,3 +361,13 @@ func rolloutTable(phases []rolloutPhase, reqs []*rolloutReq, samples []fleetSamp
 	}
 	return b.String()
 }
+
+func getBody(url string) (string, error) {
+	resp, err := http.Get(url)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return string(b), err
+}
