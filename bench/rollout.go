@@ -9,6 +9,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"net/http"
+	"os/exec"
 	"regexp"
 	"slices"
 	"strconv"
@@ -28,8 +29,8 @@ import (
 func (e *env) rollout(d *doc) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "## The realistic rollout\n\n")
-	fmt.Fprintf(&b, "Issue 13's rollout of `e2e/rollout_test.go`, every party its own process: a broker (`--slow-start 2s --stall-timeout 2s --capacity-wait 5s`), "+
-		"sim-engines (`--ttft 30ms --prefill-per-token 1ms --itl 15ms`) each behind a worker-agent (`--engine openai`, `vllm` or `sglang`, `--slow-start 2s`). "+
+	fmt.Fprintf(&b, "Issue 13's rollout of `e2e/rollout_test.go`, every party its own process: a broker (`--slow-start 2s --stall-timeout 2s`, and `--capacity-wait 5s` where it has the flag), "+
+		"sim-engines (`--ttft 30ms --prefill-per-token 1ms --itl 15ms`) each behind a worker-agent (`--engine openai`, `vllm` or `sglang`; `--slow-start 2s` where it has the flag). "+
 		"Regular pool: 2 agents x 4 slots; PD pair: vLLM prefill and decode, 8 slots each, engines `--load-time 10s`; "+
 		"then a vLLM decode agent on an engine with `--load-time never` and an SGLang prefill agent with no partner. "+
 		"Open-loop Poisson streaming traffic (seeded; 12 output tokens) at 90%% of the regular pool's slots, the rate calibrated from the regular pool's throughput with 12 closed-loop clients on its 8 slots. "+
@@ -85,7 +86,17 @@ func (e *env) rolloutRun() (table, summary string, err error) {
 		scale = 0.5
 	}
 	step := func(s float64) time.Duration { return time.Duration(s * scale * float64(time.Second)) }
-	br, err := e.startBroker("broker-rollout", "", "--slow-start", slowStart.String(), "--stall-timeout", stall.String(), "--capacity-wait", "5s")
+	// Flags newer than issue 13 are passed only where the binaries have
+	// them, so the same scenario measures the code before the issue.
+	brokerArgs := []string{"--slow-start", slowStart.String(), "--stall-timeout", stall.String()}
+	if hasFlag(e.path("broker"), "capacity-wait") {
+		brokerArgs = append(brokerArgs, "--capacity-wait", "5s")
+	}
+	agentArgs := []string{}
+	if hasFlag(e.path("worker-agent"), "slow-start") {
+		agentArgs = append(agentArgs, "--slow-start", slowStart.String())
+	}
+	br, err := e.startBroker("broker-rollout", "", brokerArgs...)
 	if err != nil {
 		return "", "", err
 	}
@@ -113,7 +124,7 @@ func (e *env) rolloutRun() (table, summary string, err error) {
 		// Not startAgent: an agent whose engine loads says nothing until
 		// it serves, and one whose engine never loads never does.
 		p, err := e.sup.start("agent-"+id, e.path("worker-agent"), append([]string{"--nats-url", br.NATS, "--id", id, "--model", model,
-			"--heartbeat", "100ms", "--log-level", "warn", "--slow-start", slowStart.String(), "--engine-url", "http://" + en.addr, "--slots", strconv.Itoa(slots)}, args...)...)
+			"--heartbeat", "100ms", "--log-level", "warn", "--engine-url", "http://" + en.addr, "--slots", strconv.Itoa(slots)}, append(agentArgs, args...)...)...)
 		agents[id] = p
 		return err
 	}
@@ -484,6 +495,12 @@ func (e *env) rolloutRun() (table, summary string, err error) {
 		fmt.Fprintf(&s, "\nProblems: %s.\n", strings.Join(problems, "; "))
 	}
 	return t.String(), s.String(), nil
+}
+
+// hasFlag reports whether the command bin lists --name in its usage.
+func hasFlag(bin, name string) bool {
+	out, _ := exec.Command(bin, "-h").CombinedOutput()
+	return strings.Contains(string(out), "-"+name+" ")
 }
 
 func rolloutFleet(ctx context.Context, base string) (rolloutSample, error) {

@@ -37,25 +37,33 @@ func longPrompt(tag int) string {
 
 // TestRealisticRollout is issue 13's rollout, through the real broker and
 // worker-agent run functions, each agent in front of its own sim-engine
-// over HTTP with the openai, vllm and sglang adapters:
+// over HTTP with the openai, vllm and sglang adapters. Windows:
 //
-//  1. a regular pool (2 agents x 4 slots) at about 90% load with open-loop
-//     Poisson streaming traffic (seeded);
-//  2. a vLLM-protocol prefill/decode pair (8 slots each) whose engines load
-//     for 10s;
-//  3. a vLLM decode agent whose engine never becomes healthy and an SGLang
-//     prefill agent with no partner; long-prompt requests whose first
-//     token comes after more than the stall timeout; clients that hang up
-//     between the end of their prefill and decode's first token;
-//  4. the regular pool drains, comes back, and the PD agents drain.
+//   - "regular 90%": a regular pool (2 agents x 4 slots) under open-loop
+//     Poisson streaming traffic (seeded) at 90% of the throughput it
+//     showed with every slot busy;
+//   - "PD pair loading": a vLLM prefill/decode pair (8 slots each) whose
+//     engines load for 10s, until both have loaded; "PD ramp" until they
+//     serve and their slow start ends;
+//   - "steady with PD": a vLLM decode agent whose engine never becomes
+//     healthy and an SGLang prefill agent with no partner join;
+//   - "long prompts, hang-ups": prompts whose first token comes after
+//     more than the 2s stall timeout, and clients that hang up as their
+//     prefill ends (their decode leg held 300ms on its way to the decode
+//     engine, as in a busy decode queue);
+//   - the regular pool drains ("PD only"), comes back, PD drains.
 //
 // It asserts what the issue lists: no failed request but the ones clients
-// cancelled; TTFT p99 while the PD engines load no worse than twice the
-// steady state's (nothing waits in a queue nobody pulls); no agent above
+// cancelled; nothing routed to PD while its engines load and TTFT p99 then
+// no worse than twice the regular-only windows'; no serving agent above
 // its effective slots in any /v1/fleet sample; regular and decode
-// utilisation within 10 points at steady state; no prefill run twice;
-// zero KV blocks held by the prefill engines at the end; no job started
-// for a request that had already ended.
+// utilisation within 10 points at steady state; no prefill run twice (a
+// spy on the engines counts each request's prefills); zero KV blocks held
+// by the prefill engines at the end (sim-engine /metrics); no job started
+// for a request whose client had gone (but a hung-up request's decode
+// leg, which reads and so frees its KV) and none by agents that count
+// zero. The per-window table is logged (docs/dispatch.md, "The realistic
+// rollout").
 func TestRealisticRollout(t *testing.T) {
 	if testing.Short() {
 		t.Skip("the realistic rollout takes about 80s")
