@@ -48,6 +48,7 @@ type Agent struct {
 	load        atomic.Pointer[Load]
 	lastHandoff atomic.Int64 // unix nanos of the last decode job published
 	stateCh     chan struct{}
+	gate        gate // out of service while the engine refuses the agent
 
 	metrics *Metrics
 
@@ -265,7 +266,7 @@ func (a *Agent) waitHealthy(ctx context.Context) error {
 			return nil
 		}
 		a.log.Info("engine not healthy yet", "err", err)
-		a.setState(wire.StateWarming, "engine not healthy yet: "+err.Error())
+		a.setState(wire.StateWarming, healthReason(err))
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -395,6 +396,9 @@ func (a *Agent) pull(ctx context.Context, ref *consumerRef, jobs *sync.WaitGroup
 		}
 	}
 	for ctx.Err() == nil {
+		if !a.waitServing(ctx) {
+			return
+		}
 		now := time.Now()
 		n := a.pullLimit(now) - int(held.Load())
 		if n <= 0 {
@@ -576,6 +580,9 @@ func (a *Agent) handle(ctx context.Context, msg jetstream.Msg) {
 		}
 		return
 	}
+	if a.heldBack(msg) {
+		return
+	}
 	if cancelled {
 		if !pdDecode {
 			a.metrics.jobs.WithLabelValues(JobCancelled).Inc()
@@ -665,6 +672,10 @@ func (a *Agent) handle(ctx context.Context, msg jetstream.Msg) {
 		}
 		a.mu.Unlock()
 	}()
+	if job.GetApi() == wire.API_API_EMBEDDINGS {
+		a.embed(actx, job, out) // one JSON answer, relayed as is
+		return
+	}
 	body, err := streamingBody(job.GetBody())
 	if err != nil {
 		out.fail(&wire.Error{Code: wire.CodeBadRequest, Message: err.Error()})
@@ -704,6 +715,7 @@ func (a *Agent) handle(ctx context.Context, msg jetstream.Msg) {
 		// engine did not judge the request itself bad.
 		we.Retryable = out.tokens == 0 && we.Code != wire.CodeBadRequest
 		a.log.Warn("engine request failed", "request", id, "err", err)
+		a.engineRefused(we) // before the error goes out: the retry must not come back here
 		out.fail(we)
 	}
 }
@@ -768,6 +780,10 @@ func (a *Agent) prefill(ctx context.Context, req *Request, out *stream, ps *pref
 			ps.mu.Lock()
 			ps.published = true
 			ps.mu.Unlock()
+			// Tell the broker the hand-off is queued: until a decode agent
+			// takes it nobody speaks, and the broker bounds that wait by
+			// the KV hold instead of its stall timer.
+			out.send(&wire.Chunk{Kind: wire.Chunk_KIND_FINAL})
 		}
 		return err
 	}
@@ -797,6 +813,7 @@ func (a *Agent) prefill(ctx context.Context, req *Request, out *stream, ps *pref
 		// Before its decode job is out, the client has seen nothing.
 		we.Retryable = !published && we.Code != wire.CodeBadRequest
 		a.log.Warn("prefill leg failed", "request", req.RequestID, "err", err)
+		a.engineRefused(we)
 		out.fail(we)
 	}
 }

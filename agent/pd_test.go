@@ -27,13 +27,22 @@ var subj = subjects.Must(subjects.DefaultPrefix)
 // simPD returns an in-process sim engine of role speaking vLLM's PD
 // protocol, and the agent's engine for it.
 func simPD(t *testing.T, role simengine.Role, ttft, itl time.Duration) (*simengine.Engine, agent.Engine) {
+	return simPDProto(t, pd.VLLM, role, ttft, itl)
+}
+
+// simPDProto is simPD for either protocol.
+func simPDProto(t *testing.T, protocol string, role simengine.Role, ttft, itl time.Duration) (*simengine.Engine, agent.Engine) {
 	t.Helper()
-	se, err := simengine.New(simengine.Config{Model: "m", TTFT: ttft, ITL: itl, Slots: 4, Role: role, PDProtocol: simengine.PDVLLM})
+	se, err := simengine.New(simengine.Config{Model: "m", TTFT: ttft, ITL: itl, Slots: 4, Role: role, PDProtocol: simengine.PDProtocol(protocol)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = se.Close() })
-	eng, err := pd.New(sim.New(se), pd.VLLM)
+	var opts []pd.Option
+	if protocol == pd.SGLang && role == simengine.RolePrefill {
+		opts = append(opts, pd.WithBootstrap(se.BootstrapHost(), se.BootstrapPort()))
+	}
+	eng, err := pd.New(sim.New(se), protocol, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -338,28 +347,29 @@ func counter(t *testing.T, reg *prometheus.Registry, name string) float64 {
 
 // pdPair is a vLLM prefill and decode agent on sim engines.
 type pdPair struct {
+	proto          string
 	e              *env
 	pre, dec       *simengine.Engine
 	watch          *watchEngine
 	prefill, decod *agent.Agent
 }
 
-func startPair(t *testing.T, prefillTTFT, decodeITL time.Duration, decodeSlots int) *pdPair {
+func startPair(t *testing.T, protocol string, prefillTTFT, decodeITL time.Duration, decodeSlots int) *pdPair {
 	t.Helper()
 	e := newEnv(t, broker.Config{})
-	pre, preEng := simPD(t, simengine.RolePrefill, prefillTTFT, time.Millisecond)
-	dec, decEng := simPD(t, simengine.RoleDecode, time.Millisecond, decodeITL)
+	pre, preEng := simPDProto(t, protocol, simengine.RolePrefill, prefillTTFT, time.Millisecond)
+	dec, decEng := simPDProto(t, protocol, simengine.RoleDecode, time.Millisecond, decodeITL)
 	w := newWatch(decEng)
-	ap := e.run(t, preEng, agent.Config{ID: "pre", Pool: subjects.PoolPrefill, PDProtocol: pd.VLLM})
-	ad := e.run(t, w, agent.Config{ID: "dec", Pool: subjects.PoolDecode, PDProtocol: pd.VLLM, Slots: decodeSlots})
+	ap := e.run(t, preEng, agent.Config{ID: "pre", Pool: subjects.PoolPrefill, PDProtocol: protocol})
+	ad := e.run(t, w, agent.Config{ID: "dec", Pool: subjects.PoolDecode, PDProtocol: protocol, Slots: decodeSlots})
 	waitReady(t, ap, ad)
-	return &pdPair{e: e, pre: pre, dec: dec, watch: w, prefill: ap, decod: ad}
+	return &pdPair{proto: protocol, e: e, pre: pre, dec: dec, watch: w, prefill: ap, decod: ad}
 }
 
 func (p *pdPair) submit(t *testing.T, id string, maxTokens int) *nats.Subscription {
 	t.Helper()
 	reply, sub := p.e.replies(t, id)
-	p.e.publishJob(t, pdSubject(t, subjects.PoolPrefill, pd.VLLM), &wire.Job{RequestId: id, ReplySubject: reply,
+	p.e.publishJob(t, pdSubject(t, subjects.PoolPrefill, p.proto), &wire.Job{RequestId: id, ReplySubject: reply,
 		Body: fmt.Appendf(nil, `{"model":"m","messages":[{"role":"user","content":"tell me about %s"}],"max_tokens":%d}`, id, maxTokens)})
 	return sub
 }
@@ -373,6 +383,21 @@ func (p *pdPair) idle(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// noKVHeld waits for the prefill engine to hold no hand-off's KV: read by
+// a decode leg, not left until the hold timeout.
+func noKVHeld(t *testing.T, pre *simengine.Engine) {
+	t.Helper()
+	checkFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if h, b := pre.HeldKV(); h != 0 || b != 0 {
+			return fmt.Errorf("prefill engine holds %d hand-offs, %d KV blocks", h, b)
+		}
+		return nil
+	})
+	if n := pre.HandoffsExpired(); n != 0 {
+		t.Fatalf("%d hand-offs expired unread", n)
+	}
 }
 
 // noOutput fails if chunks carry output or an end for the request.
@@ -393,43 +418,13 @@ func noOutput(t *testing.T, chunks []*wire.Chunk) {
 // prefill engine: the decode leg still takes the hand-off, in silence, and
 // then stops; before the hand-off the prefill leg is aborted.
 func TestPDSafeCancel(t *testing.T) {
-	t.Run("after hand-off, before the first token", func(t *testing.T) {
-		// The decode engine's first chunk comes one ITL after the KV.
-		p := startPair(t, time.Millisecond, time.Second, 1)
-		sub := p.submit(t, "c1", 4)
-		checkFor(t, 10*time.Second, time.Millisecond, func() error {
-			if !p.watch.run("c1").started {
-				return fmt.Errorf("decode leg not started")
-			}
-			return nil
+	for _, protocol := range []string{pd.VLLM, pd.SGLang} {
+		t.Run("after hand-off, before the first token/"+protocol, func(t *testing.T) {
+			cancelAfterHandoff(t, protocol)
 		})
-		p.e.cancel(t, "c1")
-		checkFor(t, 10*time.Second, 5*time.Millisecond, func() error {
-			if r := p.watch.run("c1"); !r.ended {
-				return fmt.Errorf("decode leg still running")
-			}
-			return nil
-		})
-		p.idle(t)
-		if r := p.watch.run("c1"); !r.firstChunk {
-			t.Fatalf("the decode leg was aborted before it took the hand-off (err %v)", r.err)
-		}
-		if n := p.dec.KVTransferFailures(); n != 0 {
-			t.Fatalf("%d KV transfers failed", n)
-		}
-		if n := p.dec.Aborted(); n != 1 {
-			t.Fatalf("decode engine aborted %d requests, want 1 (after its first chunk)", n)
-		}
-		if n := p.pre.Aborted(); n != 0 {
-			t.Fatalf("prefill engine aborted %d requests: its leg was done", n)
-		}
-		// TODO(issue 13): assert the prefill engine holds no KV blocks once
-		// simengine reports them (the KV-hold accounting of item 10).
-		noOutput(t, pending(t, sub))
-	})
-
+	}
 	t.Run("decode job pulled after the cancel", func(t *testing.T) {
-		p := startPair(t, time.Millisecond, 5*time.Millisecond, 1)
+		p := startPair(t, pd.VLLM, time.Millisecond, 5*time.Millisecond, 1)
 		busy := make(chan struct{})
 		p.watch.mu.Lock()
 		p.watch.gates["busy"] = busy
@@ -469,7 +464,7 @@ func TestPDSafeCancel(t *testing.T) {
 		if n := p.dec.KVTransferFailures(); n != 0 {
 			t.Fatalf("%d KV transfers failed", n)
 		}
-		// TODO(issue 13): assert zero KV blocks held on the prefill engine.
+		noKVHeld(t, p.pre)
 		for _, c := range pending(t, sub) {
 			if c.GetStage() != wire.Chunk_STAGE_PREFILL {
 				t.Fatalf("the decode leg of a cancelled request spoke: %v", c)
@@ -478,7 +473,7 @@ func TestPDSafeCancel(t *testing.T) {
 	})
 
 	t.Run("before hand-off", func(t *testing.T) {
-		p := startPair(t, 5*time.Second, time.Millisecond, 1)
+		p := startPair(t, pd.VLLM, 5*time.Second, time.Millisecond, 1)
 		sub := p.submit(t, "early", 4)
 		if c := nextChunk(t, sub); c.GetKind() != wire.Chunk_KIND_ACCEPTED || c.GetStage() != wire.Chunk_STAGE_PREFILL {
 			t.Fatalf("got %v", c)
@@ -499,4 +494,39 @@ func TestPDSafeCancel(t *testing.T) {
 		}
 		noOutput(t, pending(t, sub))
 	})
+}
+
+// cancelAfterHandoff: the decode leg has its hand-off and waits for its
+// first chunk (one ITL after the KV) when the cancel comes.
+func cancelAfterHandoff(t *testing.T, protocol string) {
+	p := startPair(t, protocol, time.Millisecond, time.Second, 1)
+	sub := p.submit(t, "c1", 4)
+	checkFor(t, 10*time.Second, time.Millisecond, func() error {
+		if !p.watch.run("c1").started {
+			return fmt.Errorf("decode leg not started")
+		}
+		return nil
+	})
+	p.e.cancel(t, "c1")
+	checkFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if r := p.watch.run("c1"); !r.ended {
+			return fmt.Errorf("decode leg still running")
+		}
+		return nil
+	})
+	p.idle(t)
+	if r := p.watch.run("c1"); !r.firstChunk {
+		t.Fatalf("the decode leg was aborted before it took the hand-off (err %v)", r.err)
+	}
+	if n := p.dec.KVTransferFailures(); n != 0 {
+		t.Fatalf("%d KV transfers failed", n)
+	}
+	if n := p.dec.Aborted(); n != 1 {
+		t.Fatalf("decode engine aborted %d requests, want 1 (after its first chunk)", n)
+	}
+	if n := p.pre.Aborted(); n != 0 {
+		t.Fatalf("prefill engine aborted %d requests: its leg was done", n)
+	}
+	noKVHeld(t, p.pre)
+	noOutput(t, pending(t, sub))
 }

@@ -327,12 +327,13 @@ func TestSlowStartBoundsHeld(t *testing.T) {
 	if m := eng.minLimit.Load(); m >= 8 {
 		t.Fatalf("the first jobs ran with a pull limit of %d: no ramp", m)
 	}
-	// The heartbeats told the broker the limit as it grew.
+	// The heartbeats told the broker the limit as it grew: read them until
+	// one reports the full limit (the agent reached it before saying so).
 	var limits []uint32
-	for {
-		m, err := hbs.NextMsg(time.Millisecond)
+	for len(limits) == 0 || limits[len(limits)-1] != 8 {
+		m, err := hbs.NextMsg(10 * time.Second)
 		if err != nil {
-			break
+			t.Fatalf("heartbeat pull limits %v, then: %v", limits, err)
 		}
 		hb, _ := wire.UnmarshalHeartbeat(m.Data)
 		if hb.GetState() == wire.StateReady {

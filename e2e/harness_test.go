@@ -217,7 +217,9 @@ var (
 func startAgent(t testing.TB, natsURL, id string, e *engine, slots int, args ...string) *proc {
 	t.Helper()
 	base := []string{"--nats-url", natsURL, "--engine", "openai", "--engine-url", e.URL, "--id", id,
-		"--slots", fmt.Sprint(slots), "--heartbeat", "100ms", "--log-level", "warn"}
+		"--slots", fmt.Sprint(slots), "--heartbeat", "100ms", "--log-level", "warn",
+		// The broker runs with --slow-start 0; agents ramp by the same rule.
+		"--slow-start", "0"}
 	if os.Getenv("DEBUGLOGS") != "" {
 		base = append(base, "--log-level", "debug")
 	}

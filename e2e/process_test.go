@@ -467,7 +467,7 @@ func TestAgentSIGKILL(t *testing.T) {
 		slow := startEngine(t, simengine.Config{Model: model, TTFT: 10 * time.Second, ITL: time.Millisecond, Slots: 4})
 		id := fmt.Sprintf("doomed-%d", round)
 		doomed := startChild(t, bin, "--nats-url", b.NATS, "--engine", "openai", "--engine-url", slow.URL, "--id", id,
-			"--slots", "4", "--heartbeat", "100ms", "--log-level", "warn")
+			"--slots", "4", "--heartbeat", "100ms", "--log-level", "warn", "--slow-start", "0")
 		waitEligible(t, b.HTTP, id)
 		var wg sync.WaitGroup
 		var o *outcome
@@ -546,7 +546,7 @@ func TestRollingRestart(t *testing.T) {
 	ids := make([]string, n)
 	run := func(i int) {
 		agents[i] = start(t, agentcmd.Run, "--nats-url", b.NATS, "--engine", "openai", "--engine-url", engines[i].URL, "--id", ids[i],
-			"--slots", strconv.Itoa(slots), "--heartbeat", "100ms", "--log-level", "warn")
+			"--slots", strconv.Itoa(slots), "--heartbeat", "100ms", "--log-level", "warn", "--slow-start", "0")
 	}
 	for i := range n {
 		engines[i] = startEngine(t, simengine.Config{Model: model, TTFT: 5 * time.Millisecond, ITL: 5 * time.Millisecond, Slots: slots})
@@ -660,7 +660,7 @@ func TestSlowReaders(t *testing.T) {
 	for i := range agents {
 		ids[i] = fmt.Sprintf("fast%d", i)
 		start(t, agentcmd.Run, "--nats-url", natsURL, "--engine", "sim", "--id", ids[i], "--slots", strconv.Itoa(clients/agents+1),
-			"--heartbeat", "500ms", "--sim-ttft", "1ms", "--sim-itl", "1ms", "--log-level", "error")
+			"--heartbeat", "500ms", "--sim-ttft", "1ms", "--sim-itl", "1ms", "--log-level", "error", "--slow-start", "0")
 	}
 	waitEligible(t, base, ids...)
 	heap0, rss0, g0, err := brokerMemory(base)

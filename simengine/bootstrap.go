@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -487,7 +488,9 @@ func (e *Engine) pullVLLM(ctx context.Context, leg *pdLeg) error {
 // is done. BootstrapTimeout bounds the wait for the room to appear; once it
 // has, the prefill ends it as done or failed (or its server goes away).
 func (e *Engine) awaitRoom(ctx context.Context, leg *pdLeg) error {
-	addr := net.JoinHostPort(leg.host, strconv.Itoa(leg.port))
+	// SGLang's routers send an IPv6 bootstrap_host bracketed ("[::1]") and
+	// its decode side joins host and port as text: take both spellings.
+	addr := net.JoinHostPort(strings.TrimSuffix(strings.TrimPrefix(leg.host, "["), "]"), strconv.Itoa(leg.port))
 	deadline := time.Now().Add(e.cfg.BootstrapTimeout)
 	seen := false
 	for {

@@ -5,7 +5,24 @@
 // in-process for the Switchyard agent through [Engine.Stream]. A real engine's
 // cost model is imitated: a fixed number of slots (concurrent sequences), a
 // FIFO waiting queue beyond them, a time to first token that grows with the
-// prompt, and a constant inter-token latency.
+// prompt ([Config.TTFT] + prompt tokens x [Config.PrefillPerToken], so a
+// long prompt's first token can take seconds), and a constant inter-token
+// latency.
+//
+// # Loading
+//
+// A real engine loads its weights for minutes after it starts. For
+// [Config.LoadTime] after [New] (forever with [LoadNever]) the engine
+// serves but is not ready: /health, /v1/models and the completion routes
+// answer 503 with code "model_loading", [Engine.Stream] and
+// [Engine.Health] return that *[Error] (matching [ErrLoading]), and the
+// gRPC HealthCheck, Generate, GetModelInfo and GetTokenizer fail with
+// Unavailable. /metrics (with switchyard_sim_loaded 0), GetServerInfo,
+// GetLoads and Abort answer throughout, and the bootstrap side channel of
+// a prefill engine is up. [Engine.Loaded] tells when loading is over.
+// (vLLM's HTTP server listens only once loaded, so a probe fails to
+// connect; SGLang's /health answers 503 while its server is starting. A
+// 503 models both for a prober.)
 //
 // # Deterministic output
 //
@@ -37,8 +54,8 @@
 // server, on BootstrapHost:BootstrapPort from [New] until [Engine.Close].
 // The "KV" it hands over is a fingerprint of the model and the prompt
 // words, so a decode leg given another prompt's hand-off fails. A hand-off
-// is single use: the decode that claims it consumes it; unclaimed ones are
-// dropped after 60s. The decode leg generates exactly what a regular engine
+// is single use: the decode that claims it consumes it. The decode leg
+// generates exactly what a regular engine
 // generates for the same body ([Expect] holds for it), with no prefill
 // cost: its first token comes one ITL after the KV arrived. It holds a slot
 // while it waits for the KV, as a real decode engine preallocates its KV.
@@ -61,6 +78,46 @@
 // or not; SGLang routers discard that answer. The decode long-polls the
 // room: BootstrapTimeout bounds how long it waits for the room to appear,
 // not for a registered prefill to finish.
+//
+// # Held KV
+//
+// A prefill engine holds each hand-off's KV, ceil(prompt tokens /
+// [KVBlockSize]) blocks (at least 1), from the end of its prefill (its
+// first token) until one of:
+//
+//   - a decode reads it (vLLM: its pull; SGLang: its poll of the done
+//     room);
+//   - the decode engine says its request was aborted before it read the
+//     KV (while queued for a slot or waiting for the KV), as real engines
+//     do: vLLM's NixlConnector notifies the prefill of a decode request
+//     finished with do_remote_prefill still set (aborted before it was
+//     scheduled) so that it frees the blocks, and SGLang's decode sends an
+//     abort for its bootstrap room, which fails the room on the prefill
+//     (a pending room then holds nothing when its prefill ends);
+//   - [Config.KVHoldTimeout] passes (default 30s, vLLM NixlConnector's
+//     kv_lease_duration; VLLM_NIXL_ABORT_REQUEST_TIMEOUT, 480s, before the
+//     lease existed), which counts it as expired;
+//   - [Engine.Close].
+//
+// A vLLM prefill aborted after its KV was ready but before its last token
+// frees it at once (vLLM holds KV only for a request that finished by
+// length). An abort of the prefill leg once it has finished frees nothing:
+// vLLM ignores an abort of a finished request, so a prefill whose client
+// went away after the hand-off, or whose decode request never reaches a
+// decode engine (vllm #50425), holds its KV until the timeout. This is the
+// leak a router must avoid: the only prompt frees are a decode engine that
+// receives the decode request and reads the KV or is aborted. The
+// simulator does not model vLLM's lease extension by waiting decodes, its
+// notice for a decode request refused before admission (a 400 or 404 from
+// a decode engine frees nothing here), nor SGLang's bootstrap timeout for
+// a decode that never connects.
+//
+// [Engine.HeldKV] returns the hand-offs and blocks held now,
+// [Engine.HandoffsExpired] and [Engine.HandoffsAbandoned] those freed
+// unread by the timeout and by an abort; /metrics has them as the gauges
+// switchyard_sim_pd_handoffs_held and switchyard_sim_pd_kv_held_blocks and
+// the counters switchyard_sim_pd_handoffs_expired_total and
+// switchyard_sim_pd_handoffs_abandoned_total (zero on other roles).
 //
 // A request without the protocol's fields is refused with 400 by a PD
 // engine. A failed hand-off is an *[Error] with status 500, code

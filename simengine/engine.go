@@ -57,6 +57,10 @@ type Config struct {
 	// model endpoints answer 503 (gRPC: Unavailable), as vLLM and SGLang
 	// do while loading. [LoadNever] never loads; 0 is loaded at once.
 	LoadTime time.Duration
+
+	// NoEmbeddings makes the engine answer /v1/embeddings with 404, as a
+	// generation-only vLLM does.
+	NoEmbeddings bool
 }
 
 // LoadNever as [Config.LoadTime] makes an engine that never becomes

@@ -18,7 +18,9 @@ const maxBodyBytes = 32 << 20
 //
 //	POST /v1/chat/completions
 //	POST /v1/completions
+//	POST /v1/embeddings (deterministic vectors; see Engine.Embed)
 //	GET  /v1/models
+//	GET  /server_info, /get_server_info (SGLang's, with the bootstrap port)
 //	GET  /health
 //	GET  /metrics
 //
@@ -29,6 +31,11 @@ func (e *Engine) Handler() http.Handler {
 	mux.Handle("/v1/chat/completions", allow(http.MethodPost, e.completions(APIChat)))
 	mux.Handle("/v1/completions", allow(http.MethodPost, e.completions(APICompletion)))
 	mux.Handle("/v1/models", allow(http.MethodGet, e.whenLoaded(http.HandlerFunc(e.models))))
+	mux.Handle("/server_info", allow(http.MethodGet, http.HandlerFunc(e.serverInfo)))
+	mux.Handle("/get_server_info", allow(http.MethodGet, http.HandlerFunc(e.serverInfo)))
+	if !e.cfg.NoEmbeddings {
+		mux.Handle("/v1/embeddings", allow(http.MethodPost, e.whenLoaded(http.HandlerFunc(e.embeddings))))
+	}
 	mux.Handle("/health", allow(http.MethodGet, e.whenLoaded(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.WriteHeader(http.StatusOK)
 	}))))

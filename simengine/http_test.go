@@ -40,7 +40,7 @@ func TestHTTPErrors(t *testing.T) {
 		{"unknown model stream", "POST", "/v1/completions", `{"model":"gpt-9","prompt":"hi","stream":true}`, 404, "invalid_request_error", "model", "model_not_found"},
 		{"GET completions", "GET", "/v1/completions", "", 405, "invalid_request_error", "", ""},
 		{"POST models", "POST", "/v1/models", "{}", 405, "invalid_request_error", "", ""},
-		{"unknown path", "GET", "/v1/embeddings", "", 404, "not_found_error", "", ""},
+		{"unknown path", "GET", "/v1/audio/speech", "", 404, "not_found_error", "", ""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -20,6 +20,14 @@ const (
 	// decode queue) is at its bound; retryable, like a full queue at the
 	// broker (429 with Retry-After when no retry is left).
 	CodeQueueFull = "queue_full"
+	// CodeEngineMisconfigured: the engine refused the agent itself (401 or
+	// 403: a wrong engine API key; 404 for the model: the engine serves
+	// another one). Not the client's fault: the agent stops serving until
+	// its engine accepts it again, and the request is retried elsewhere.
+	CodeEngineMisconfigured = "engine_misconfigured"
+	// CodeUnsupportedAPI: the agent's engine does not serve the request's
+	// API (e.g. /v1/embeddings on a generation-only engine).
+	CodeUnsupportedAPI = "unsupported_api"
 )
 
 // Is makes errors.Is(err, &Error{Code: c}) match any *Error with code c, as

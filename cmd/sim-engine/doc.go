@@ -8,6 +8,21 @@
 // bootstrap side channel on --bootstrap-host:--bootstrap-port (default
 // 127.0.0.1:8998, 0 for any free port), logged as bootstrap_addr.
 //
+// --prefill-per-token adds to --ttft per prompt token, so that a long
+// prompt's first token can take many seconds.
+//
+// --load-time D (default 0) makes the engine load for D after it starts:
+// it listens at once, but /health, /v1/models and the completion routes
+// answer 503 (gRPC: Unavailable) until D has passed, as a vLLM or SGLang
+// engine loading its weights is not ready. --load-time never makes an
+// engine that never becomes healthy. The log says "loaded" when it is.
+//
+// --kv-hold-timeout (default 30s, vLLM NIXL's lease) is how long a prefill
+// engine holds the KV of a hand-off no decode reads; /metrics reports the
+// held hand-offs and blocks (switchyard_sim_pd_handoffs_held,
+// switchyard_sim_pd_kv_held_blocks) and those that expired
+// (switchyard_sim_pd_handoffs_expired_total).
+//
 // With --grpc-listen (default empty: off) it also serves vLLM's gRPC engine
 // service, vllm.grpc.engine.VllmEngine, on that address, logged as
 // grpc_addr; see simengine.Engine.RegisterGRPC.

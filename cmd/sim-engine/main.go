@@ -53,7 +53,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	fs.IntVar(&cfg.BootstrapPort, "bootstrap-port", def.BootstrapPort, "port of a prefill engine's bootstrap side channel (0: any free port)")
 	fs.DurationVar(&cfg.BootstrapTimeout, "bootstrap-timeout", def.BootstrapTimeout, "how long a decode engine waits to reach its prefill (SGLang: for the room to appear)")
 	fs.DurationVar(&cfg.KVHoldTimeout, "kv-hold-timeout", def.KVHoldTimeout, "how long a prefill engine holds a hand-off's KV blocks that no decode reads (vLLM NIXL's lease)")
-	fs.Var((*loadTime)(&cfg.LoadTime), "load-time", "how long the engine loads after start: until then /health, /v1/models and completions answer 503 (gRPC: Unavailable); a duration, or never")
+	fs.Var((*simengine.LoadTime)(&cfg.LoadTime), "load-time", "how long the engine loads after start: until then /health, /v1/models and completions answer 503 (gRPC: Unavailable); a `duration`, or never (0: loaded at once)")
 
 	if err := applyEnv(fs, getenv); err != nil {
 		return err
@@ -107,7 +107,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	// them.
 	attrs := []any{"addr", ln.Addr().String(), "model", cfg.Model,
 		"ttft", cfg.TTFT, "prefill_per_token", cfg.PrefillPerToken, "itl", cfg.ITL, "slots", cfg.Slots,
-		"role", eng.Role(), "load_time", (*loadTime)(&cfg.LoadTime).String()}
+		"role", eng.Role(), "load_time", (*simengine.LoadTime)(&cfg.LoadTime).String()}
 	if gln != nil {
 		attrs = append(attrs, "grpc_addr", gln.Addr().String())
 	}
@@ -179,31 +179,4 @@ func applyEnv(fs *flag.FlagSet, getenv func(string) string) error {
 		}
 	})
 	return err
-}
-
-// loadTime is the --load-time flag: a duration, or "never" for
-// simengine.LoadNever.
-type loadTime time.Duration
-
-func (l *loadTime) String() string {
-	if time.Duration(*l) == simengine.LoadNever {
-		return "never"
-	}
-	return time.Duration(*l).String()
-}
-
-func (l *loadTime) Set(s string) error {
-	if s == "never" {
-		*l = loadTime(simengine.LoadNever)
-		return nil
-	}
-	d, err := time.ParseDuration(s)
-	if err != nil {
-		return fmt.Errorf("want a duration or never: %w", err)
-	}
-	if d < 0 {
-		return errors.New("must not be negative")
-	}
-	*l = loadTime(d)
-	return nil
 }

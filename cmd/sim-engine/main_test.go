@@ -119,6 +119,10 @@ func TestRunErrors(t *testing.T) {
 		{"bad pd protocol", []string{"--role", "decode", "--pd-protocol", "nixl", "--listen", "127.0.0.1:0"}, nil},
 		{"bad bootstrap port", []string{"--role", "prefill", "--bootstrap-port", "-1", "--listen", "127.0.0.1:0"}, nil},
 		{"bad bootstrap timeout env", []string{"--listen", "127.0.0.1:0"}, map[string]string{"SIM_ENGINE_BOOTSTRAP_TIMEOUT": "soon"}},
+		{"bad load time", []string{"--load-time", "soon", "--listen", "127.0.0.1:0"}, nil},
+		{"negative load time", []string{"--load-time", "-1s", "--listen", "127.0.0.1:0"}, nil},
+		{"bad load time env", []string{"--listen", "127.0.0.1:0"}, map[string]string{"SIM_ENGINE_LOAD_TIME": "later"}},
+		{"negative kv hold timeout", []string{"--role", "prefill", "--kv-hold-timeout", "-1s", "--listen", "127.0.0.1:0"}, nil},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

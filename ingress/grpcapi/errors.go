@@ -70,7 +70,9 @@ func fromWire(we *wire.Error) error {
 		return status.Error(codes.DeadlineExceeded, msg)
 	case wire.CodeCancelled:
 		return status.Error(codes.Canceled, msg)
-	case wire.CodeEngineDown, wire.CodeDraining:
+	case wire.CodeQueueFull:
+		return retryable(codes.ResourceExhausted, msg, time.Second)
+	case wire.CodeEngineDown, wire.CodeDraining, wire.CodeHandoffExpired:
 		return retryable(codes.Unavailable, msg, time.Second)
 	case wire.CodeEngine:
 		return status.Error(codes.Unavailable, msg)

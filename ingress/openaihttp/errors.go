@@ -94,7 +94,13 @@ func fromWire(we *wire.Error) *apiError {
 		return &apiError{Status: st, Message: we.GetMessage(), Type: "invalid_request_error", Code: strp("engine_rejected")}
 	case wire.CodeDeadlineExceeded:
 		return &apiError{Status: http.StatusGatewayTimeout, Message: we.GetMessage(), Type: "server_error", Code: strp("timeout")}
-	case wire.CodeEngineDown, wire.CodeDraining:
+	case wire.CodeQueueFull:
+		return &apiError{Status: http.StatusTooManyRequests, Message: we.GetMessage(), Type: "rate_limit_error", Code: strp("queue_full"), RetryAfter: 1}
+	case wire.CodeUnsupportedAPI:
+		return &apiError{Status: http.StatusNotImplemented, Message: we.GetMessage(), Type: "invalid_request_error", Code: strp(we.GetCode())}
+	case wire.CodeEngineDown, wire.CodeDraining, wire.CodeHandoffExpired, wire.CodeEngineMisconfigured:
+		// A misconfigured engine is the operator's to fix, never the
+		// client's 401: the request was retried, and nobody could serve it.
 		return &apiError{Status: http.StatusServiceUnavailable, Message: we.GetMessage(), Type: "server_error", Code: strp(we.GetCode()), RetryAfter: 1}
 	}
 	return &apiError{Status: http.StatusBadGateway, Message: we.GetMessage(), Type: "server_error", Code: strp(we.GetCode())}

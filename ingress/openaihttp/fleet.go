@@ -24,6 +24,9 @@ type fleetAgent struct {
 	Pairing        string    `json:"pairing,omitempty"`
 	ReadySince     time.Time `json:"ready_since,omitzero"`
 	LastHeartbeat  time.Time `json:"last_heartbeat"`
+	// StateReason is the agent's own word on why it does not serve (its
+	// heartbeat's state_reason), e.g. an engine that refuses its key.
+	StateReason string `json:"state_reason,omitempty"`
 }
 
 type fleetPool struct {
@@ -87,9 +90,9 @@ const recentWindow = 10 * time.Second
 func (s *Server) fleet(w http.ResponseWriter, r *http.Request) {
 	f := s.backend.Fleet()
 	hbs := s.backend.Heartbeats()
-	engines := make(map[[2]string][2]string, len(hbs))
+	engines := make(map[[2]string][3]string, len(hbs))
 	for _, hb := range hbs {
-		engines[[2]string{hb.GetModel(), hb.GetAgentId()}] = [2]string{hb.GetEngine(), hb.GetTransport()}
+		engines[[2]string{hb.GetModel(), hb.GetAgentId()}] = [3]string{hb.GetEngine(), hb.GetTransport(), hb.GetStateReason()}
 	}
 	view := fleetView{At: time.Now().UTC(), Models: []fleetModel{}, Agents: []fleetAgent{}}
 	depth := s.backend.QueueDepth()
@@ -122,7 +125,7 @@ func (s *Server) fleet(w http.ResponseWriter, r *http.Request) {
 			view.Agents = append(view.Agents, fleetAgent{
 				ID: a.ID, Model: name, Pool: a.Pool.String(), State: a.State.String(),
 				Engine: e[0], Transport: e[1], Slots: a.Slots, Active: a.Active,
-				EffectiveSlots: a.EffectiveSlots, Eligible: a.Eligible, Reason: a.Reason,
+				EffectiveSlots: a.EffectiveSlots, Eligible: a.Eligible, Reason: a.Reason, StateReason: e[2],
 				PDProtocol: a.PDProtocol, Pairing: a.Pair,
 				ReadySince: a.ReadySince.UTC(), LastHeartbeat: a.LastSeen.UTC(),
 			})

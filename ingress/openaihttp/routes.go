@@ -7,6 +7,8 @@ func (s *Server) routes() {
 	s.handle("/v1/chat/completions", http.MethodPost, s.completions(chatAPI))
 	s.handle("/v1/completions", http.MethodPost, s.completions(completionAPI))
 	s.handle("/v1/models", http.MethodGet, s.models)
+	s.handle("/v1/models/{id...}", http.MethodGet, s.model)
+	s.handle("/v1/embeddings", http.MethodPost, s.embeddings)
 	s.handle("/v1/fleet", http.MethodGet, s.fleet)
 	s.handle("/healthz", http.MethodGet, s.healthz)
 	s.handle("/readyz", http.MethodGet, s.readyz)

@@ -3,8 +3,6 @@ package openaihttp
 import (
 	"context"
 	"encoding/json"
-	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -45,6 +43,10 @@ type Config struct {
 	StreamWriteTimeout time.Duration
 	// Page serves the fleet page at / and its assets under /ui/ when set.
 	Page http.Handler
+	// BodyReadTimeout bounds reading a request body, so a client trickling
+	// its body cannot hold a connection and a buffer forever (default
+	// DefaultBodyReadTimeout).
+	BodyReadTimeout time.Duration
 }
 
 // Server is the HTTP ingress. It is an http.Handler.
@@ -66,6 +68,9 @@ func WithLogger(l *slog.Logger) Option { return func(s *Server) { s.log = l } }
 func New(backend Backend, cfg Config, opts ...Option) *Server {
 	if cfg.MaxBody <= 0 {
 		cfg.MaxBody = DefaultMaxBody
+	}
+	if cfg.BodyReadTimeout <= 0 {
+		cfg.BodyReadTimeout = DefaultBodyReadTimeout
 	}
 	if cfg.StreamWriteTimeout <= 0 {
 		cfg.StreamWriteTimeout = 30 * time.Second
@@ -108,14 +113,9 @@ func (s *Server) completions(kind apiKind) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		rid := requestID(r)
 		w.Header().Set("X-Request-Id", rid)
-		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBody))
-		if err != nil {
-			var mbe *http.MaxBytesError
-			if errors.As(err, &mbe) {
-				writeError(w, &apiError{Status: http.StatusRequestEntityTooLarge, Message: fmt.Sprintf("request body larger than %d bytes", s.cfg.MaxBody), Type: "invalid_request_error", Code: strp("body_too_large")})
-				return
-			}
-			writeError(w, invalid("reading request body: "+err.Error(), "", "bad_body"))
+		body, berr := s.readBody(w, r)
+		if berr != nil {
+			writeError(w, berr)
 			return
 		}
 		p, perr := parseRequest(kind.api, body)

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/url"
 	"strings"
@@ -31,6 +30,7 @@ import (
 	"github.com/switchyard-ai/switchyard/internal/natsauth"
 	"github.com/switchyard-ai/switchyard/simengine"
 	"github.com/switchyard-ai/switchyard/subjects"
+	"github.com/switchyard-ai/switchyard/wire"
 )
 
 type options struct {
@@ -47,6 +47,8 @@ type options struct {
 	prefix       string
 	simTTFT      time.Duration
 	simITL       time.Duration
+	simPrefill   time.Duration
+	simLoad      time.Duration
 	pdProto      string
 	bsHost       string
 	bsPort       int
@@ -62,6 +64,7 @@ type options struct {
 	slowFloor    float64
 	keepalive    time.Duration
 	kvHold       time.Duration
+	log          *slog.Logger
 }
 
 func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*options, error) {
@@ -84,7 +87,7 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*o
 	fs.DurationVar(&o.slowStart, "slow-start", dispatch.DefaultSlowStart, "after the engine becomes ready, ramp the jobs held from the floor up to --slots over this long, as the broker's --slow-start weighs the agent (0: off)")
 	fs.Float64Var(&o.slowFloor, "slow-start-floor", dispatch.DefaultSlowStartFloor, "fraction of --slots held at the start of the slow-start ramp (at least one job)")
 	fs.DurationVar(&o.keepalive, "keepalive", agent.DefaultKeepalive, "while a job has no token yet (a long prefill, a busy engine, a decode waiting for its KV), tell the broker this often that the engine is working; keep it well under the broker's --stall-timeout (30s) (0: off)")
-	fs.IntVar(&o.bsPort, "bootstrap-port", 8998, "SGLang prefill: the engine's bootstrap port (--disaggregation-bootstrap-port)")
+	fs.IntVar(&o.bsPort, "bootstrap-port", 0, "SGLang prefill: the engine's bootstrap port, its --disaggregation-bootstrap-port (0: read it from the engine's /server_info)")
 	fs.StringVar(&o.model, "model", "", "model id to serve (default: the engine's first model from /v1/models)")
 	fs.IntVar(&o.slots, "slots", agent.DefaultSlots, "jobs held at once (the engine's useful concurrency)")
 	fs.DurationVar(&o.heartbeat, "heartbeat", agent.DefaultHeartbeat, "heartbeat interval")
@@ -93,6 +96,8 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*o
 	fs.StringVar(&o.prefix, "prefix", subjects.DefaultPrefix, "first token(s) of every NATS subject")
 	fs.DurationVar(&o.simTTFT, "sim-ttft", 20*time.Millisecond, "sim engine: base time to first token")
 	fs.DurationVar(&o.simITL, "sim-itl", 10*time.Millisecond, "sim engine: inter-token latency")
+	fs.DurationVar(&o.simPrefill, "sim-prefill-per-token", 0, "sim engine: latency added before the first token per prompt token (long prompts)")
+	fs.Var((*simengine.LoadTime)(&o.simLoad), "sim-load-time", "sim engine: how long it loads before it is healthy: a `duration`, or never")
 	fs.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	cli.SetUsage(fs, `worker-agent: runs beside one inference engine. It heartbeats the engine's
@@ -110,7 +115,7 @@ Usage:
 		{Title: "NATS", Flags: []string{"nats-url", "id", "heartbeat", "prefix",
 			"nats-creds", "nats-nkey", "nats-user", "nats-password", "nats-token", "nats-tls-ca", "nats-tls-cert", "nats-tls-key", "nats-inbox-prefix"}},
 		{Title: "Observability", Flags: []string{"metrics-listen", "log-format", "log-level"}},
-		{Title: "Simulator (--engine sim)", Flags: []string{"sim-ttft", "sim-itl"}},
+		{Title: "Simulator (--engine sim)", Flags: []string{"sim-ttft", "sim-itl", "sim-prefill-per-token", "sim-load-time"}},
 	})
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -138,15 +143,22 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err != nil {
 		return err
 	}
+	o.log = log
 	if _, err := subjects.ConsumerName("m", o.role); err != nil {
 		return fmt.Errorf("role %q: want regular, prefill or decode", o.role)
 	}
 	if _, err := subjects.CanonicalLabels(o.pdLabels); err != nil {
 		return fmt.Errorf("--pd-labels: %w", err)
 	}
-	if o.slowStart < 0 || o.slowFloor < 0 || o.slowFloor > 1 || o.keepalive < 0 || o.kvHold <= 0 {
-		return fmt.Errorf("--slow-start %s, --slow-start-floor %g, --keepalive %s, --kv-hold %s: want durations >= 0 (kv-hold > 0) and a floor in [0, 1]",
-			o.slowStart, o.slowFloor, o.keepalive, o.kvHold)
+	switch {
+	case o.slowStart < 0:
+		return fmt.Errorf("--slow-start %s: want 0 (off) or more", o.slowStart)
+	case !(o.slowFloor >= 0 && o.slowFloor <= 1):
+		return fmt.Errorf("--slow-start-floor %g: want a fraction in [0, 1]", o.slowFloor)
+	case o.keepalive < 0:
+		return fmt.Errorf("--keepalive %s: want 0 (off) or more", o.keepalive)
+	case o.kvHold <= 0:
+		return fmt.Errorf("--kv-hold %s: want a positive duration", o.kvHold)
 	}
 	keepalive := o.keepalive
 	if keepalive == 0 {
@@ -197,7 +209,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 }
 
 // firstModel asks the engine what it serves, waiting for it to come up.
-func firstModel(ctx context.Context, oa *openai.Adapter) (string, error) {
+func firstModel(ctx context.Context, oa *openai.Adapter, log *slog.Logger) (string, error) {
 	for delay := 200 * time.Millisecond; ; delay = min(2*delay, 5*time.Second) {
 		mctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		models, err := oa.Models(mctx)
@@ -207,6 +219,13 @@ func firstModel(ctx context.Context, oa *openai.Adapter) (string, error) {
 		}
 		if err == nil {
 			err = errors.New("engine lists no model")
+		}
+		// A wrong key looks like an engine still loading unless it is said.
+		var we *wire.Error
+		if errors.As(err, &we) && (we.GetHttpStatus() == 401 || we.GetHttpStatus() == 403) {
+			log.Error("engine refuses the agent's key while asking its models; check --engine-api-key", "err", err)
+		} else {
+			log.Info("waiting for the engine to list its models (--model skips this)", "err", err)
 		}
 		select {
 		case <-ctx.Done():
@@ -249,7 +268,7 @@ func buildEngine(ctx context.Context, o *options) (agent.Engine, string, error) 
 		if o.model == "" {
 			o.model = "sim-model"
 		}
-		cfg := simengine.Config{Model: o.model, TTFT: o.simTTFT, ITL: o.simITL, Slots: o.slots}
+		cfg := simengine.Config{Model: o.model, TTFT: o.simTTFT, ITL: o.simITL, Slots: o.slots, PrefillPerToken: o.simPrefill, LoadTime: o.simLoad}
 		if pdRole {
 			cfg.Role, cfg.PDProtocol, cfg.BootstrapPort = simengine.Role(o.role), simengine.PDProtocol(o.pdProto), 0
 		}
@@ -267,18 +286,29 @@ func buildEngine(ctx context.Context, o *options) (agent.Engine, string, error) 
 		if o.engineKey != "" {
 			aopts = append(aopts, openai.WithAPIKey(o.engineKey))
 		}
-		oa, err := openai.New(o.engineURL, o.slots, aopts...)
-		if err != nil {
-			return nil, "", err
-		}
 		if o.model == "" {
-			if o.model, err = firstModel(ctx, oa); err != nil {
+			probe, err := openai.New(o.engineURL, 1, aopts...)
+			if err != nil {
 				return nil, "", err
 			}
+			if o.model, err = firstModel(ctx, probe, o.log); err != nil {
+				return nil, "", err
+			}
+		}
+		// The health probe checks the key and that the engine serves the
+		// model: a misconfigured agent never becomes ready.
+		oa, err := openai.New(o.engineURL, o.slots, append(aopts, openai.WithModel(o.model))...)
+		if err != nil {
+			return nil, "", err
 		}
 		if o.bsHost == "" {
 			if u, err := url.Parse(o.engineURL); err == nil {
 				o.bsHost = u.Hostname()
+			}
+		}
+		if o.role == subjects.PoolPrefill && o.pdProto == pd.SGLang && o.bsPort == 0 {
+			if o.bsPort, err = discoverBootstrapPort(ctx, oa, o.log); err != nil {
+				return nil, "", err
 			}
 		}
 		inner, transport = oa, "http"
@@ -288,6 +318,9 @@ func buildEngine(ctx context.Context, o *options) (agent.Engine, string, error) 
 	}
 	if o.role != subjects.PoolPrefill || o.pdProto != pd.SGLang {
 		o.bsPort = 0
+	} else {
+		o.bsHost = bracketHost(o.bsHost)
+		warnLoopbackBootstrap(o.log, o.bsHost, o.natsURL)
 	}
 	wrapped, err := pd.New(inner, o.pdProto, pd.WithBootstrap(o.bsHost, o.bsPort))
 	if err != nil {
@@ -325,9 +358,9 @@ func serveMetrics(addr string, a *agent.Agent, log *slog.Logger) (func(), error)
 	if err := a.Metrics().Register(reg); err != nil {
 		return nil, err
 	}
-	ln, err := net.Listen("tcp", addr)
+	ln, err := cli.Listen("agent metrics", addr, "metrics-listen")
 	if err != nil {
-		return nil, fmt.Errorf("metrics listen: %w", err)
+		return nil, err
 	}
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))

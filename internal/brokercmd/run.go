@@ -87,6 +87,7 @@ type options struct {
 	kvHold        time.Duration
 	capacityWait  time.Duration
 	readHeader    time.Duration
+	readBody      time.Duration
 	shutdownDelay time.Duration
 	idleTimeout   time.Duration
 	writeTimeout  time.Duration
@@ -133,6 +134,7 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*o
 	fs.StringVar(&o.tlsCert, "tls-cert", "", "TLS certificate for HTTP and gRPC (with --tls-key)")
 	fs.StringVar(&o.tlsKey, "tls-key", "", "TLS private key for HTTP and gRPC")
 	fs.DurationVar(&o.readHeader, "read-header-timeout", 10*time.Second, "HTTP: time a client has to send its request headers")
+	fs.DurationVar(&o.readBody, "read-body-timeout", openaihttp.DefaultBodyReadTimeout, "HTTP: time a client has to send its request body (408 after); streams are not bound by it")
 	fs.DurationVar(&o.idleTimeout, "idle-timeout", 120*time.Second, "HTTP: keep-alive connections idle longer are closed")
 	fs.DurationVar(&o.streamWrite, "stream-write-timeout", 30*time.Second, "HTTP: a streaming client that accepts no data for this long is cut off and its request cancelled")
 	fs.DurationVar(&o.writeTimeout, "write-timeout", 0, "HTTP: bound on writing a non-streaming response (0: the request timeout)")
@@ -151,7 +153,7 @@ Usage:
   broker [flags]                      embedded NATS on --nats-listen
   broker --nats-url nats://a,nats://b use an existing NATS server or cluster
   broker --demo                       also run simulated agents, ready for curl`, []cli.Section{
-		{Title: "Client API", Flags: []string{"http", "grpc", "max-body", "read-header-timeout", "idle-timeout", "write-timeout", "stream-write-timeout", "grpc-max-recv-bytes", "grpc-max-send-bytes", "api-key", "api-keys-file", "tls-cert", "tls-key"}},
+		{Title: "Client API", Flags: []string{"http", "grpc", "max-body", "read-header-timeout", "read-body-timeout", "idle-timeout", "write-timeout", "stream-write-timeout", "grpc-max-recv-bytes", "grpc-max-send-bytes", "api-key", "api-keys-file", "tls-cert", "tls-key"}},
 		{Title: "Dispatch", Flags: []string{"dispatch-mode", "slow-start", "heartbeat-interval", "queue-max", "queue-timeout", "request-timeout", "stall-timeout", "retry-limit", "migration-limit"}},
 		{Title: "NATS", Flags: []string{"nats-url", "nats-listen", "nats-config", "nats-monitor", "data-dir", "nats-max-payload", "replicas", "jobs-storage", "prefix", "id",
 			"nats-creds", "nats-nkey", "nats-user", "nats-password", "nats-token", "nats-tls-ca", "nats-tls-cert", "nats-tls-key", "nats-inbox-prefix"}},
@@ -341,15 +343,16 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		MaxBody:            o.maxBody,
 		WriteTimeout:       writeTimeout,
 		StreamWriteTimeout: o.streamWrite,
+		BodyReadTimeout:    o.readBody,
 		Metrics:            promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}),
 		Page:               fleetui.Handler(),
 	}, openaihttp.WithLogger(log))
 	if !keys.Enabled() && (tlsConf != nil || !loopback(o.httpAddr)) {
 		log.Warn("HTTP and gRPC ingress accept requests without an API key; set --api-key or --api-keys-file", "http", o.httpAddr)
 	}
-	ln, err := net.Listen("tcp", o.httpAddr)
+	ln, err := cli.Listen("HTTP API", o.httpAddr, "http")
 	if err != nil {
-		return fmt.Errorf("http listen: %w", err)
+		return err
 	}
 	srv := &http.Server{
 		// The page and health answer without a key; the page asks for one
@@ -388,10 +391,10 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		if tlsConf != nil {
 			gopts = append(gopts, grpc.Creds(credentials.NewTLS(grpcTLS)))
 		}
-		gln, err := net.Listen("tcp", o.grpcAddr)
+		gln, err := cli.Listen("gRPC API", o.grpcAddr, "grpc")
 		if err != nil {
 			_ = srv.Close()
-			return fmt.Errorf("grpc listen: %w", err)
+			return err
 		}
 		gs = grpc.NewServer(gopts...)
 		gapi = grpcapi.New(b, gcfg, grpcapi.WithLogger(log))
@@ -462,8 +465,11 @@ func startEmbedded(o *options, log *slog.Logger) (*server.Server, error) {
 			return nil, err
 		}
 	}
+	listenFlag := "nats-listen"
 	if opts.Host == "" && opts.Port == 0 {
 		opts.Host, opts.Port = host, port
+	} else {
+		listenFlag = "nats-config (its listen/port) or --nats-listen"
 	}
 	if opts.StoreDir == "" {
 		opts.StoreDir = dir
@@ -485,6 +491,11 @@ func startEmbedded(o *options, log *slog.Logger) (*server.Server, error) {
 	if w := natsauth.CheckExposure(opts); w != "" {
 		log.Warn(w)
 	}
+	// nats-server listens in the background and, told to keep quiet, only
+	// fails to become ready: find a taken port now and say which.
+	if err := checkEmbeddedPorts(opts, listenFlag); err != nil {
+		return nil, err
+	}
 	ns, err := server.NewServer(opts)
 	if err != nil {
 		return nil, fmt.Errorf("embedded NATS: %w", err)
@@ -492,7 +503,7 @@ func startEmbedded(o *options, log *slog.Logger) (*server.Server, error) {
 	go ns.Start()
 	if !ns.ReadyForConnections(10 * time.Second) {
 		ns.Shutdown()
-		return nil, errors.New("embedded NATS did not start")
+		return nil, fmt.Errorf("embedded NATS did not start on %s within 10s (is the port taken? --%s moves it; --nats-url uses an external server instead)", net.JoinHostPort(opts.Host, strconv.Itoa(opts.Port)), listenFlag)
 	}
 	log.Info("embedded NATS running", "url", ns.ClientURL(), "store", opts.StoreDir, "max_payload", opts.MaxPayload, "config", o.natsConfig)
 	return ns, nil

@@ -26,6 +26,7 @@ var (
 	_ agent.Engine        = (*Adapter)(nil)
 	_ agent.HealthChecker = (*Adapter)(nil)
 	_ agent.LoadReporter  = (*Adapter)(nil)
+	_ agent.Embedder      = (*Adapter)(nil)
 )
 
 // Adapter talks to one engine over HTTP.
@@ -33,6 +34,7 @@ type Adapter struct {
 	base   string
 	client *http.Client
 	apiKey string
+	model  string // see WithModel
 }
 
 // Option configures an Adapter.
@@ -121,7 +123,11 @@ func (a *Adapter) Post(ctx context.Context, path string, body []byte, emit agent
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return statusError(resp)
+		err := statusError(resp)
+		if we := a.refusal(resp.StatusCode, path, err.GetMessage()); we != nil {
+			return we
+		}
+		return err
 	}
 	if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "text/event-stream") {
 		// A server that ignored stream=true: relay its one JSON object.
@@ -233,7 +239,7 @@ func eventError(data []byte) *wire.Error {
 	return &wire.Error{Code: wire.CodeEngine, Message: e.Error.Message}
 }
 
-func statusError(resp *http.Response) error {
+func statusError(resp *http.Response) *wire.Error {
 	data, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 	msg := strings.TrimSpace(string(data))
 	var e struct {
@@ -256,7 +262,9 @@ func statusError(resp *http.Response) error {
 	return &wire.Error{Code: code, Message: fmt.Sprintf("engine answered %d: %s", resp.StatusCode, msg), HttpStatus: uint32(resp.StatusCode)}
 }
 
-// Health asks the engine's /health (vLLM and SGLang both serve it).
+// Health asks the engine's /health (vLLM and SGLang both serve it), then,
+// with the agent's key, /v1/models (see checkModels): a wrong key or model
+// never makes the agent ready.
 func (a *Adapter) Health(ctx context.Context) error {
 	req, err := a.newRequest(ctx, http.MethodGet, "/health", nil)
 	if err != nil {
@@ -268,10 +276,13 @@ func (a *Adapter) Health(ctx context.Context) error {
 	}
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
 	resp.Body.Close()
+	if resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden {
+		return a.refusal(resp.StatusCode, "GET /health", resp.Status)
+	}
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("engine health: %s", resp.Status)
 	}
-	return nil
+	return a.checkModels(ctx)
 }
 
 // Models lists the engine's served models (/v1/models).

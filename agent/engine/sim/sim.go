@@ -4,6 +4,7 @@ package sim
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net/http"
 
@@ -16,6 +17,7 @@ var (
 	_ agent.Engine        = (*Adapter)(nil)
 	_ agent.LoadReporter  = (*Adapter)(nil)
 	_ agent.HealthChecker = (*Adapter)(nil)
+	_ agent.Embedder      = (*Adapter)(nil)
 )
 
 // Adapter runs jobs on an in-process simulated engine.
@@ -54,4 +56,29 @@ func (a *Adapter) Health(context.Context) error { return a.e.Health() }
 func (a *Adapter) Load(context.Context) (agent.Load, error) {
 	l := a.e.Load()
 	return agent.Load{Running: l.Running, Waiting: l.Waiting, KVCacheUsage: l.KVUsage}, nil
+}
+
+// Embed answers an embeddings request from the simulator, as its HTTP
+// server would: the answer, or its refusal with status and OpenAI error
+// body (404 when configured without embeddings).
+func (a *Adapter) Embed(_ context.Context, r *agent.Request) (int, []byte, error) {
+	out, err := a.e.Embed(r.Body)
+	var se *simengine.Error
+	switch {
+	case err == nil:
+		return http.StatusOK, out, nil
+	case errors.As(err, &se) && se.Status == http.StatusNotFound && se.Param != "model":
+		return 0, nil, &wire.Error{Code: wire.CodeUnsupportedAPI, Message: "the agent's engine (sim) does not serve embeddings: " + se.Message, HttpStatus: http.StatusNotFound}
+	case errors.As(err, &se):
+		body, _ := json.Marshal(map[string]any{"error": map[string]any{"message": se.Message, "type": se.Type, "param": nilIfEmpty(se.Param), "code": nilIfEmpty(se.Code)}})
+		return se.Status, body, nil
+	}
+	return 0, nil, err
+}
+
+func nilIfEmpty(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
 }

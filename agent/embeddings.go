@@ -1,0 +1,101 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/switchyard-ai/switchyard/wire"
+)
+
+// Embedder is implemented by engines that serve /v1/embeddings.
+type Embedder interface {
+	// Embed relays the client's request body to the engine as is and
+	// returns the engine's answer as is: its HTTP status and JSON body. An
+	// error means the engine gave no answer the client should see (it was
+	// unreachable, or refused the agent: see wire.CodeEngineMisconfigured
+	// and wire.CodeUnsupportedAPI).
+	Embed(ctx context.Context, req *Request) (status int, body []byte, err error)
+}
+
+// embed runs an embeddings job: one JSON answer, relayed in the final
+// chunk's raw (an engine's refusal of the request in the error chunk's
+// raw, with its status), never a stream.
+func (a *Agent) embed(ctx context.Context, job *wire.Job, out *stream) {
+	em, ok := a.engine.(Embedder)
+	if !ok {
+		a.metrics.jobs.WithLabelValues(JobError).Inc()
+		// Retryable: another agent's engine may serve embeddings.
+		out.fail(&wire.Error{Code: wire.CodeUnsupportedAPI, Retryable: true,
+			Message: fmt.Sprintf("agent %s's engine (%s) does not serve /v1/embeddings", a.cfg.ID, a.cfg.Engine)})
+		return
+	}
+	out.called = time.Now()
+	status, body, err := em.Embed(ctx, &Request{RequestID: job.GetRequestId(), API: job.GetApi(), Body: job.GetBody(), Job: job})
+	a.metrics.duration.Observe(time.Since(out.called).Seconds())
+	switch {
+	case err == nil && status == http.StatusOK:
+		a.metrics.jobs.WithLabelValues(JobOK).Inc()
+		out.ended = true
+		if err := out.send(&wire.Chunk{Kind: wire.Chunk_KIND_FINAL, Raw: body}); err != nil {
+			a.log.Warn("final chunk not sent", "request", job.GetRequestId(), "err", err)
+		}
+	case err == nil:
+		// The engine judged the request: its answer goes to the client as
+		// it is, unless it is the engine's own failure, which another agent
+		// may not share.
+		a.metrics.jobs.WithLabelValues(JobError).Inc()
+		we := &wire.Error{Code: wire.CodeBadRequest, HttpStatus: uint32(status),
+			Message: fmt.Sprintf("engine answered %d: %s", status, engineMessage(body))}
+		if status >= 500 || status == http.StatusTooManyRequests {
+			we.Code, we.Retryable = wire.CodeEngine, true
+		}
+		out.ended = true
+		if err := out.send(&wire.Chunk{Kind: wire.Chunk_KIND_ERROR, Error: we, Raw: body}); err != nil {
+			a.log.Warn("error chunk not sent", "request", job.GetRequestId(), "err", err)
+		}
+	case context.Cause(ctx) == errCancelled:
+		a.metrics.jobs.WithLabelValues(JobCancelled).Inc()
+	case context.Cause(ctx) == errDrainTimeout:
+		a.metrics.jobs.WithLabelValues(JobDrained).Inc()
+		out.fail(drainedError(a.cfg.ID))
+	case errors.Is(ctx.Err(), context.DeadlineExceeded):
+		a.metrics.jobs.WithLabelValues(JobExpired).Inc()
+		out.fail(&wire.Error{Code: wire.CodeDeadlineExceeded, Message: "request deadline exceeded in the engine"})
+	default:
+		a.metrics.jobs.WithLabelValues(JobError).Inc()
+		var we *wire.Error
+		if !errors.As(err, &we) {
+			we = &wire.Error{Code: wire.CodeEngineDown, Message: err.Error()}
+		}
+		we.Retryable = we.Code != wire.CodeBadRequest
+		a.log.Warn("engine embeddings request failed", "request", job.GetRequestId(), "err", err)
+		a.engineRefused(we)
+		out.fail(we)
+	}
+}
+
+// engineMessage is the message of an OpenAI-shaped error body, or the body.
+func engineMessage(body []byte) string {
+	var e struct {
+		Error struct {
+			Message string `json:"message"`
+		} `json:"error"`
+		Message string `json:"message"`
+	}
+	if json.Unmarshal(body, &e) == nil {
+		if e.Error.Message != "" {
+			return e.Error.Message
+		}
+		if e.Message != "" {
+			return e.Message
+		}
+	}
+	if len(body) > 512 {
+		body = body[:512]
+	}
+	return string(body)
+}

@@ -1,0 +1,99 @@
+package agentcmd
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/switchyard-ai/switchyard/internal/natstest"
+	"github.com/switchyard-ai/switchyard/wire"
+)
+
+func noEnv(string) string { return "" }
+
+// TestFlagsRefused: bad values of the rollout flags stop the command before
+// it connects anywhere, naming the flag.
+func TestFlagsRefused(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"label without value", []string{"--role", "decode", "--pd-labels", "kv="}, "--pd-labels"},
+		{"label twice", []string{"--role", "prefill", "--pd-labels", "kv=a,kv=b"}, "--pd-labels"},
+		{"floor above one", []string{"--slow-start-floor", "2"}, "--slow-start-floor"},
+		{"negative ramp", []string{"--slow-start", "-1s"}, "--slow-start -1s"},
+		{"negative keep-alive", []string{"--keepalive", "-1s"}, "--keepalive"},
+		{"no kv hold", []string{"--kv-hold", "0s"}, "--kv-hold"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			err := Run(context.Background(), append([]string{"--engine", "sim", "--nats-url", "nats://127.0.0.1:1"}, tc.args...), noEnv, io.Discard, io.Discard)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Run(%v) = %v, want an error naming %s", tc.args, err, tc.want)
+			}
+		})
+	}
+}
+
+// TestUsageListsRolloutFlags: -h documents the flags the broker side
+// relies on.
+func TestUsageListsRolloutFlags(t *testing.T) {
+	var stderr bytes.Buffer
+	if err := Run(context.Background(), []string{"-h"}, noEnv, io.Discard, &stderr); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"--pd-labels", "--kv-hold", "--slow-start", "--slow-start-floor", "--keepalive"} {
+		if !strings.Contains(stderr.String(), "  "+f+" ") {
+			t.Errorf("usage lacks %s", f)
+		}
+	}
+}
+
+// TestSimNeverLoads: an in-process simulator that never loads keeps its
+// agent warming, with the reason in its heartbeat, and it pulls nothing.
+func TestSimNeverLoads(t *testing.T) {
+	s := natstest.RunJetStream(t)
+	nc, err := nats.Connect(s.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	hbs := make(chan *nats.Msg, 64)
+	sub, err := nc.ChanSubscribe("sy.hb.>", hbs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- Run(ctx, []string{"--engine", "sim", "--nats-url", s.ClientURL(), "--id", "w1", "--heartbeat", "50ms", "--sim-load-time", "never"}, noEnv, io.Discard, io.Discard)
+	}()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	for seen := 0; seen < 5; {
+		select {
+		case m := <-hbs:
+			hb, err := wire.UnmarshalHeartbeat(m.Data)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if hb.GetState() != wire.StateWarming || !strings.Contains(hb.GetStateReason(), "not healthy") {
+				t.Fatalf("heartbeat state %q, reason %q: want warming with the engine's reason", hb.GetState(), hb.GetStateReason())
+			}
+			seen++
+		case <-time.After(10 * time.Second):
+			t.Fatal("no heartbeat")
+		}
+	}
+}
