@@ -31,12 +31,12 @@ type engineHit struct {
 	at  time.Time
 }
 
-// spyEngine is a sim-engine on a loopback port whose handler records, per
+// rolloutEngine is a sim-engine on a loopback port whose handler records, per
 // request tag, every POST it receives, so the test can tell whether a
 // prefill ran twice or a job ran for a client that had gone. Hooks let the
 // scenario see a prefill end (onDone) and hold a decode leg before it
 // reaches the engine (hold), as a real decode engine's queue would.
-type spyEngine struct {
+type rolloutEngine struct {
 	*simengine.Engine
 	name string
 	URL  string
@@ -51,13 +51,13 @@ type spyEngine struct {
 
 var tagRE = regexp.MustCompile(`rq-(\d+)`)
 
-func startSpyEngine(t testing.TB, name string, cfg simengine.Config) *spyEngine {
+func startRolloutEngine(t testing.TB, name string, cfg simengine.Config) *rolloutEngine {
 	t.Helper()
 	se, err := simengine.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &spyEngine{Engine: se, name: name}
+	e := &rolloutEngine{Engine: se, name: name}
 	h := se.Handler()
 	spy := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost {
@@ -102,7 +102,7 @@ func startSpyEngine(t testing.TB, name string, cfg simengine.Config) *spyEngine 
 	return e
 }
 
-func (e *spyEngine) Hits() []engineHit {
+func (e *rolloutEngine) Hits() []engineHit {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return slices.Clone(e.hits)
@@ -113,7 +113,7 @@ func (e *spyEngine) Hits() []engineHit {
 var heldKVMetric = regexp.MustCompile(`(?m)^switchyard_sim_pd_kv_held_blocks(?:\{[^}]*\})? (\S+)$`)
 
 // heldKV scrapes the engine's /metrics for its held KV blocks.
-func (e *spyEngine) heldKV() (float64, error) {
+func (e *rolloutEngine) heldKV() (float64, error) {
 	resp, err := http.Get(e.URL + "/metrics")
 	if err != nil {
 		return 0, err

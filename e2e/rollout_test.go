@@ -82,8 +82,8 @@ func TestRealisticRollout(t *testing.T) {
 			KVHoldTimeout: 10 * time.Minute, LoadTime: load}
 	}
 	agents := map[string]*proc{}
-	engines := map[string]*spyEngine{}
-	addAgent := func(id string, e *spyEngine, slots int, args ...string) {
+	engines := map[string]*rolloutEngine{}
+	addAgent := func(id string, e *rolloutEngine, slots int, args ...string) {
 		agents[id] = startAgent(t, b.NATS, id, &engine{URL: e.URL}, slots, append([]string{"--model", model, "--slow-start", rolloutSlowStart.String(),
 			// Heartbeats every 250ms: three missed (gone) is 750ms, more
 			// than a busy 2-core machine's scheduling hiccups.
@@ -97,7 +97,7 @@ func TestRealisticRollout(t *testing.T) {
 
 	// The regular pool.
 	for _, n := range []string{"e1", "e2"} {
-		engines[n] = startSpyEngine(t, n, engCfg(simengine.RoleRegular, simengine.PDVLLM, 4, 0))
+		engines[n] = startRolloutEngine(t, n, engCfg(simengine.RoleRegular, simengine.PDVLLM, 4, 0))
 	}
 	addAgent("r1", engines["e1"], 4)
 	addAgent("r2", engines["e2"], 4)
@@ -195,8 +195,8 @@ func TestRealisticRollout(t *testing.T) {
 
 	// The PD pair, engines loading for 10s.
 	mark("PD pair loading")
-	engines["p1"] = startSpyEngine(t, "p1", engCfg(simengine.RolePrefill, simengine.PDVLLM, 8, rolloutLoadTime))
-	engines["d1"] = startSpyEngine(t, "d1", engCfg(simengine.RoleDecode, simengine.PDVLLM, 8, rolloutLoadTime))
+	engines["p1"] = startRolloutEngine(t, "p1", engCfg(simengine.RolePrefill, simengine.PDVLLM, 8, rolloutLoadTime))
+	engines["d1"] = startRolloutEngine(t, "d1", engCfg(simengine.RoleDecode, simengine.PDVLLM, 8, rolloutLoadTime))
 	// A prefill's end cancels its probe's client; its decode leg waits a
 	// little before reaching the decode engine, as in a busy decode queue,
 	// so the hang-up lands in the hand-off. Probes start later.
@@ -237,8 +237,8 @@ func TestRealisticRollout(t *testing.T) {
 
 	// Agents that must count zero, and the hard requests.
 	mark("steady with PD")
-	engines["x1"] = startSpyEngine(t, "x1", engCfg(simengine.RoleDecode, simengine.PDVLLM, 8, simengine.LoadNever))
-	engines["s1"] = startSpyEngine(t, "s1", engCfg(simengine.RolePrefill, simengine.PDSGLang, 8, 0))
+	engines["x1"] = startRolloutEngine(t, "x1", engCfg(simengine.RoleDecode, simengine.PDVLLM, 8, simengine.LoadNever))
+	engines["s1"] = startRolloutEngine(t, "s1", engCfg(simengine.RolePrefill, simengine.PDSGLang, 8, 0))
 	addAgent("x1", engines["x1"], 8, "--engine", "vllm", "--role", "decode")
 	addAgent("s1", engines["s1"], 8, "--engine", "sglang", "--role", "prefill",
 		"--bootstrap-host", "127.0.0.1", "--bootstrap-port", fmt.Sprint(engines["s1"].BootstrapPort()))
