@@ -51,13 +51,23 @@ type rolloutEngine struct {
 
 var tagRE = regexp.MustCompile(`rq-(\d+)`)
 
-func startRolloutEngine(t testing.TB, name string, cfg simengine.Config) *rolloutEngine {
+// rolloutHooks are set before the engine serves, so its handlers read
+// them without a lock.
+type rolloutHooks struct {
+	onDone func(tag int)
+	hold   func(tag int) time.Duration
+}
+
+func startRolloutEngine(t testing.TB, name string, cfg simengine.Config, hooks ...rolloutHooks) *rolloutEngine {
 	t.Helper()
 	se, err := simengine.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	e := &rolloutEngine{Engine: se, name: name}
+	for _, h := range hooks {
+		e.onDone, e.hold = h.onDone, h.hold
+	}
 	h := se.Handler()
 	spy := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost {
@@ -371,3 +381,12 @@ func getBody(url string) (string, error) {
 	b, err := io.ReadAll(resp.Body)
 	return string(b), err
 }
+
+// probe is a client that hangs up when its prefill ends; a prefill run
+// twice must not close its channel twice.
+type probe struct {
+	ended chan struct{}
+	once  sync.Once
+}
+
+func (p *probe) hangUp() { p.once.Do(func() { close(p.ended) }) }

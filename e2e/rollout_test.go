@@ -111,7 +111,7 @@ func TestRealisticRollout(t *testing.T) {
 		samples []fleetSample
 		nextTag atomic.Int64
 		wg      sync.WaitGroup
-		probes  sync.Map // tag -> chan struct{}: closed when its prefill ended
+		probes  sync.Map // tag -> *probe
 	)
 	send := func(ctx context.Context, kind string, tag int, prompt string, maxTokens int) *rolloutReq {
 		r := &rolloutReq{kind: kind, tag: tag}
@@ -195,22 +195,24 @@ func TestRealisticRollout(t *testing.T) {
 
 	// The PD pair, engines loading for 10s.
 	mark("PD pair loading")
-	engines["p1"] = startRolloutEngine(t, "p1", engCfg(simengine.RolePrefill, simengine.PDVLLM, 8, rolloutLoadTime))
-	engines["d1"] = startRolloutEngine(t, "d1", engCfg(simengine.RoleDecode, simengine.PDVLLM, 8, rolloutLoadTime))
-	// A prefill's end cancels its probe's client; its decode leg waits a
+	// A prefill's end hangs up its probe's client; its decode leg waits a
 	// little before reaching the decode engine, as in a busy decode queue,
 	// so the hang-up lands in the hand-off. Probes start later.
-	engines["p1"].onDone = func(tag int) {
-		if c, ok := probes.Load(tag); ok {
-			close(c.(chan struct{}))
-		}
-	}
-	engines["d1"].hold = func(tag int) time.Duration {
-		if _, ok := probes.Load(tag); ok {
-			return rolloutHandoffHold
-		}
-		return 0
-	}
+	engines["p1"] = startRolloutEngine(t, "p1", engCfg(simengine.RolePrefill, simengine.PDVLLM, 8, rolloutLoadTime), rolloutHooks{
+		onDone: func(tag int) {
+			if p, ok := probes.Load(tag); ok {
+				p.(*probe).hangUp()
+			}
+		},
+	})
+	engines["d1"] = startRolloutEngine(t, "d1", engCfg(simengine.RoleDecode, simengine.PDVLLM, 8, rolloutLoadTime), rolloutHooks{
+		hold: func(tag int) time.Duration {
+			if _, ok := probes.Load(tag); ok {
+				return rolloutHandoffHold
+			}
+			return 0
+		},
+	})
 	addAgent("p1", engines["p1"], 8, "--engine", "vllm", "--role", "prefill")
 	addAgent("d1", engines["d1"], 8, "--engine", "vllm", "--role", "decode")
 	checkFor(t, 30*time.Second, 20*time.Millisecond, func() error {
@@ -287,8 +289,8 @@ func TestRealisticRollout(t *testing.T) {
 		defer wg.Done()
 		for probeCtx.Err() == nil {
 			tag := newTag()
-			ended := make(chan struct{})
-			probes.Store(tag, ended)
+			pr := &probe{ended: make(chan struct{})}
+			probes.Store(tag, pr)
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
@@ -301,7 +303,7 @@ func TestRealisticRollout(t *testing.T) {
 				done, watched := make(chan struct{}), make(chan bool)
 				go func() {
 					select {
-					case <-ended:
+					case <-pr.ended:
 						cancel()
 						watched <- true
 					case <-done:
