@@ -14,13 +14,15 @@ import (
 )
 
 // Timing of the rollout's engines. Every prompt token costs prefillPerToken
-// before the first token, so a long prompt's first token comes after about
-// 3s, beyond the broker's 2s stall timeout, while a short one's takes a few
-// tens of milliseconds.
+// before the first token, so a long prompt's (1,000 tokens) first token
+// comes after about 3s, beyond the broker's 2s stall timeout, while a short
+// one's takes under 100ms. A steady request lasts about 0.5s: at 90% of 8
+// slots that is ~14 requests/s, few enough for the race detector on a
+// busy 2-core machine, and over 100 per 10s window for a p99.
 const (
 	rolloutTTFT        = 30 * time.Millisecond
-	rolloutPerToken    = time.Millisecond
-	rolloutITL         = 15 * time.Millisecond
+	rolloutPerToken    = 3 * time.Millisecond
+	rolloutITL         = 40 * time.Millisecond
 	rolloutStall       = 2 * time.Second
 	rolloutSlowStart   = 2 * time.Second
 	rolloutLoadTime    = 10 * time.Second
@@ -32,7 +34,7 @@ const (
 // longPrompt is the prompt of a request whose first token comes after
 // more than the stall timeout on a rollout engine.
 func longPrompt(tag int) string {
-	return fmt.Sprintf("rq-%d long context:%s", tag, strings.Repeat(" the", 3000))
+	return fmt.Sprintf("rq-%d long context:%s", tag, strings.Repeat(" the", 1000))
 }
 
 // TestRealisticRollout is issue 13's rollout, through the real broker and
@@ -87,7 +89,9 @@ func TestRealisticRollout(t *testing.T) {
 		agents[id] = startAgent(t, b.NATS, id, &engine{URL: e.URL}, slots, append([]string{"--model", model, "--slow-start", rolloutSlowStart.String(),
 			// Heartbeats every 250ms: three missed (gone) is 750ms, more
 			// than a busy 2-core machine's scheduling hiccups.
-			"--heartbeat", "250ms"}, args...)...)
+			"--heartbeat", "250ms",
+			// Keep-alives well under the stall timeout, four to a stall.
+			"--keepalive", "500ms"}, args...)...)
 	}
 	drain := func(id string) {
 		if err := agents[id].Stop(t); err != nil {
@@ -269,7 +273,7 @@ func TestRealisticRollout(t *testing.T) {
 	mark("long prompts, hang-ups")
 	hardCtx, stopHard := context.WithCancel(loadCtx)
 	wg.Add(2)
-	go func() { // long prompts, one every 1.5s
+	go func() { // long prompts, one every 2s
 		defer wg.Done()
 		for hardCtx.Err() == nil {
 			tag := newTag()
@@ -280,7 +284,7 @@ func TestRealisticRollout(t *testing.T) {
 			}()
 			select {
 			case <-hardCtx.Done():
-			case <-time.After(1500 * time.Millisecond):
+			case <-time.After(2 * time.Second):
 			}
 		}
 	}()
