@@ -13,7 +13,8 @@
 // profile of the broker and an agent), scheduling (a heterogeneous fleet
 // at 90% load), transition (regular to prefill/decode, count versus
 // capacity mode), dispatch (the dispatch benchmarks and broker memory at
-// 1,000 streams). nginx and HAProxy are installed with apt-get when
+// 1,000 streams), rollout (issue 13's realistic rollout, its per-window
+// table also printed on stdout). nginx and HAProxy are installed with apt-get when
 // missing (Debian, as root). Every process the runner starts is stopped
 // when it ends, fails or is interrupted.
 package main
@@ -51,7 +52,7 @@ func main() {
 	}
 }
 
-var scenarios = []string{"overhead", "scheduling", "transition", "dispatch"}
+var scenarios = []string{"overhead", "scheduling", "transition", "dispatch", "rollout"}
 
 func run(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
@@ -121,6 +122,7 @@ func run(ctx context.Context, args []string) error {
 			}
 			return e.memory(d)
 		}},
+		{"rollout", e.rollout},
 	}
 	for _, s := range steps {
 		if !want[s.name] {
