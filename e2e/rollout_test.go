@@ -1,6 +1,8 @@
 package e2e
 
 import (
+	"github.com/switchyard-ai/switchyard/internal/testwait"
+
 	"context"
 	"fmt"
 	"math"
@@ -219,14 +221,14 @@ func TestRealisticRollout(t *testing.T) {
 	})
 	addAgent("p1", engines["p1"], 8, "--engine", "vllm", "--role", "prefill")
 	addAgent("d1", engines["d1"], 8, "--engine", "vllm", "--role", "decode")
-	checkFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+	testwait.For(t, 30*time.Second, 20*time.Millisecond, func() error {
 		if !engines["p1"].Loaded() || !engines["d1"].Loaded() {
 			return fmt.Errorf("PD engines still loading")
 		}
 		return nil
 	})
 	mark("PD ramp")
-	checkFor(t, 40*time.Second, 50*time.Millisecond, func() error {
+	testwait.For(t, 40*time.Second, 50*time.Millisecond, func() error {
 		f := getFleet(t, b.HTTP)
 		for _, id := range []string{"p1", "d1"} {
 			ok := false
@@ -249,7 +251,7 @@ func TestRealisticRollout(t *testing.T) {
 	addAgent("s1", engines["s1"], 8, "--engine", "sglang", "--role", "prefill",
 		"--bootstrap-host", "127.0.0.1", "--bootstrap-port", fmt.Sprint(engines["s1"].BootstrapPort()))
 	// The agents that count zero say why in /v1/fleet.
-	checkFor(t, 20*time.Second, 50*time.Millisecond, func() error {
+	testwait.For(t, 20*time.Second, 50*time.Millisecond, func() error {
 		seen := 0
 		for _, a := range getFleet(t, b.HTTP).Agents {
 			if a.ID != "x1" && a.ID != "s1" {
@@ -343,7 +345,7 @@ func TestRealisticRollout(t *testing.T) {
 	drain("p1")
 	drain("s1")
 	// Decode legs already handed off still need their decode agent.
-	checkFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+	testwait.For(t, 30*time.Second, 20*time.Millisecond, func() error {
 		f := getFleetFull(t, b.HTTP)
 		for _, a := range f.Agents {
 			if a.Pool == "decode" && a.Active > 0 {
@@ -524,7 +526,7 @@ func TestRealisticRollout(t *testing.T) {
 	}
 	t.Logf("%d clients hung up in a hand-off; %d of them had no decode leg reach the decode engine", cancelled, unread)
 	for _, name := range []string{"p1", "s1"} {
-		checkFor(t, 15*time.Second, 50*time.Millisecond, func() error {
+		testwait.For(t, 15*time.Second, 50*time.Millisecond, func() error {
 			held, err := engines[name].heldKV()
 			if err != nil {
 				return err
