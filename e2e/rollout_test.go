@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"github.com/switchyard-ai/switchyard/internal/agentcmd"
 	"github.com/switchyard-ai/switchyard/internal/testwait"
 
 	"context"
@@ -88,7 +89,10 @@ func TestRealisticRollout(t *testing.T) {
 	agents := map[string]*proc{}
 	engines := map[string]*rolloutEngine{}
 	addAgent := func(id string, e *rolloutEngine, slots int, args ...string) {
-		agents[id] = startAgent(t, b.NATS, id, &engine{URL: e.URL}, slots, append([]string{"--model", model, "--slow-start", rolloutSlowStart.String(),
+		// Not startAgent: it waits for ready, and these engines load for
+		// seconds or never; the scenario waits for the states it needs.
+		agents[id] = start(t, agentcmd.Run, append([]string{"--nats-url", b.NATS, "--engine", "openai", "--engine-url", e.URL, "--id", id,
+			"--slots", fmt.Sprint(slots), "--log-level", "warn", "--model", model, "--slow-start", rolloutSlowStart.String(),
 			// Heartbeats every 250ms: three missed (gone) is 750ms, more
 			// than a busy 2-core machine's scheduling hiccups.
 			"--heartbeat", "250ms",
