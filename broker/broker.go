@@ -454,6 +454,9 @@ func (b *Broker) Heartbeats() []*wire.Heartbeat {
 // have not reported yet (see dispatch.InFlight).
 type InFlight = dispatch.InFlight
 
+// PoolStats is one pool of a model as the fleet view shows it.
+type PoolStats = dispatch.PoolStats
+
 // InFlight returns what this broker has dispatched to model's queues and
 // the agents have not yet reported, as the dispatch rule sees it.
 func (b *Broker) InFlight(model string) dispatch.InFlight { return b.flight.model(model) }

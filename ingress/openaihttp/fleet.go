@@ -5,7 +5,7 @@ import (
 	"sort"
 	"time"
 
-	"github.com/switchyard-ai/switchyard/dispatch"
+	"github.com/switchyard-ai/switchyard/broker"
 )
 
 type fleetAgent struct {
@@ -79,7 +79,7 @@ type fleetView struct {
 	Agents []fleetAgent `json:"agents"`
 }
 
-func poolView(ps dispatch.PoolStats) fleetPool {
+func poolView(ps broker.PoolStats) fleetPool {
 	return fleetPool{Pool: ps.Pool.String(), Agents: ps.Agents, Eligible: ps.Eligible, Slots: ps.Slots, EffectiveSlots: ps.EffectiveSlots, Active: ps.Active, Free: ps.Free}
 }
 
