@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"github.com/switchyard-ai/switchyard/internal/agentcmd"
 	"github.com/switchyard-ai/switchyard/internal/testwait"
 
 	"context"
@@ -91,7 +92,9 @@ func TestEngineRefusesAgentAtStart(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			spy := startKeySpy(t, simengine.Config{Model: model, TTFT: time.Millisecond, ITL: time.Millisecond, Slots: 4}, tc.engineKey)
 			id := strings.ReplaceAll(tc.name, " ", "-")
-			p := startAgent(t, b.NATS, id, &engine{URL: spy.URL}, 4, tc.args...)
+			// Not startAgent, which waits for ready: this one never is.
+			p := start(t, agentcmd.Run, append([]string{"--nats-url", b.NATS, "--engine", "openai", "--engine-url", spy.URL, "--id", id,
+				"--slots", "4", "--heartbeat", "100ms", "--log-level", "warn", "--slow-start", "0"}, tc.args...)...)
 			// Whether a warming agent counts in the weights is the
 			// dispatch rule's business; here it must not pull.
 			waitReason(t, b.HTTP, id, "warming", tc.want...)

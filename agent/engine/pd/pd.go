@@ -172,6 +172,13 @@ func (a *Adapter) prefillVLLM(ctx context.Context, r *agent.Request, handoff fun
 		}
 		return nil
 	})
+	if params != nil {
+		// The engine answered: it holds the KV now. Hand it off even if a
+		// cancel ended the leg's stream after the answer, so a decode leg
+		// reads (and frees) the KV instead of leaving it held for the
+		// engine's whole lease.
+		return handoff(&wire.PDHandoff{Protocol: VLLM, KvTransferParamsJson: params})
+	}
 	if err != nil {
 		return err
 	}
