@@ -20,8 +20,8 @@ type inFlight struct {
 // modelFlight is one model's counters. It implements dispatch.InFlight.
 type modelFlight struct {
 	regular flightCount
-	mu      sync.Mutex                // guards pd's map (not the counters)
-	pd      map[pairPool]*flightCount // read under mu; counters never removed
+	mu      sync.Mutex                                // serialises adding a PD queue's counters
+	pd      atomic.Pointer[map[pairPool]*flightCount] // copied on add, so Decide reads without a lock
 }
 
 type pairPool struct {
@@ -38,7 +38,7 @@ func (f *inFlight) model(name string) *modelFlight {
 	if v, ok := f.models.Load(name); ok {
 		return v.(*modelFlight)
 	}
-	v, _ := f.models.LoadOrStore(name, &modelFlight{pd: make(map[pairPool]*flightCount)})
+	v, _ := f.models.LoadOrStore(name, new(modelFlight))
 	return v.(*modelFlight)
 }
 
@@ -48,14 +48,32 @@ func (m *modelFlight) count(pool dispatch.Pool, pair string) *flightCount {
 		return &m.regular
 	}
 	k := pairPool{pool, pair}
+	if c := m.pdCount(k); c != nil {
+		return c
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	c := m.pd[k]
-	if c == nil {
-		c = new(flightCount)
-		m.pd[k] = c
+	if c := m.pdCount(k); c != nil {
+		return c
 	}
+	next := make(map[pairPool]*flightCount)
+	if old := m.pd.Load(); old != nil {
+		for kk, v := range *old {
+			next[kk] = v
+		}
+	}
+	c := new(flightCount)
+	next[k] = c
+	m.pd.Store(&next)
 	return c
+}
+
+// pdCount returns the counters of a PD queue, nil if none were made yet.
+func (m *modelFlight) pdCount(k pairPool) *flightCount {
+	if p := m.pd.Load(); p != nil {
+		return (*p)[k]
+	}
+	return nil
 }
 
 // Outstanding implements dispatch.InFlight.
@@ -64,10 +82,7 @@ func (m *modelFlight) Outstanding(pool dispatch.Pool, pair string) (pending, act
 	if pool == dispatch.PoolRegular {
 		c = &m.regular
 	} else {
-		m.mu.Lock()
-		c = m.pd[pairPool{pool, pair}]
-		m.mu.Unlock()
-		if c == nil {
+		if c = m.pdCount(pairPool{pool, pair}); c == nil {
 			return 0, 0
 		}
 	}
