@@ -571,7 +571,10 @@ func (a *Agent) handle(ctx context.Context, msg jetstream.Msg) {
 	// A decode leg carries a hand-off whose KV the prefill engine holds
 	// until a decode reads it (or its hold ends).
 	pdDecode := a.cfg.Pool == subjects.PoolDecode && job.GetPd() != nil
-	cancelled := a.wasCancelled(id, attempt)
+	// A released decode job belongs to a request cancelled while its
+	// prefill ran: it is handled as cancelled, whoever heard the cancel.
+	release := pdDecode && job.GetRelease()
+	cancelled := release || a.wasCancelled(id, attempt)
 	if exp := job.GetHandoffExpires(); pdDecode && exp != nil && now.After(exp.AsTime()) {
 		// The prefill engine no longer holds the KV: the decode would fail
 		// or recompute. End the attempt before any token; the broker
@@ -641,9 +644,16 @@ func (a *Agent) handle(ctx context.Context, msg jetstream.Msg) {
 		switch {
 		case pdDecode:
 			out.cancelAtKV(cancel)
-		case prefill && !pf.cancel():
+		case prefill && (!pf.cancel() || a.cfg.PDProtocol == "vllm"):
 			// Handed off: the leg is done (vLLM), or runs for the decode
 			// that reads its KV (SGLang); the decode agent stops it.
+			// A vLLM leg not yet handed off runs on to its answer too: an
+			// engine that finished the prefill holds the KV whatever the
+			// agent does next (aborting a finished request frees nothing,
+			// vllm #50425), and the agent cannot tell a leg that is still
+			// computing from one whose answer is on the wire. Its decode
+			// job goes out marked release, and the decode agent frees the
+			// KV by taking the hand-off.
 		default:
 			cancel(cause)
 		}
@@ -659,7 +669,7 @@ func (a *Agent) handle(ctx context.Context, msg jetstream.Msg) {
 	drainExpired := a.drainExpired
 	a.mu.Unlock()
 	switch {
-	case cancelledNow && attempt <= mark.upTo:
+	case release, cancelledNow && attempt <= mark.upTo:
 		stop(errCancelled)
 	case drainExpired:
 		stop(errDrainTimeout)
@@ -774,7 +784,8 @@ func (a *Agent) prefill(ctx context.Context, req *Request, out *stream, ps *pref
 		if calls++; calls > 1 {
 			return errors.New("agent: handoff called twice")
 		}
-		if ps.handOff() && a.cfg.PDProtocol == "sglang" {
+		cancelled := ps.handOff()
+		if cancelled && a.cfg.PDProtocol == "sglang" {
 			// Cancelled before SGLang's hand-off, which comes before its
 			// leg: no KV exists yet, so nothing needs a decode.
 			return errCancelled
@@ -784,7 +795,7 @@ func (a *Agent) prefill(ctx context.Context, req *Request, out *stream, ps *pref
 		// decode agent reads (and frees) the KV instead of leaving it held
 		// until the engine's lease ends.
 		a.lastHandoff.Store(time.Now().UnixNano())
-		err := a.publishDecode(context.WithoutCancel(ctx), req.Job, h)
+		err := a.publishDecode(context.WithoutCancel(ctx), req.Job, h, cancelled)
 		if err == nil {
 			ps.mu.Lock()
 			ps.published = true
@@ -838,8 +849,12 @@ const (
 // leader is elected, a timeout, NATS reconnecting) is tried again with
 // backoff for as long as the job's deadline and the hand-off's KV hold
 // allow; a full queue ends the attempt with a retryable queue_full error.
-func (a *Agent) publishDecode(ctx context.Context, job *wire.Job, h *wire.PDHandoff) error {
+//
+// A release job (its request cancelled) only has a decode agent take the
+// hand-off, so the prefill engine frees the KV.
+func (a *Agent) publishDecode(ctx context.Context, job *wire.Job, h *wire.PDHandoff, release bool) error {
 	dj := proto.Clone(job).(*wire.Job)
+	dj.Release = release
 	h = proto.Clone(h).(*wire.PDHandoff)
 	h.PrefillAgent = a.cfg.ID
 	if h.Protocol == "" {

@@ -416,7 +416,8 @@ func noOutput(t *testing.T, chunks []*wire.Chunk) {
 
 // TestPDSafeCancel: a cancel after the hand-off leaves no KV held on the
 // prefill engine: the decode leg still takes the hand-off, in silence, and
-// then stops; before the hand-off the prefill leg is aborted.
+// then stops. A vLLM prefill leg cancelled before its hand-off runs on,
+// and its decode job, marked release, frees the KV the same way.
 func TestPDSafeCancel(t *testing.T) {
 	for _, protocol := range []string{pd.VLLM, pd.SGLang} {
 		t.Run("after hand-off, before the first token/"+protocol, func(t *testing.T) {
@@ -472,26 +473,99 @@ func TestPDSafeCancel(t *testing.T) {
 		}
 	})
 
-	t.Run("before hand-off", func(t *testing.T) {
-		p := startPair(t, pd.VLLM, 5*time.Second, time.Millisecond, 1)
+	t.Run("before hand-off/vllm", func(t *testing.T) {
+		// The cancel comes while the prefill computes. The agent cannot
+		// tell that from an answer already on the wire (after which the
+		// engine holds the KV whatever it is told), so the leg runs on and
+		// its decode job goes out marked release: a decode agent takes the
+		// hand-off, in silence, and nothing stays held.
+		p := startPair(t, pd.VLLM, 300*time.Millisecond, time.Millisecond, 1)
+		busy := make(chan struct{})
+		p.watch.mu.Lock()
+		p.watch.gates["busy"] = busy
+		p.watch.mu.Unlock()
+		busySub := p.submit(t, "busy", 4)
+		checkFor(t, 10*time.Second, time.Millisecond, func() error {
+			if !p.watch.run("busy").started {
+				return fmt.Errorf("busy decode leg not started")
+			}
+			return nil
+		})
 		sub := p.submit(t, "early", 4)
 		if c := nextChunk(t, sub); c.GetKind() != wire.Chunk_KIND_ACCEPTED || c.GetStage() != wire.Chunk_STAGE_PREFILL {
 			t.Fatalf("got %v", c)
 		}
 		p.e.cancel(t, "early")
+		// The decode agent's one slot is busy: the released job waits in
+		// its queue, where it can be read.
+		decodeSubj := pdSubject(t, subjects.PoolDecode, pd.VLLM)
 		checkFor(t, 10*time.Second, 5*time.Millisecond, func() error {
-			if n := p.pre.Aborted(); n != 1 {
-				return fmt.Errorf("prefill engine aborted %d requests", n)
+			if n := p.e.queued(t, agent.DefaultStream, decodeSubj); n != 1 {
+				return fmt.Errorf("%d decode jobs queued", n)
+			}
+			return nil
+		})
+		st, err := p.e.js.Stream(context.Background(), agent.DefaultStream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := st.GetLastMsgForSubject(context.Background(), decodeSubj)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var dj wire.Job
+		if err := proto.Unmarshal(m.Data, &dj); err != nil {
+			t.Fatal(err)
+		}
+		if dj.GetRequestId() != "early" || !dj.GetRelease() {
+			t.Fatalf("queued decode job %q release=%v, want early's, marked release", dj.GetRequestId(), dj.GetRelease())
+		}
+		close(busy)
+		for c := nextChunk(t, busySub); c.GetKind() != wire.Chunk_KIND_FINAL; c = nextChunk(t, busySub) {
+			if c.GetKind() == wire.Chunk_KIND_ERROR {
+				t.Fatalf("busy request failed: %v", c.GetError())
+			}
+		}
+		checkFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+			if r := p.watch.run("early"); !r.ended {
+				return fmt.Errorf("the released decode leg has not run: %+v", r)
 			}
 			return nil
 		})
 		p.idle(t)
-		if n := p.e.queued(t, agent.DefaultStream, pdSubject(t, subjects.PoolDecode, pd.VLLM)); n != 0 {
-			t.Fatalf("%d decode jobs published for a prefill aborted before its hand-off", n)
+		if r := p.watch.run("early"); !r.firstChunk {
+			t.Fatalf("the released decode leg never took its hand-off (err %v)", r.err)
 		}
-		if r := p.watch.run("early"); r.started {
-			t.Fatal("the decode engine ran a leg whose prefill was aborted")
+		if n := p.pre.Aborted(); n != 0 {
+			t.Fatalf("prefill engine aborted %d requests", n)
 		}
+		noKVHeld(t, p.pre)
+		noOutput(t, pending(t, sub))
+	})
+
+	t.Run("released decode job, its cancel never heard", func(t *testing.T) {
+		// A decode agent that joined after the cancel (or missed it) knows
+		// from the job alone: it takes the hand-off and stops.
+		p := startPair(t, pd.VLLM, time.Millisecond, 5*time.Millisecond, 1)
+		reply, sub := p.e.replies(t, "orphan")
+		kv := simHandoff(t, p, "orphan")
+		p.e.publishJob(t, pdSubject(t, subjects.PoolDecode, pd.VLLM), &wire.Job{RequestId: "orphan", ReplySubject: reply, Release: true,
+			Pd:   &wire.PDHandoff{Protocol: pd.VLLM, PrefillAgent: "pre", KvTransferParamsJson: kv},
+			Body: []byte(`{"model":"m","messages":[{"role":"user","content":"tell me about orphan"}],"max_tokens":4}`)})
+		checkFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+			if r := p.watch.run("orphan"); !r.ended {
+				return fmt.Errorf("the released decode leg has not run: %+v", r)
+			}
+			return nil
+		})
+		p.idle(t)
+		if r := p.watch.run("orphan"); !r.firstChunk {
+			t.Fatalf("the released decode leg never took its hand-off (err %v)", r.err)
+		}
+		if n := p.dec.Aborted(); n != 1 {
+			t.Fatalf("decode engine aborted %d requests, want 1 (at its first chunk)", n)
+		}
+		noKVHeld(t, p.pre)
 		noOutput(t, pending(t, sub))
 	})
 }
@@ -529,4 +603,28 @@ func cancelAfterHandoff(t *testing.T, protocol string) {
 	}
 	noKVHeld(t, p.pre)
 	noOutput(t, pending(t, sub))
+}
+
+// simHandoff runs a vLLM prefill leg for id on the pair's prefill engine,
+// outside any agent, and returns the kv_transfer_params it answered: the
+// engine now holds that KV for a decode.
+func simHandoff(t *testing.T, p *pdPair, id string) []byte {
+	t.Helper()
+	eng, err := pd.New(sim.New(p.pre), pd.VLLM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	job := &wire.Job{RequestId: id, Body: fmt.Appendf(nil, `{"model":"m","messages":[{"role":"user","content":"tell me about %s"}],"max_tokens":4}`, id)}
+	var kv []byte
+	err = eng.Prefill(context.Background(), &agent.Request{RequestID: id, Body: job.GetBody(), Job: job}, func(h *wire.PDHandoff) error {
+		kv = h.GetKvTransferParamsJson()
+		return nil
+	})
+	if err != nil || kv == nil {
+		t.Fatalf("prefill leg: %v (kv_transfer_params %s)", err, kv)
+	}
+	if h, _ := p.pre.HeldKV(); h != 1 {
+		t.Fatalf("the prefill engine holds %d hand-offs after the leg, want 1", h)
+	}
+	return kv
 }

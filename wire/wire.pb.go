@@ -213,8 +213,13 @@ type Job struct {
 	// decode job; a prefill agent sets how long its engine holds the KV
 	// blocks of this hand-off, so a decode job not taken in time ends.
 	HandoffExpires *timestamppb.Timestamp `protobuf:"bytes,15,opt,name=handoff_expires,json=handoffExpires,proto3" json:"handoff_expires,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Set on a decode job whose request was cancelled after its prefill
+	// engine began holding the KV: the decode agent takes the hand-off in
+	// silence, which frees the blocks on the prefill engine, and stops. Even
+	// an agent that never heard the cancel knows not to run it for nobody.
+	Release       bool `protobuf:"varint,16,opt,name=release,proto3" json:"release,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Job) Reset() {
@@ -350,6 +355,13 @@ func (x *Job) GetHandoffExpires() *timestamppb.Timestamp {
 		return x.HandoffExpires
 	}
 	return nil
+}
+
+func (x *Job) GetRelease() bool {
+	if x != nil {
+		return x.Release
+	}
+	return false
 }
 
 // PDHandoff carries what the prefill stage hands to the decode stage.
@@ -1047,7 +1059,7 @@ var File_wire_proto protoreflect.FileDescriptor
 const file_wire_proto_rawDesc = "" +
 	"\n" +
 	"\n" +
-	"wire.proto\x12\x12switchyard.wire.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x98\x05\n" +
+	"wire.proto\x12\x12switchyard.wire.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb2\x05\n" +
 	"\x03Job\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x18\n" +
@@ -1065,7 +1077,8 @@ const file_wire_proto_rawDesc = "" +
 	"\x02pd\x18\f \x01(\v2\x1d.switchyard.wire.v1.PDHandoffR\x02pd\x12D\n" +
 	"\fcontinuation\x18\r \x01(\v2 .switchyard.wire.v1.ContinuationR\fcontinuation\x12\x17\n" +
 	"\apd_pair\x18\x0e \x01(\tR\x06pdPair\x12C\n" +
-	"\x0fhandoff_expires\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampR\x0ehandoffExpires\x1a8\n" +
+	"\x0fhandoff_expires\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampR\x0ehandoffExpires\x12\x18\n" +
+	"\arelease\x18\x10 \x01(\bR\arelease\x1a8\n" +
 	"\n" +
 	"TraceEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
