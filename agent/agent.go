@@ -757,6 +757,12 @@ func (p *prefillState) cancel() bool {
 	return !p.handedOff
 }
 
+func (p *prefillState) isCancelled() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.cancelled
+}
+
 // handOff marks the hand-off begun and reports whether a cancel came
 // first.
 func (p *prefillState) handOff() (cancelled bool) {
@@ -777,6 +783,11 @@ func (a *Agent) prefill(ctx context.Context, req *Request, out *stream, ps *pref
 	pf, ok := a.engine.(Prefiller)
 	if !ok {
 		out.fail(&wire.Error{Code: wire.CodeInternal, Message: "agent " + a.cfg.ID + " has no prefill-capable engine"})
+		return
+	}
+	if ps.isCancelled() {
+		// Cancelled between its pull and here: the engine has nothing yet.
+		a.metrics.jobs.WithLabelValues(JobCancelled).Inc()
 		return
 	}
 	calls := 0

@@ -39,6 +39,11 @@ type Broker struct {
 	known  map[string]time.Time // model -> last heartbeat of any agent
 	deaf   bool                 // the last rebuild found NATS unreachable
 	dirty  chan struct{}
+	// pauses measures the broker's own pauses; rebuilt is when the last
+	// rebuild ran, from which the next one counts them (rebuild's goroutine
+	// only).
+	pauses  *pauseWatch
+	rebuilt time.Time
 
 	calls   sync.Map // request id -> *Call
 	nextReq atomic.Uint64
@@ -96,6 +101,9 @@ func New(nc *nats.Conn, cfg Config, opts ...Option) (*Broker, error) {
 	if b.metrics == nil {
 		b.metrics = NewMetrics()
 	}
+	// Pauses are real time, whatever clock the table is judged by.
+	b.pauses = newPauseWatch(time.Now)
+	b.rebuilt = time.Now()
 	b.table.Store(dispatch.NewFleet(nil, b.now(), cfg.Dispatch))
 	return b, nil
 }
@@ -218,6 +226,12 @@ func (b *Broker) Run(ctx context.Context) error {
 	b.started.Store(b.now().UnixNano())
 	b.log.Info("broker running", "id", b.cfg.ID, "stream", b.cfg.Stream, "prefix", b.cfg.Prefix)
 
+	pausesDone := make(chan struct{})
+	defer func() { <-pausesDone }()
+	go func() {
+		defer close(pausesDone)
+		b.pauses.run(ctx)
+	}()
 	keeperDone := make(chan struct{})
 	defer func() { <-keeperDone }()
 	go func() {
@@ -397,8 +411,12 @@ const forgetAfter = 5 * time.Minute
 // because the broker is deaf, not because the agents died, and calls in
 // flight must not abandon their attempts for that. After a reconnect every
 // agent gets a fresh grace of missed intervals before it counts as gone.
+// In the same way, the time the broker itself stood still (see pauseWatch)
+// is not counted as its agents' silence.
 func (b *Broker) rebuild() {
 	now := b.now()
+	paused, at := b.pauses.since(b.rebuilt)
+	b.rebuilt = at
 	if !b.nc.IsConnected() {
 		b.mu.Lock()
 		b.deaf = true
@@ -413,6 +431,11 @@ func (b *Broker) rebuild() {
 			if e.agent.LastSeen.Before(now) {
 				e.agent.LastSeen = now
 			}
+		}
+	} else if paused > 0 {
+		b.log.Debug("broker paused: agents' silence extended", "pause", paused)
+		for _, e := range b.agents {
+			e.agent.LastSeen = minTime(e.agent.LastSeen.Add(paused), now)
 		}
 	}
 	for k, e := range b.agents {
@@ -494,4 +517,11 @@ func (b *Broker) newRequestID() string {
 	// A counter keeps ids unique; the random tail makes them unguessable,
 	// so an agent credential cannot aim forged chunks at a request.
 	return b.cfg.ID + "-" + strconv.FormatUint(b.nextReq.Add(1), 36) + randomID(6)
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
 }

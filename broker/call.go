@@ -275,7 +275,7 @@ func retryReason(err error) string {
 
 var (
 	errNotTaken       = errors.New("no live agent took the job")
-	errAgentLost      = errors.New("agent lost before the first token")
+	errAgentLost      = errors.New("agent lost")
 	errHandoffExpired = errors.New("no decode agent took the hand-off while the prefill engine held its KV")
 )
 
@@ -446,7 +446,10 @@ func (c *Call) Next(ctx context.Context) (*wire.Chunk, error) {
 					c.restartStall()
 					continue
 				}
-				if idle := time.Since(c.asked); idle < c.b.cfg.StallTimeout {
+				// The time the broker itself stood still is not the agent's
+				// silence: its chunks waited unread meanwhile.
+				paused, now := c.b.pauses.since(c.asked)
+				if idle := now.Sub(c.asked) - paused; idle < c.b.cfg.StallTimeout {
 					c.stall.Reset(c.b.cfg.StallTimeout - idle)
 					continue
 				}
@@ -536,8 +539,9 @@ func (c *Call) restartStall() {
 // more waiting can write them before it flushes, one flush for a burst.
 func (c *Call) Buffered() int { return len(c.ch) }
 
-// stuck reports why the current attempt should be abandoned before its
-// first token: nobody can take its job, or the agent that took it is gone.
+// stuck reports why the current attempt should be abandoned: before its
+// first token, nobody can take its job; at any time, the agent that took it
+// is gone.
 func (c *Call) stuck() error {
 	if c.b.now().Sub(c.attemptStart) < c.b.cfg.AcceptTimeout && c.agent == "" {
 		return nil
