@@ -36,19 +36,33 @@ func (c *Call) startAttempt(ctx context.Context, kind startKind, why error) erro
 			c.b.log.Info("migrating request", "request", c.ID, "attempt", old+1, "tokens_sent", c.tokens, "reason", why)
 		}
 	}
-	return c.dispatch(ctx)
+	return c.dispatchWaiting(ctx, kind)
 }
 
-// startFirst starts the first attempt. A known model that no agent serves
-// right now (its agents warming, draining or gone) is refused at once, or,
-// with CapacityWait, once no agent became ready within it: the job is
-// never published to a queue nobody pulls.
+// startFirst starts the first attempt.
 func (c *Call) startFirst(ctx context.Context) error {
-	err := c.startAttempt(ctx, firstAttempt, nil)
-	if c.b.cfg.CapacityWait <= 0 || !errors.Is(err, ErrNoCapacity) {
+	return c.startAttempt(ctx, firstAttempt, nil)
+}
+
+// dispatchWaiting dispatches the current attempt. A known model that no
+// agent serves right now (its agents warming, draining or gone) is refused
+// at once, or, with CapacityWait, once no agent became ready within it:
+// the job is never published to a queue nobody pulls. A retry or a
+// migration waits at least three heartbeat intervals: the request is
+// already accepted (a stream may be half sent), and the agent it leaves is
+// often judged gone in the same instant as the rest of its pool (a broker
+// cut off for a moment, a starved machine), which the next heartbeats
+// repair.
+func (c *Call) dispatchWaiting(ctx context.Context, kind startKind) error {
+	err := c.dispatch(ctx)
+	wait := c.b.cfg.CapacityWait
+	if kind != firstAttempt {
+		wait = max(wait, 3*c.b.cfg.HeartbeatInterval)
+	}
+	if wait <= 0 || !errors.Is(err, ErrNoCapacity) {
 		return err
 	}
-	give := time.NewTimer(min(c.b.cfg.CapacityWait, time.Until(c.Deadline)))
+	give := time.NewTimer(min(wait, time.Until(c.Deadline)))
 	defer give.Stop()
 	poll := time.NewTicker(c.b.cfg.WatchInterval)
 	defer poll.Stop()
@@ -57,11 +71,11 @@ func (c *Call) startFirst(ctx context.Context) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-give.C:
-			return fmt.Errorf("%w (waited %s)", err, c.b.cfg.CapacityWait)
+			return fmt.Errorf("%w (waited %s)", err, wait)
 		case <-poll.C:
 		}
 		if m, ok := c.b.table.Load().Model(c.Model); ok && (m.Eligible(dispatch.RouteRegular) || m.Eligible(dispatch.RoutePD)) {
-			err = c.startAttempt(ctx, firstAttempt, nil)
+			err = c.dispatch(ctx)
 		}
 	}
 	return err

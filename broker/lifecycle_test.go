@@ -564,3 +564,44 @@ func TestCapacityWait(t *testing.T) {
 		}
 	})
 }
+
+// A retry that finds no serving agent at that instant (the one it leaves
+// went out of service, its replacement is not heard yet) waits for one,
+// three heartbeat intervals at least, instead of failing an accepted
+// request with 503.
+func TestRetryWaitsForCapacity(t *testing.T) {
+	r := newRig(t, Config{HeartbeatInterval: 500 * time.Millisecond})
+	failed := make(chan struct{})
+	r.agent("sick", subjects.PoolRegular, "", 1, func(a *fakeAgent, _ *wire.Job, say func(*wire.Chunk)) {
+		say(&wire.Chunk{Kind: wire.Chunk_KIND_ACCEPTED})
+		a.state.Store(wire.StateDraining)
+		// Its draining heartbeat reaches the table: no agent serves.
+		for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+			if m, ok := r.b.table.Load().Model(testModel); !ok || !m.Eligible(dispatch.RouteRegular) {
+				break
+			}
+		}
+		say(&wire.Chunk{Kind: wire.Chunk_KIND_ERROR, Error: &wire.Error{Code: wire.CodeEngineDown, Message: "engine gone", Retryable: true}})
+		close(failed)
+	})
+	r.waitEligible("sick")
+	c := submit(t, r.b)
+	type result struct {
+		text string
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		text, err := readAll(t, c)
+		done <- result{text, err}
+	}()
+	<-failed
+	r.agent("good", subjects.PoolRegular, "", 1, serve)
+	res := <-done
+	if text, err := res.text, res.err; err != nil || text != " a b" {
+		t.Fatalf("got %q, %v", text, err)
+	}
+	if c.retries != 1 {
+		t.Fatalf("retries %d, want 1", c.retries)
+	}
+}
