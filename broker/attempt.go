@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/switchyard-ai/switchyard/dispatch"
 )
 
@@ -111,6 +113,21 @@ func (c *Call) dropJob() {
 		return
 	}
 	c.b.deleteJob(seq)
+}
+
+// jobTaken reports whether the current attempt's job has left the stream:
+// an agent acknowledged it (work-queue retention removes it at the ack),
+// so its accepted chunk is on the way. Any doubt (no sequence, NATS not
+// answering) is a no.
+func (c *Call) jobTaken() bool {
+	st := c.b.stream.Load()
+	if st == nil || c.jobSeq == 0 {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), c.b.publishTimeout)
+	defer cancel()
+	_, err := (*st).GetMsg(ctx, c.jobSeq)
+	return errors.Is(err, jetstream.ErrMsgNotFound)
 }
 
 // deleteJob deletes the job at seq from the jobs stream in the background.

@@ -556,7 +556,10 @@ func (c *Call) stuck() error {
 		return c.agentGone(m, c.prefillAgent)
 	}
 	if c.agent == "" {
-		if !routeEligible(m, c.Route, c.pair) {
+		// With its route out of service the job would wait for nobody,
+		// unless an agent took it a moment ago and its accepted chunk is
+		// on the way: running it elsewhere then would run it twice.
+		if !routeEligible(m, c.Route, c.pair) && (!c.handedOff.IsZero() || !c.jobTaken()) {
 			return fmt.Errorf("%w: route %s of %q has no eligible agent", errNotTaken, routeName(c.Route, c.pair), c.Model)
 		}
 		// Neither accepted nor waiting: an agent took the job and died

@@ -605,3 +605,31 @@ func TestRetryWaitsForCapacity(t *testing.T) {
 		t.Fatalf("retries %d, want 1", c.retries)
 	}
 }
+
+// A job an agent took, whose accepted chunk is late, is not retried when
+// its route goes out of service meanwhile: it would run twice (a prefill
+// twice, on the PD route).
+func TestTakenJobNotRetriedWhenRouteEmpties(t *testing.T) {
+	r := newRig(t, Config{HeartbeatInterval: time.Second})
+	a := r.agent("slow", subjects.PoolRegular, "", 1, func(a *fakeAgent, _ *wire.Job, say func(*wire.Chunk)) {
+		took := time.Now()
+		a.state.Store(wire.StateDraining)
+		for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+			if m, ok := r.b.table.Load().Model(testModel); !ok || !m.Eligible(dispatch.RouteRegular) {
+				break
+			}
+		}
+		// Past the accept timeout, with the route empty: the broker looks.
+		time.Sleep(time.Until(took.Add(3 * r.b.cfg.AcceptTimeout)))
+		serve(a, nil, say)
+	})
+	r.waitEligible("slow")
+	c := submit(t, r.b)
+	text, err := readAll(t, c)
+	if err != nil || text != " a b" {
+		t.Fatalf("got %q, %v", text, err)
+	}
+	if c.retries != 0 || a.pulled.Load() != 1 {
+		t.Fatalf("retries %d, jobs pulled %d: a taken job was retried", c.retries, a.pulled.Load())
+	}
+}
