@@ -47,6 +47,27 @@
 // tokens received, yields the rest of the uninterrupted output. [Expect]
 // computes what a request must receive, without any timing.
 //
+// # Prefix cache
+//
+// With [Config.PrefixCacheBlocks] the engine caches prompt prefixes as
+// vLLM's automatic prefix caching does: full blocks of
+// [Config.PrefixBlockSize] tokens (prompt words) named by chained hashes,
+// in an LRU of that many blocks. A request is looked up when it gets its
+// slot; its longest cached prefix, at most all but its last token, is not
+// prefilled, so its first token comes after TTFT + PrefillPerToken x the
+// uncached prompt tokens. Its prompt blocks are cached once prefilled and
+// the blocks its output fills once it ends, so the next turn of a
+// conversation, which re-sends the previous answer, hits them too.
+// /metrics counts vLLM's vllm:prefix_cache_queries_total and
+// vllm:prefix_cache_hits_total, in prompt tokens.
+//
+// A block's hash is the broker's block key of the same text
+// ([affinity.AppendKeys] over the rendered prompt), so with
+// [Config.KVEvents] the engine publishes, in vLLM's format (package
+// kvevents), KV events that name exactly what the broker looks up:
+// BlockStored per run of new blocks (parent hash, one token id per word),
+// BlockRemoved for evictions. A decode engine does not use the cache.
+//
 // # Prefill/decode disaggregation
 //
 // [Config.Role] makes an engine a prefill or a decode engine of

@@ -17,6 +17,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/switchyard-ai/switchyard/affinity"
+	"github.com/switchyard-ai/switchyard/kvevents"
 	"github.com/switchyard-ai/switchyard/oaiformat"
 )
 
@@ -63,6 +65,18 @@ type Config struct {
 	// NoEmbeddings makes the engine answer /v1/embeddings with 404, as a
 	// generation-only vLLM does.
 	NoEmbeddings bool
+
+	// PrefixCacheBlocks turns on the prefix cache with that many blocks
+	// (vLLM's --enable-prefix-caching): a request's first token then costs
+	// TTFT + PrefillPerToken x its uncached prompt tokens only. 0 is off.
+	// See the package comment, "Prefix cache".
+	PrefixCacheBlocks int
+	// PrefixBlockSize is the prompt tokens per cache block (default 16,
+	// vLLM's --block-size).
+	PrefixBlockSize int
+	// KVEvents publishes the prefix cache's stores and evictions as vLLM's
+	// --kv-events-config does; it needs the prefix cache.
+	KVEvents kvevents.Config
 }
 
 // LoadNever as [Config.LoadTime] makes an engine that never becomes
@@ -123,6 +137,15 @@ func (c Config) Validate() error {
 	if c.BootstrapPort < 0 || c.BootstrapPort > 65535 {
 		errs = append(errs, fmt.Errorf("%w: bootstrap port must be in [0, 65535], got %d", ErrInvalidConfig, c.BootstrapPort))
 	}
+	if c.PrefixCacheBlocks < 0 || c.PrefixBlockSize < 0 {
+		errs = append(errs, fmt.Errorf("%w: prefix cache blocks and block size must not be negative", ErrInvalidConfig))
+	}
+	if c.KVEvents.Enabled && c.PrefixCacheBlocks == 0 {
+		errs = append(errs, fmt.Errorf("%w: kv events need the prefix cache", ErrInvalidConfig))
+	}
+	if err := c.KVEvents.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("%w: %w", ErrInvalidConfig, err))
+	}
 	if c.BootstrapTimeout < 0 || c.KVHoldTimeout < 0 || c.LoadTime < 0 {
 		errs = append(errs, fmt.Errorf("%w: bootstrap timeout, KV hold timeout and load time must not be negative", ErrInvalidConfig))
 	}
@@ -165,6 +188,8 @@ type Engine struct {
 	engineID  string
 	bootstrap *bootstrap   // prefill role only
 	client    *http.Client // decode role only
+	cache     *prefixCache // nil: no prefix caching
+	kvpub     *kvevents.Publisher
 	closeOnce sync.Once
 	closeErr  error
 
@@ -214,10 +239,27 @@ func New(cfg Config, opts ...Option) (*Engine, error) {
 	for _, o := range opts {
 		o(e)
 	}
+	if cfg.PrefixCacheBlocks > 0 {
+		if cfg.PrefixBlockSize == 0 {
+			cfg.PrefixBlockSize = affinity.DefaultBlockSize
+			e.cfg.PrefixBlockSize = cfg.PrefixBlockSize
+		}
+		if cfg.KVEvents.Publishes() {
+			p, err := kvevents.Listen(cfg.KVEvents.Endpoint, cfg.KVEvents.Topic)
+			if err != nil {
+				return nil, err
+			}
+			e.kvpub = p
+		}
+		e.cache = newPrefixCache(cfg.PrefixCacheBlocks, cfg.PrefixBlockSize, e.kvpub)
+	}
 	switch cfg.Role {
 	case RolePrefill:
 		b, err := startBootstrap(e)
 		if err != nil {
+			if e.kvpub != nil {
+				_ = e.kvpub.Close()
+			}
 			return nil, err
 		}
 		e.bootstrap = b
@@ -233,8 +275,8 @@ func New(cfg Config, opts ...Option) (*Engine, error) {
 }
 
 // Close stops a prefill engine's side channel, failing the hand-offs that
-// decode engines are waiting on, and releases a decode engine's
-// connections. Requests in flight are not interrupted. Close is idempotent.
+// decode engines are waiting on, releases a decode engine's connections,
+// and closes the KV events socket. Requests in flight are not interrupted. Close is idempotent.
 func (e *Engine) Close() error {
 	e.closeOnce.Do(func() {
 		if e.bootstrap != nil {
@@ -242,6 +284,9 @@ func (e *Engine) Close() error {
 		}
 		if e.client != nil {
 			e.client.CloseIdleConnections()
+		}
+		if e.kvpub != nil {
+			e.closeErr = errors.Join(e.closeErr, e.kvpub.Close())
 		}
 	})
 	return e.closeErr
@@ -344,6 +389,25 @@ func (e *Engine) HandoffsAbandoned() int64 {
 // KVTransferFailures returns how many decode requests failed because their
 // prefill hand-off could not be completed.
 func (e *Engine) KVTransferFailures() int64 { return e.kvFailures.Load() }
+
+// KVEventsEndpoint returns the bound endpoint of the KV events publisher
+// ("tcp://host:port"), or "" when the engine publishes none.
+func (e *Engine) KVEventsEndpoint() string {
+	if e.kvpub == nil {
+		return ""
+	}
+	return e.kvpub.Endpoint()
+}
+
+// PrefixCache returns the prefix cache's counters in tokens, as vLLM's
+// prefix_cache_queries and prefix_cache_hits count them, and the blocks
+// it holds now; all 0 when the cache is off.
+func (e *Engine) PrefixCache() (queries, hits int64, blocks int) {
+	if e.cache == nil {
+		return 0, 0, 0
+	}
+	return e.cache.queries.Load(), e.cache.hits.Load(), e.cache.len()
+}
 
 // Model returns the served model name.
 func (e *Engine) Model() string { return e.cfg.Model }
@@ -496,7 +560,14 @@ func (e *Engine) run(ctx context.Context, r *request, s sink) (err error) {
 	var p pacer
 	defer p.stop()
 	start := time.Now()
-	ttft := e.cfg.TTFT + time.Duration(o.promptTokens)*e.cfg.PrefillPerToken
+	ttft := e.prefillTime(o.promptTokens, 0)
+	var pc *prefixRun
+	if e.cache != nil && (r.pd == nil || r.pd.role != RoleDecode) {
+		// Looked up when scheduled, as vLLM does; only the uncached
+		// tokens are prefilled.
+		pc = e.cache.begin(r.prompt, o.promptTokens)
+		ttft = e.prefillTime(o.promptTokens, pc.cached)
+	}
 	if r.pd != nil && r.pd.role == RoleDecode {
 		// The KV arrives from the prefill engine, so no prefill cost: the
 		// first token comes one ITL after the transfer.
@@ -527,6 +598,9 @@ func (e *Engine) run(ctx context.Context, r *request, s sink) (err error) {
 	if r.pd != nil && r.pd.role == RolePrefill {
 		e.prefilled(r, o.promptTokens)
 	}
+	if pc != nil {
+		e.cache.store(pc) // the prompt's blocks, once prefilled
+	}
 	generated(0)
 	if err := s.first(); err != nil {
 		return e.abort(r, err)
@@ -542,6 +616,9 @@ func (e *Engine) run(ctx context.Context, r *request, s sink) (err error) {
 		w, _ := c.next()
 		if err := s.token(tokenText[w], tokenJSON[w]); err != nil {
 			return e.abort(r, err)
+		}
+		if pc != nil {
+			_, _ = pc.h.WriteString(tokenText[w])
 		}
 	}
 	if o.tail != "" {
@@ -562,7 +639,18 @@ func (e *Engine) run(ctx context.Context, r *request, s sink) (err error) {
 	if err := s.finish(o.finish, o.promptTokens, o.tokens, extra); err != nil {
 		return e.abort(r, err)
 	}
+	if pc != nil {
+		// Generated tokens fill blocks too, which is what makes the next
+		// turn of a conversation hit.
+		e.cache.store(pc)
+	}
 	return nil
+}
+
+// prefillTime is the time to first token of a prompt of promptTokens
+// tokens, cached of which are in the prefix cache.
+func (e *Engine) prefillTime(promptTokens, cached int) time.Duration {
+	return e.cfg.TTFT + time.Duration(max(0, promptTokens-cached))*e.cfg.PrefillPerToken
 }
 
 func (e *Engine) abort(r *request, err error) error {

@@ -22,6 +22,16 @@ func newRegistry(e *Engine) *prometheus.Registry {
 		gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
 			func(l Load) float64 { return l.KVUsage }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "vllm:prefix_cache_queries_total",
+			Help:        "Prefix cache queries, in terms of number of queried tokens.",
+			ConstLabels: labels,
+		}, func() float64 { q, _, _ := e.PrefixCache(); return float64(q) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "vllm:prefix_cache_hits_total",
+			Help:        "Prefix cache hits, in terms of number of cached tokens.",
+			ConstLabels: labels,
+		}, func() float64 { _, h, _ := e.PrefixCache(); return float64(h) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name:        "switchyard_sim_requests_aborted_total",
 			Help:        "Requests ended early by cancellation or a failed write.",
 			ConstLabels: labels,

@@ -23,6 +23,16 @@
 // switchyard_sim_pd_kv_held_blocks) and those that expired
 // (switchyard_sim_pd_handoffs_expired_total).
 //
+// --enable-prefix-caching turns on a vLLM-like prefix cache of
+// --prefix-cache-blocks (default 4096) blocks of --block-size (default 16)
+// prompt words: a request's cached prefix costs no --prefill-per-token, and
+// /metrics counts vllm:prefix_cache_queries_total and
+// vllm:prefix_cache_hits_total (tokens). --kv-events-config takes vLLM's
+// JSON ({"enable_kv_cache_events":true,"publisher":"zmq",
+// "endpoint":"tcp://*:5557","topic":""}) and publishes the cache's
+// BlockStored and BlockRemoved events in vLLM's format over ZMQ; the bound
+// endpoint is logged as kv_events_endpoint.
+//
 // With --grpc-listen (default empty: off) it also serves vLLM's gRPC engine
 // service, vllm.grpc.engine.VllmEngine, on that address, logged as
 // grpc_addr; see simengine.Engine.RegisterGRPC.

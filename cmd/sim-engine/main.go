@@ -17,6 +17,8 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/switchyard-ai/switchyard/affinity"
+	"github.com/switchyard-ai/switchyard/kvevents"
 	"github.com/switchyard-ai/switchyard/simengine"
 )
 
@@ -53,6 +55,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	fs.IntVar(&cfg.BootstrapPort, "bootstrap-port", def.BootstrapPort, "port of a prefill engine's bootstrap side channel (0: any free port)")
 	fs.DurationVar(&cfg.BootstrapTimeout, "bootstrap-timeout", def.BootstrapTimeout, "how long a decode engine waits to reach its prefill (SGLang: for the room to appear)")
 	fs.DurationVar(&cfg.KVHoldTimeout, "kv-hold-timeout", def.KVHoldTimeout, "how long a prefill engine holds a hand-off's KV blocks that no decode reads (vLLM NIXL's lease)")
+	prefixCaching := fs.Bool("enable-prefix-caching", false, "cache prompt prefixes as vLLM's automatic prefix caching does: only uncached prompt tokens cost --prefill-per-token")
+	fs.IntVar(&cfg.PrefixCacheBlocks, "prefix-cache-blocks", simengine.DefaultPrefixCacheBlocks, "blocks the prefix cache holds (LRU), with --enable-prefix-caching")
+	fs.IntVar(&cfg.PrefixBlockSize, "block-size", affinity.DefaultBlockSize, "prompt tokens (words) per prefix cache block")
+	kvEvents := fs.String("kv-events-config", "", `publish the prefix cache's KV events as vLLM does, its JSON: {"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:5557","topic":""} (port 0: any free port)`)
 	fs.Var((*simengine.LoadTime)(&cfg.LoadTime), "load-time", "how long the engine loads after start: until then /health, /v1/models and completions answer 503 (gRPC: Unavailable); a `duration`, or never (0: loaded at once)")
 
 	if err := applyEnv(fs, getenv); err != nil {
@@ -73,6 +79,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	cfg.Role, cfg.PDProtocol = simengine.Role(*role), simengine.PDProtocol(*protocol)
+	if !*prefixCaching {
+		cfg.PrefixCacheBlocks = 0
+	}
+	kv, err := kvevents.ParseConfig(*kvEvents)
+	if err != nil {
+		return fmt.Errorf("-kv-events-config: %w", err)
+	}
+	cfg.KVEvents = kv
 
 	eng, err := simengine.New(cfg, simengine.WithLogger(log))
 	if err != nil {
@@ -116,6 +130,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	if eng.Role() == simengine.RolePrefill {
 		attrs = append(attrs, "kv_hold_timeout", cfg.KVHoldTimeout)
+	}
+	if cfg.PrefixCacheBlocks > 0 {
+		attrs = append(attrs, "prefix_cache_blocks", cfg.PrefixCacheBlocks, "block_size", cfg.PrefixBlockSize)
+	}
+	if ep := eng.KVEventsEndpoint(); ep != "" {
+		attrs = append(attrs, "kv_events_endpoint", ep)
 	}
 	if a := eng.BootstrapAddr(); a != "" {
 		attrs = append(attrs, "bootstrap_addr", a, "engine_id", eng.EngineID())

@@ -186,3 +186,55 @@ func TestRunPrefillRole(t *testing.T) {
 		t.Fatal("bootstrap server still up after run returned")
 	}
 }
+
+func TestRunPrefixCacheAndKVEvents(t *testing.T) {
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	attrs, done := startRunAttrs(t, ctx, []string{"--listen", "127.0.0.1:0", "--ttft", "0", "--itl", "0",
+		"--enable-prefix-caching", "--prefix-cache-blocks", "32", "--block-size", "4",
+		"--kv-events-config", `{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://127.0.0.1:0","topic":"kv"}`},
+		nil)
+	ep := attrs["kv_events_endpoint"]
+	if !strings.HasPrefix(ep, "tcp://127.0.0.1:") || attrs["prefix_cache_blocks"] != "32" || attrs["block_size"] != "4" {
+		t.Fatalf("listening line %v", attrs)
+	}
+	body := `{"model":"sim-model","prompt":"one two three four five six seven eight nine","max_tokens":1}`
+	for range 2 {
+		resp, err := http.Post("http://"+attrs["addr"]+"/v1/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	resp, err := http.Get("http://" + attrs["addr"] + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{
+		`vllm:prefix_cache_queries_total{model_name="sim-model"} 18`,
+		`vllm:prefix_cache_hits_total{model_name="sim-model"} 8`,
+	} {
+		if !strings.Contains(string(raw), want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("run = %v", err)
+	}
+}
+
+func TestRunRejectsBadKVEventsConfig(t *testing.T) {
+	for _, args := range [][]string{
+		{"--kv-events-config", `{`},
+		{"--kv-events-config", `{"enable_kv_cache_events":true,"endpoint":"tcp://127.0.0.1:0"}`}, // no prefix caching
+	} {
+		err := run(t.Context(), append([]string{"--listen", "127.0.0.1:0"}, args...), func(string) string { return "" }, io.Discard, io.Discard)
+		if err == nil {
+			t.Errorf("run(%q) = nil", args)
+		}
+	}
+}
