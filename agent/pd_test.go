@@ -426,17 +426,7 @@ func TestPDSafeCancel(t *testing.T) {
 	}
 	t.Run("decode job pulled after the cancel", func(t *testing.T) {
 		p := startPair(t, pd.VLLM, time.Millisecond, 5*time.Millisecond, 1)
-		busy := make(chan struct{})
-		p.watch.mu.Lock()
-		p.watch.gates["busy"] = busy
-		p.watch.mu.Unlock()
-		busySub := p.submit(t, "busy", 4)
-		checkFor(t, 10*time.Second, time.Millisecond, func() error {
-			if !p.watch.run("busy").started {
-				return fmt.Errorf("busy decode leg not started")
-			}
-			return nil
-		})
+		free := p.occupyDecode(t)
 		sub := p.submit(t, "late", 4)
 		// The decode agent's one slot is busy: the decode job waits.
 		checkFor(t, 10*time.Second, 5*time.Millisecond, func() error {
@@ -446,22 +436,8 @@ func TestPDSafeCancel(t *testing.T) {
 			return nil
 		})
 		p.e.cancel(t, "late")
-		close(busy)
-		for c := nextChunk(t, busySub); c.GetKind() != wire.Chunk_KIND_FINAL; c = nextChunk(t, busySub) {
-			if c.GetKind() == wire.Chunk_KIND_ERROR {
-				t.Fatalf("busy request failed: %v", c.GetError())
-			}
-		}
-		checkFor(t, 10*time.Second, 5*time.Millisecond, func() error {
-			if r := p.watch.run("late"); !r.ended {
-				return fmt.Errorf("the cancelled request's decode leg has not run: %+v", r)
-			}
-			return nil
-		})
-		p.idle(t)
-		if r := p.watch.run("late"); !r.firstChunk {
-			t.Fatalf("the cancelled decode leg never took its hand-off (err %v)", r.err)
-		}
+		free()
+		p.tookHandoffSilently(t, "late")
 		if n := p.dec.KVTransferFailures(); n != 0 {
 			t.Fatalf("%d KV transfers failed", n)
 		}
@@ -480,17 +456,7 @@ func TestPDSafeCancel(t *testing.T) {
 		// its decode job goes out marked release: a decode agent takes the
 		// hand-off, in silence, and nothing stays held.
 		p := startPair(t, pd.VLLM, 300*time.Millisecond, time.Millisecond, 1)
-		busy := make(chan struct{})
-		p.watch.mu.Lock()
-		p.watch.gates["busy"] = busy
-		p.watch.mu.Unlock()
-		busySub := p.submit(t, "busy", 4)
-		checkFor(t, 10*time.Second, time.Millisecond, func() error {
-			if !p.watch.run("busy").started {
-				return fmt.Errorf("busy decode leg not started")
-			}
-			return nil
-		})
+		free := p.occupyDecode(t)
 		sub := p.submit(t, "early", 4)
 		if c := nextChunk(t, sub); c.GetKind() != wire.Chunk_KIND_ACCEPTED || c.GetStage() != wire.Chunk_STAGE_PREFILL {
 			t.Fatalf("got %v", c)
@@ -520,22 +486,8 @@ func TestPDSafeCancel(t *testing.T) {
 		if dj.GetRequestId() != "early" || !dj.GetRelease() {
 			t.Fatalf("queued decode job %q release=%v, want early's, marked release", dj.GetRequestId(), dj.GetRelease())
 		}
-		close(busy)
-		for c := nextChunk(t, busySub); c.GetKind() != wire.Chunk_KIND_FINAL; c = nextChunk(t, busySub) {
-			if c.GetKind() == wire.Chunk_KIND_ERROR {
-				t.Fatalf("busy request failed: %v", c.GetError())
-			}
-		}
-		checkFor(t, 10*time.Second, 5*time.Millisecond, func() error {
-			if r := p.watch.run("early"); !r.ended {
-				return fmt.Errorf("the released decode leg has not run: %+v", r)
-			}
-			return nil
-		})
-		p.idle(t)
-		if r := p.watch.run("early"); !r.firstChunk {
-			t.Fatalf("the released decode leg never took its hand-off (err %v)", r.err)
-		}
+		free()
+		p.tookHandoffSilently(t, "early")
 		if n := p.pre.Aborted(); n != 0 {
 			t.Fatalf("prefill engine aborted %d requests", n)
 		}
@@ -552,16 +504,7 @@ func TestPDSafeCancel(t *testing.T) {
 		p.e.publishJob(t, pdSubject(t, subjects.PoolDecode, pd.VLLM), &wire.Job{RequestId: "orphan", ReplySubject: reply, Release: true,
 			Pd:   &wire.PDHandoff{Protocol: pd.VLLM, PrefillAgent: "pre", KvTransferParamsJson: kv},
 			Body: []byte(`{"model":"m","messages":[{"role":"user","content":"tell me about orphan"}],"max_tokens":4}`)})
-		checkFor(t, 10*time.Second, 5*time.Millisecond, func() error {
-			if r := p.watch.run("orphan"); !r.ended {
-				return fmt.Errorf("the released decode leg has not run: %+v", r)
-			}
-			return nil
-		})
-		p.idle(t)
-		if r := p.watch.run("orphan"); !r.firstChunk {
-			t.Fatalf("the released decode leg never took its hand-off (err %v)", r.err)
-		}
+		p.tookHandoffSilently(t, "orphan")
 		if n := p.dec.Aborted(); n != 1 {
 			t.Fatalf("decode engine aborted %d requests, want 1 (at its first chunk)", n)
 		}
@@ -603,6 +546,49 @@ func cancelAfterHandoff(t *testing.T, protocol string) {
 	}
 	noKVHeld(t, p.pre)
 	noOutput(t, pending(t, sub))
+}
+
+// occupyDecode fills the decode agent's one slot with a request held at
+// the engine's door, so decode jobs wait in their queue; free lets it
+// finish.
+func (p *pdPair) occupyDecode(t *testing.T) (free func()) {
+	t.Helper()
+	busy := make(chan struct{})
+	p.watch.mu.Lock()
+	p.watch.gates["busy"] = busy
+	p.watch.mu.Unlock()
+	sub := p.submit(t, "busy", 4)
+	checkFor(t, 10*time.Second, time.Millisecond, func() error {
+		if !p.watch.run("busy").started {
+			return fmt.Errorf("busy decode leg not started")
+		}
+		return nil
+	})
+	return func() {
+		close(busy)
+		for c := nextChunk(t, sub); c.GetKind() != wire.Chunk_KIND_FINAL; c = nextChunk(t, sub) {
+			if c.GetKind() == wire.Chunk_KIND_ERROR {
+				t.Fatalf("busy request failed: %v", c.GetError())
+			}
+		}
+	}
+}
+
+// tookHandoffSilently waits for id's decode leg to end, both agents to be
+// idle, and checks that the leg reached its first chunk: it read the
+// hand-off's KV from the prefill engine.
+func (p *pdPair) tookHandoffSilently(t *testing.T, id string) {
+	t.Helper()
+	checkFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if r := p.watch.run(id); !r.ended {
+			return fmt.Errorf("the decode leg of %s has not run: %+v", id, r)
+		}
+		return nil
+	})
+	p.idle(t)
+	if r := p.watch.run(id); !r.firstChunk {
+		t.Fatalf("the decode leg of %s never took its hand-off (err %v)", id, r.err)
+	}
 }
 
 // simHandoff runs a vLLM prefill leg for id on the pair's prefill engine,
