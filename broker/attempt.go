@@ -36,7 +36,30 @@ func (c *Call) startAttempt(ctx context.Context, kind startKind, why error) erro
 			c.b.log.Info("migrating request", "request", c.ID, "attempt", old+1, "tokens_sent", c.tokens, "reason", why)
 		}
 	}
-	return c.dispatch(ctx)
+	err := c.dispatch(ctx)
+	if kind == firstAttempt || !errors.Is(err, ErrNoCapacity) {
+		return err
+	}
+	// A retry or a migration that finds no agent serving now may be in a
+	// NATS failover: the broker renewing its subscriptions, agents on the
+	// lost node reconnecting, heartbeats missed meanwhile. The request was
+	// accepted; wait for an agent within the publish wait instead of
+	// giving it up.
+	until := time.Now().Add(c.b.cfg.PublishWait)
+	if c.Deadline.Before(until) {
+		until = c.Deadline
+	}
+	poll := time.NewTicker(c.b.cfg.WatchInterval)
+	defer poll.Stop()
+	for errors.Is(err, ErrNoCapacity) && time.Now().Before(until) {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-poll.C:
+		}
+		err = c.dispatch(ctx)
+	}
+	return err
 }
 
 // startFirst starts the first attempt. A known model that no agent serves
@@ -61,6 +84,7 @@ func (c *Call) startFirst(ctx context.Context) error {
 		case <-poll.C:
 		}
 		if m, ok := c.b.table.Load().Model(c.Model); ok && (m.Eligible(dispatch.RouteRegular) || m.Eligible(dispatch.RoutePD)) {
+			c.publishBy = time.Time{} // the publish wait starts now
 			err = c.startAttempt(ctx, firstAttempt, nil)
 		}
 	}

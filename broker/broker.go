@@ -33,6 +33,9 @@ type Broker struct {
 	table   dispatch.Table
 	started atomic.Int64 // unix nanos when Run subscribed; 0 before
 	closing atomic.Bool  // StopAccepting was called
+	// reconnected is when the connection last came back (unix nanos; 0:
+	// never lost): chunks sent meanwhile to the node that died are lost.
+	reconnected atomic.Int64
 
 	mu     sync.Mutex // guards agents, known and deaf
 	agents map[agentKey]*agentEntry
@@ -110,11 +113,10 @@ func (b *Broker) Config() Config { return b.cfg }
 // deadline of its own (see WithPublishTimeout).
 const DefaultPublishTimeout = 2 * time.Second
 
-// WithPublishTimeout bounds JetStream calls whose context has no deadline:
-// the publish of a job (an HTTP request's context has none) and the
-// broker's stream checks. A stream leader election on a cluster takes a
-// few seconds; a request that meets one gets 503 after this long instead
-// of waiting.
+// WithPublishTimeout bounds one JetStream call: one try of a job's
+// publish (a try sent to a node that died is given up for the next, see
+// Config.PublishWait for the bound of all tries) and the broker's stream
+// checks.
 func WithPublishTimeout(d time.Duration) Option {
 	return func(b *Broker) {
 		if d > 0 {
@@ -224,6 +226,12 @@ func (b *Broker) Run(ctx context.Context) error {
 		defer close(keeperDone)
 		b.keepStream(ctx)
 	}()
+	deafDone := make(chan struct{})
+	defer func() { <-deafDone }()
+	go func() {
+		defer close(deafDone)
+		b.watchDeaf(ctx)
+	}()
 
 	go func() {
 		t := time.NewTicker(time.Second)
@@ -272,11 +280,6 @@ func (b *Broker) keepStream(ctx context.Context) {
 			return
 		case st := <-status:
 			if st != nats.CONNECTED {
-				// Heartbeats are being missed; a blip shorter than a
-				// rebuild tick would otherwise go unnoticed by rebuild.
-				b.mu.Lock()
-				b.deaf = true
-				b.mu.Unlock()
 				continue
 			}
 			reconnected = true
@@ -284,6 +287,31 @@ func (b *Broker) keepStream(ctx context.Context) {
 		}
 		if err := b.repairStream(ctx, reconnected); err != nil && ctx.Err() == nil {
 			b.log.Warn("jobs stream check failed, retrying", "stream", b.cfg.Stream, "err", err)
+		}
+	}
+}
+
+// watchDeaf marks the broker deaf the moment its connection drops, and
+// again when it is back: heartbeats were missed because the broker could
+// not hear them, and a blip shorter than a rebuild tick would otherwise go
+// unnoticed by rebuild. It does nothing else, so no slow JetStream call
+// (keepStream's, during a leader election) delays it. The mark at the
+// reconnect covers the time until the subscriptions are renewed on the new
+// node and agents on the lost node have reconnected too.
+func (b *Broker) watchDeaf(ctx context.Context) {
+	status := b.nc.StatusChanged(nats.CONNECTED, nats.RECONNECTING, nats.DISCONNECTED)
+	defer b.nc.RemoveStatusListener(status)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case st := <-status:
+			b.mu.Lock()
+			b.deaf = true
+			b.mu.Unlock()
+			if st == nats.CONNECTED {
+				b.reconnected.Store(b.now().UnixNano())
+			}
 		}
 	}
 }
