@@ -68,10 +68,21 @@ func (c *Call) startAttempt(ctx context.Context, kind startKind, why error) erro
 // never published to a queue nobody pulls.
 func (c *Call) startFirst(ctx context.Context) error {
 	err := c.startAttempt(ctx, firstAttempt, nil)
-	if c.b.cfg.CapacityWait <= 0 || !errors.Is(err, ErrNoCapacity) {
+	if !errors.Is(err, ErrNoCapacity) {
 		return err
 	}
-	give := time.NewTimer(min(c.b.cfg.CapacityWait, time.Until(c.Deadline)))
+	wait := c.b.cfg.CapacityWait
+	if wait < c.b.cfg.PublishWait && c.b.agentsStale(c.Model) {
+		// Agents that were serving missed their heartbeats: in a NATS
+		// failover (an agent reconnecting to another node, the broker's
+		// subscriptions renewed) that is the broker's loss, not theirs.
+		// Wait for them as for a publish.
+		wait = c.b.cfg.PublishWait
+	}
+	if wait <= 0 {
+		return err
+	}
+	give := time.NewTimer(min(wait, time.Until(c.Deadline)))
 	defer give.Stop()
 	poll := time.NewTicker(c.b.cfg.WatchInterval)
 	defer poll.Stop()
@@ -80,7 +91,7 @@ func (c *Call) startFirst(ctx context.Context) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-give.C:
-			return fmt.Errorf("%w (waited %s)", err, c.b.cfg.CapacityWait)
+			return fmt.Errorf("%w (waited %s)", err, wait)
 		case <-poll.C:
 		}
 		if m, ok := c.b.table.Load().Model(c.Model); ok && (m.Eligible(dispatch.RouteRegular) || m.Eligible(dispatch.RoutePD)) {
@@ -89,6 +100,21 @@ func (c *Call) startFirst(ctx context.Context) error {
 		}
 	}
 	return err
+}
+
+// agentsStale reports whether model has agents that missed their
+// heartbeats (and are still in the table).
+func (b *Broker) agentsStale(model string) bool {
+	m, ok := b.table.Load().Model(model)
+	if !ok {
+		return false
+	}
+	for _, a := range m.Agents() {
+		if a.Reason == dispatch.ReasonStale {
+			return true
+		}
+	}
+	return false
 }
 
 // abandon ends the current attempt for the broker and returns its number:

@@ -37,11 +37,13 @@ type Broker struct {
 	// never lost): chunks sent meanwhile to the node that died are lost.
 	reconnected atomic.Int64
 
-	mu     sync.Mutex // guards agents, known and deaf
+	mu     sync.Mutex // guards agents, known, deaf and lastRebuild
 	agents map[agentKey]*agentEntry
 	known  map[string]time.Time // model -> last heartbeat of any agent
 	deaf   bool                 // the last rebuild found NATS unreachable
-	dirty  chan struct{}
+	// lastRebuild is when rebuild last ran (see rebuildLate).
+	lastRebuild time.Time
+	dirty       chan struct{}
 
 	calls   sync.Map // request id -> *Call
 	nextReq atomic.Uint64
@@ -407,7 +409,11 @@ func (b *Broker) onHeartbeat(m *nats.Msg) {
 	b.agents[k] = &agentEntry{agent: a, hb: hb}
 	b.known[key.Model] = now
 	b.mu.Unlock()
-	if prev == nil || prev.agent.State != a.State || prev.agent.Pool != a.Pool || prev.agent.Slots != a.Slots || prev.agent.Active != a.Active ||
+	// An agent heard again after a silence of more than one interval and a
+	// half may be stale in the snapshot (a NATS failover, a pause of the
+	// broker): rebuild now rather than at the next tick.
+	late := prev != nil && a.Interval > 0 && now.Sub(prev.agent.LastSeen) > a.Interval*3/2
+	if late || prev == nil || prev.agent.State != a.State || prev.agent.Pool != a.Pool || prev.agent.Slots != a.Slots || prev.agent.Active != a.Active ||
 		prev.agent.PullLimit != a.PullLimit || prev.agent.StateReason != a.StateReason || prev.agent.PDProtocol != a.PDProtocol || prev.agent.PDLabels != a.PDLabels {
 		select {
 		case b.dirty <- struct{}{}:
@@ -415,6 +421,10 @@ func (b *Broker) onHeartbeat(m *nats.Msg) {
 		}
 	}
 }
+
+// rebuildLate is how long after the previous one a rebuild (every 250 ms)
+// shows that the broker was paused.
+const rebuildLate = time.Second
 
 // forgetAfter is how long an agent stays in the table (as not eligible)
 // after its last heartbeat, and a model stays known (404 versus 503).
@@ -435,6 +445,14 @@ func (b *Broker) rebuild() {
 	}
 	byModel := make(map[string][]dispatch.Agent)
 	b.mu.Lock()
+	// A rebuild far later than its tick means the broker itself was
+	// paused (starved of CPU, stopped in a debugger): heartbeats that
+	// arrived meanwhile may not be read yet, so the silence is the
+	// broker's, as when it is deaf.
+	if !b.lastRebuild.IsZero() && now.Sub(b.lastRebuild) > rebuildLate {
+		b.deaf = true
+	}
+	b.lastRebuild = now
 	if b.deaf {
 		b.deaf = false
 		for _, e := range b.agents {
