@@ -72,11 +72,11 @@ func (c *Call) startFirst(ctx context.Context) error {
 		return err
 	}
 	wait := c.b.cfg.CapacityWait
-	if wait < c.b.cfg.PublishWait && c.b.agentsStale(c.Model) {
-		// Agents that were serving missed their heartbeats: in a NATS
-		// failover (an agent reconnecting to another node, the broker's
-		// subscriptions renewed) that is the broker's loss, not theirs.
-		// Wait for them as for a publish.
+	if wait < c.b.cfg.PublishWait && c.b.inFailover() && c.b.agentsStale(c.Model) {
+		// Agents that were serving missed their heartbeats just after the
+		// broker lost its connection (or was paused): that is the
+		// broker's loss, not theirs, or they are reconnecting to another
+		// node too. Wait for them as for a publish.
 		wait = c.b.cfg.PublishWait
 	}
 	if wait <= 0 {
@@ -100,6 +100,13 @@ func (c *Call) startFirst(ctx context.Context) error {
 		}
 	}
 	return err
+}
+
+// inFailover reports whether the broker's connection came back, or the
+// broker was found paused, within the publish wait.
+func (b *Broker) inFailover() bool {
+	at := b.reconnected.Load()
+	return at != 0 && b.now().Sub(time.Unix(0, at)) < b.cfg.PublishWait
 }
 
 // agentsStale reports whether model has agents that missed their

@@ -33,8 +33,9 @@ type Broker struct {
 	table   dispatch.Table
 	started atomic.Int64 // unix nanos when Run subscribed; 0 before
 	closing atomic.Bool  // StopAccepting was called
-	// reconnected is when the connection last came back (unix nanos; 0:
-	// never lost): chunks sent meanwhile to the node that died are lost.
+	// reconnected is when the connection last came back, or the broker
+	// was last found paused (unix nanos; 0: never): chunks sent meanwhile
+	// may be lost, heartbeats unread.
 	reconnected atomic.Int64
 
 	mu     sync.Mutex // guards agents, known, deaf and lastRebuild
@@ -451,6 +452,7 @@ func (b *Broker) rebuild() {
 	// broker's, as when it is deaf.
 	if !b.lastRebuild.IsZero() && now.Sub(b.lastRebuild) > rebuildLate {
 		b.deaf = true
+		b.reconnected.Store(now.UnixNano())
 	}
 	b.lastRebuild = now
 	if b.deaf {

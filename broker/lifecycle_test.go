@@ -564,3 +564,48 @@ func TestCapacityWait(t *testing.T) {
 		}
 	})
 }
+
+// TestSilenceAfterReconnectMigrates: a stream whose last chunks (its final
+// among them) died with the NATS node the broker was connected to shows no
+// gap; once the broker has reconnected and the attempt stays silent for
+// reconnectSilence it is migrated, long before the stall timeout.
+func TestSilenceAfterReconnectMigrates(t *testing.T) {
+	r := newRig(t, Config{StallTimeout: time.Minute})
+	r.agent("cut", subjects.PoolRegular, "", 1, func(a *fakeAgent, job *wire.Job, say func(*wire.Chunk)) {
+		say(&wire.Chunk{Kind: wire.Chunk_KIND_ACCEPTED})
+		say(token(" a"))
+		a.state.Store(wire.StateDraining) // its " b" and final were lost
+	})
+	r.waitEligible("cut")
+	c := submit(t, r.b)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var got strings.Builder
+	for got.String() != " a" {
+		ch, err := c.Next(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, ev := range ch.GetEvents() {
+			got.WriteString(ev.GetDeltaText())
+		}
+	}
+	r.agent("good", subjects.PoolRegular, "", 1, func(a *fakeAgent, job *wire.Job, say func(*wire.Chunk)) {
+		say(&wire.Chunk{Kind: wire.Chunk_KIND_ACCEPTED})
+		say(token(" b"))
+		say(final())
+	})
+	r.waitEligible("good")
+	r.b.reconnected.Store(time.Now().UnixNano()) // as watchDeaf does when the connection comes back
+	start := time.Now()
+	text, err := readAll(t, c)
+	if err != nil || got.String()+text != " a b" {
+		t.Fatalf("got %q + %q, %v", got.String(), text, err)
+	}
+	if waited := time.Since(start); waited < reconnectSilence || waited > reconnectSilence+5*time.Second {
+		t.Fatalf("migrated %s after the reconnect, want about %s", waited, reconnectSilence)
+	}
+	if c.migrations != 1 || c.repairs != 1 {
+		t.Fatalf("migrations %d, repairs %d: want one migration for chunks lost in transit", c.migrations, c.repairs)
+	}
+}
