@@ -975,6 +975,8 @@ func (a *Agent) publishDecode(ctx context.Context, job *wire.Job, h *wire.PDHand
 const (
 	jsStoreFailed     = 10077 // a per-subject bound with discard-new: "maximum messages per subject exceeded"
 	jsClusterNotAvail = 10008 // "JetStream system temporarily unavailable": a leader election
+	jsNotEnabled      = 10076 // a node that restarted and has not yet enabled JetStream
+	jsNotEnabledAcc   = 10039
 )
 
 // queueFull reports whether a publish failed because its queue is full.
@@ -989,11 +991,12 @@ func queueFull(err error) bool {
 func notNow(err error) bool {
 	var apiErr *jetstream.APIError
 	if errors.As(err, &apiErr) {
-		return apiErr.ErrorCode == jsClusterNotAvail
+		return apiErr.ErrorCode == jsClusterNotAvail || apiErr.ErrorCode == jsNotEnabled || apiErr.ErrorCode == jsNotEnabledAcc
 	}
 	return errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse) ||
 		errors.Is(err, nats.ErrTimeout) || errors.Is(err, context.DeadlineExceeded) ||
-		errors.Is(err, nats.ErrConnectionReconnecting)
+		errors.Is(err, nats.ErrConnectionReconnecting) || errors.Is(err, nats.ErrDisconnected) ||
+		errors.Is(err, nats.ErrStaleConnection)
 }
 
 func (a *Agent) heartbeatLoop(ctx context.Context) {

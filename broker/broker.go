@@ -46,8 +46,12 @@ type Broker struct {
 	lastRebuild time.Time
 	dirty       chan struct{}
 
-	calls   sync.Map // request id -> *Call
-	nextReq atomic.Uint64
+	calls sync.Map // request id -> *Call
+	// orphans: requests no longer in flight whose chunks came, and when
+	// they were last cancelled for it (see cancelOrphan).
+	orphanMu sync.Mutex
+	orphans  map[string]time.Time
+	nextReq  atomic.Uint64
 
 	jobSubj sync.Map // jobsKey -> subject, built once per (model, pool)
 	metrics *Metrics

@@ -318,6 +318,34 @@ func (c *Call) cancelAgain(attempt uint32) {
 	c.cancelAttempt(attempt)
 }
 
+// orphanCancels bounds the requests whose late chunks cancelOrphan
+// remembers; past it the memory starts again.
+const orphanCancels = 4096
+
+// cancelOrphan cancels every attempt of a request that is no longer in
+// flight but whose chunks still arrive, at most once a second per
+// request.
+func (b *Broker) cancelOrphan(id string) {
+	now := time.Now()
+	b.orphanMu.Lock()
+	if last, ok := b.orphans[id]; ok && now.Sub(last) < time.Second {
+		b.orphanMu.Unlock()
+		return
+	}
+	if b.orphans == nil || len(b.orphans) >= orphanCancels {
+		b.orphans = make(map[string]time.Time)
+	}
+	b.orphans[id] = now
+	b.orphanMu.Unlock()
+	subj, err := b.subj.Cancel(id)
+	if err != nil {
+		return
+	}
+	if err := b.nc.Publish(subj, nil); err != nil {
+		b.log.Debug("cancel of a finished request not published", "request", id, "err", err)
+	}
+}
+
 // JetStream's code for a store failure, which a per-subject bound with
 // discard-new reports as "maximum messages per subject exceeded".
 const jsStoreFailed = 10077
@@ -342,7 +370,11 @@ func (b *Broker) onReply(m *nats.Msg) {
 	}
 	v, ok := b.calls.Load(m.Subject[i+1:])
 	if !ok {
-		return // finished or abandoned request: a late chunk
+		// A finished or abandoned request: a late chunk, a chunk sent
+		// again after a reconnect, or an agent still running it for
+		// nobody (its cancel lost in a failover, a job delivered twice).
+		b.cancelOrphan(m.Subject[i+1:])
+		return
 	}
 	c := v.(*Call)
 	chunk := new(wire.Chunk)
