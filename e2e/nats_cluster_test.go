@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -192,6 +193,8 @@ func (c *natsCluster) streamLeader(t testing.TB, js jetstream.JetStream) *natsNo
 	return leader
 }
 
+var brokerRequestID = regexp.MustCompile(`request_id=(\S+)`)
+
 // nodeLoss is one SIGKILL of the test and what clients saw around it.
 type nodeLoss struct {
 	kind     string // which node: the stream leader, the broker's, an agent's
@@ -203,6 +206,7 @@ type nodeLoss struct {
 	pause    time.Duration
 	failed   int
 	requests int
+	slowest  *outcome // the request that waited longest
 }
 
 // TestNATSProcessNodeLoss: three real nats-server processes in one
@@ -219,7 +223,9 @@ type nodeLoss struct {
 // logged (docs/operations.md).
 func TestNATSProcessNodeLoss(t *testing.T) {
 	c := startNATSCluster(t, 3)
-	b := startBroker(t, "--nats-url", c.URLs(), "--replicas", "3", "--request-timeout", "60s", "--heartbeat-interval", "250ms")
+	// Info logs: the line of each request (attempts, migrations) is
+	// shown for the longest pause of each loss.
+	b := startBroker(t, "--nats-url", c.URLs(), "--replicas", "3", "--request-timeout", "60s", "--heartbeat-interval", "250ms", "--log-level", "info")
 	const agents, slots = 3, 8
 	ids := make([]string, agents)
 	for i := range agents {
@@ -316,12 +322,13 @@ func TestNATSProcessNodeLoss(t *testing.T) {
 	probes.Wait()
 
 	s := l.check(t)
-	// Per loss: the requests open at the kill or sent until the node was
-	// back, their longest wait for text that ended after the kill, and
-	// the failures among them.
+	// Per loss: the requests open at the kill or sent until the next one,
+	// and the failures among them; the longest wait for text (the first
+	// token, or a gap in a stream), each wait counted for the first loss
+	// within it, or else for the last loss before it.
 	l.mu.Lock()
 	for i, loss := range losses {
-		next := loss.until
+		next := time.Now()
 		if i+1 < len(losses) {
 			next = losses[i+1].at
 		}
@@ -333,9 +340,25 @@ func TestNATSProcessNodeLoss(t *testing.T) {
 			if o.done != 1 || o.errors != 0 {
 				loss.failed++
 			}
-			if o.gapEnd.After(loss.at) {
-				loss.pause = max(loss.pause, o.maxGap)
+		}
+	}
+	for _, o := range l.all {
+		if o.gapEnd.IsZero() {
+			continue
+		}
+		began := o.gapEnd.Add(-o.maxGap)
+		var owner *nodeLoss
+		for _, loss := range losses {
+			if loss.at.After(o.gapEnd) {
+				break
 			}
+			owner = loss
+			if !loss.at.Before(began) {
+				break // the first loss within the wait
+			}
+		}
+		if owner != nil && o.maxGap > owner.pause {
+			owner.pause, owner.slowest = o.maxGap, o
 		}
 	}
 	l.mu.Unlock()
@@ -346,6 +369,29 @@ func TestNATSProcessNodeLoss(t *testing.T) {
 		}
 		t.Logf("node loss: %-40s %s: longest pause %6s, %d of %d requests failed (%d sent during the election)",
 			role, loss.node, loss.pause.Round(time.Millisecond), loss.failed, loss.requests, loss.probes)
+		if o := loss.slowest; o != nil {
+			kind := "a gap in its stream"
+			if o.gapEnd.Equal(o.firstTok) {
+				kind = "its first token"
+			}
+			t.Logf("    longest: %q sent %s after the kill, waited %s for %s, ending %s after the kill",
+				o.prompt, o.start.Sub(loss.at).Round(time.Millisecond), o.maxGap.Round(time.Millisecond), kind, o.gapEnd.Sub(loss.at).Round(time.Millisecond))
+			if o.requestID != "" {
+				// The broker's id of the request, then its every line.
+				logs := strings.Split(b.errs.String(), "\n")
+				id := o.requestID
+				for _, line := range logs {
+					if m := brokerRequestID.FindStringSubmatch(line); m != nil && strings.Contains(line, o.requestID) {
+						id = m[1]
+					}
+				}
+				for _, line := range logs {
+					if strings.Contains(line, id) {
+						t.Logf("    broker: %s", line)
+					}
+				}
+			}
+		}
 	}
 	t.Logf("node losses: %s", s)
 	if s.ok != s.total {

@@ -221,6 +221,7 @@ type outcome struct {
 	maxTokens int
 	status    int
 	agent     string
+	requestID string // the X-Request-Id the broker answered with (its logs' client_request_id)
 	text      string
 	done      int    // [DONE] events
 	errors    int    // error events, or 1 for an HTTP error
@@ -282,7 +283,7 @@ func (l *ledger) stream(ctx context.Context, base, prompt string, maxTokens int,
 		return o
 	}
 	defer resp.Body.Close()
-	o.status, o.agent = resp.StatusCode, resp.Header.Get("X-Switchyard-Agent")
+	o.status, o.agent, o.requestID = resp.StatusCode, resp.Header.Get("X-Switchyard-Agent"), resp.Header.Get("X-Request-Id")
 	if resp.StatusCode != http.StatusOK {
 		data, _ := io.ReadAll(resp.Body)
 		o.errors = 1
