@@ -91,6 +91,7 @@ type Call struct {
 	jobSeq          uint64      // the stream sequence of the current attempt's job
 	publishBy       time.Time   // the bound of the current attempt's publish; zero: PublishWait from when it starts
 	heard           time.Time   // when the current attempt last spoke (any chunk)
+	deliveryChecked time.Time   // when deliveredUnaccepted last asked
 	handedOff       time.Time   // when the current attempt's prefill leg handed off
 	load            attemptLoad // what the current attempt counts in flight
 	watch           *time.Ticker
@@ -632,10 +633,52 @@ func (c *Call) stuck() error {
 			if n, ok := c.queued(c.attemptStart.Add(grace)); ok && n == 0 {
 				return fmt.Errorf("%w: taken from the %s queue but never accepted", errAgentLost, c.Route)
 			}
+			if c.deliveredUnaccepted() {
+				// The job is still in the stream, but its consumer
+				// delivered it: to a pull whose agent never got it (it
+				// went through a NATS node that died) or never said so.
+				// JetStream would offer it again only after its AckWait.
+				return fmt.Errorf("%w: delivered from the %s queue but never accepted", errAgentLost, c.Route)
+			}
 		}
 		return nil
 	}
 	return c.agentGone(m, c.agent)
+}
+
+// deliveryCheckEvery bounds how often a waiting attempt asks its queue's
+// consumer whether its job was delivered.
+const deliveryCheckEvery = time.Second
+
+// deliveredUnaccepted reports whether the current attempt's job was
+// delivered by its queue's consumer although no agent accepted it; an
+// agent accepts within milliseconds of a delivery. Asked at most every
+// deliveryCheckEvery, bounded by half a second: no answer is no.
+func (c *Call) deliveredUnaccepted() bool {
+	if c.jobSeq == 0 || c.b.now().Sub(c.deliveryChecked) < deliveryCheckEvery {
+		return false
+	}
+	c.deliveryChecked = c.b.now()
+	var name string
+	var err error
+	switch {
+	case c.Route == dispatch.RoutePD && c.pair != "":
+		name, err = subjects.PDConsumerName(c.Model, subjects.PoolPrefill, c.pair)
+	case c.Route == dispatch.RoutePD:
+		name, err = subjects.ConsumerName(c.Model, subjects.PoolPrefill)
+	default:
+		name, err = subjects.ConsumerName(c.Model, subjects.PoolRegular)
+	}
+	if err != nil {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	cons, err := c.b.js.Consumer(ctx, c.b.cfg.Stream, name)
+	if err != nil {
+		return false
+	}
+	return cons.CachedInfo().Delivered.Stream >= c.jobSeq
 }
 
 // reconnectSilence is how long an attempt that was speaking may stay

@@ -609,3 +609,45 @@ func TestSilenceAfterReconnectMigrates(t *testing.T) {
 		t.Fatalf("migrations %d, repairs %d: want one migration for chunks lost in transit", c.migrations, c.repairs)
 	}
 }
+
+// TestLostDeliveryRetried: a job delivered to a pull whose agent never got
+// it (the delivery went through a NATS node that died) stays in the
+// stream, unacked, until its AckWait; the broker sees its consumer
+// delivered it, and retries well before that.
+func TestLostDeliveryRetried(t *testing.T) {
+	r := newRig(t, Config{StallTimeout: time.Minute})
+	r.heartbeatOnly("ghost", 1) // the route is eligible
+	r.waitEligible("ghost")
+	filter, _ := subjects.Must(subjects.DefaultPrefix).Jobs(testModel, subjects.PoolRegular)
+	name, _ := subjects.ConsumerName(testModel, subjects.PoolRegular)
+	cons, err := r.js.CreateOrUpdateConsumer(context.Background(), r.b.cfg.Stream, jetstream.ConsumerConfig{
+		Durable: name, FilterSubject: filter, AckPolicy: jetstream.AckExplicitPolicy, AckWait: time.Minute, MaxWaiting: 64,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lost := make(chan struct{})
+	go func() { // the pull that takes the job and is never heard of again
+		defer close(lost)
+		batch, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+		if err == nil {
+			for range batch.Messages() {
+			}
+		}
+	}()
+	time.Sleep(100 * time.Millisecond) // the pull waits at the server
+	c := submit(t, r.b)
+	<-lost
+	r.agent("good", subjects.PoolRegular, "", 1, serve)
+	start := time.Now()
+	text, err := readAll(t, c)
+	if err != nil || text != " a b" {
+		t.Fatalf("got %q, %v", text, err)
+	}
+	if c.retries != 1 {
+		t.Fatalf("retries %d, want 1", c.retries)
+	}
+	if waited := time.Since(start); waited > 10*time.Second {
+		t.Fatalf("served %s after the lost delivery: not before its AckWait", waited)
+	}
+}
