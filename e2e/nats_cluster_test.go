@@ -21,6 +21,7 @@ import (
 	"github.com/switchyard-ai/switchyard/broker"
 	"github.com/switchyard-ai/switchyard/internal/testwait"
 	"github.com/switchyard-ai/switchyard/simengine"
+	"github.com/switchyard-ai/switchyard/subjects"
 )
 
 // natsNode is one nats-server process of a JetStream cluster on loopback:
@@ -195,6 +196,23 @@ func (c *natsCluster) streamLeader(t testing.TB, js jetstream.JetStream) *natsNo
 
 var brokerRequestID = regexp.MustCompile(`request_id=(\S+)`)
 
+// consumerLeader returns the name of the node leading the regular pool's
+// consumer, "" if unknown: pulls wait for its election as publishes wait
+// for the stream's.
+func consumerLeader(js jetstream.JetStream) string {
+	name, err := subjects.ConsumerName(model, subjects.PoolRegular)
+	if err != nil {
+		return ""
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	cons, err := js.Consumer(ctx, broker.DefaultStream, name)
+	if err != nil || cons.CachedInfo().Cluster == nil {
+		return ""
+	}
+	return cons.CachedInfo().Cluster.Leader
+}
+
 // nodeLoss is one SIGKILL of the test and what clients saw around it.
 type nodeLoss struct {
 	kind     string // which node: the stream leader, the broker's, an agent's
@@ -291,6 +309,9 @@ func TestNATSProcessNodeLoss(t *testing.T) {
 			if len(brokerOn) > 0 && victim == brokerOn[0] && kind != "broker's node" {
 				also = append(also, "broker's node")
 			}
+			if consumerLeader(js) == victim.name {
+				also = append(also, "consumer leader")
+			}
 			loss.also = strings.Join(also, ", ")
 			loss.at = time.Now()
 			victim.kill(t)
@@ -305,11 +326,14 @@ func TestNATSProcessNodeLoss(t *testing.T) {
 				}()
 				time.Sleep(500 * time.Millisecond)
 			}
-			// A new leader of the jobs stream, then the node back.
+			// A new leader of the jobs stream, then the node back, and the
+			// fleet serving again before the next loss: each loss is
+			// measured from a settled cluster.
 			c.streamLeader(t, js)
 			victim.start(t)
 			c.waitHealthy(t, c.nodes...)
 			waitEligible(t, b.HTTP, ids...)
+			waitServes(t, l, b.HTTP, fmt.Sprintf("round %d after %s", round, kind))
 			loss.until = time.Now()
 			losses = append(losses, loss)
 			t.Logf("round %d: %s %s killed (%s), back in %s; %s", round, kind, victim.name, loss.also,
@@ -367,7 +391,7 @@ func TestNATSProcessNodeLoss(t *testing.T) {
 		if loss.also != "" {
 			role += " (also " + loss.also + ")"
 		}
-		t.Logf("node loss: %-40s %s: longest pause %6s, %d of %d requests failed (%d sent during the election)",
+		t.Logf("node loss: %-58s %s: longest pause %6s, %d of %d requests failed (%d sent during the election)",
 			role, loss.node, loss.pause.Round(time.Millisecond), loss.failed, loss.requests, loss.probes)
 		if o := loss.slowest; o != nil {
 			kind := "a gap in its stream"
