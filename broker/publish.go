@@ -76,7 +76,7 @@ func (b *Broker) publishJob(ctx context.Context, subject string, data []byte, ms
 			}
 			return ack, nil
 		}
-		if !notNow(err) || ctx.Err() != nil {
+		if !notNow(err) || ctx.Err() != nil || b.nc.IsClosed() {
 			return nil, err
 		}
 		b.metrics.publishRetries.Inc()
@@ -111,6 +111,9 @@ func (b *Broker) awaitConnected(ctx context.Context, until time.Time) bool {
 		defer cancel()
 	}
 	for !b.nc.IsConnected() {
+		if b.nc.IsClosed() {
+			return false // closed for good: nothing to wait for
+		}
 		select {
 		case <-ctx.Done():
 			return b.nc.IsConnected()
