@@ -77,7 +77,10 @@ type Call struct {
 
 	ended    atomic.Bool  // a final or error chunk was handed out
 	recancel atomic.Int64 // unix nanos of the last cancelAgain
-	closed   atomic.Bool
+	// arrived is when a chunk of the current attempt last arrived (unix
+	// nanos; 0: none yet), which may be well before the reader takes it.
+	arrived atomic.Int64
+	closed  atomic.Bool
 
 	// Owned by the reading goroutine.
 	deadline, stall *time.Timer
@@ -240,6 +243,7 @@ func (c *Call) dispatch(ctx context.Context) error {
 	}
 	c.Route, c.pair = route, d.Pair
 	c.agent, c.prefillAgent, c.jobSeq, c.handedOff, c.heard = "", "", 0, time.Time{}, time.Time{}
+	c.arrived.Store(0)
 	// A leader election or a reconnect is waited out, within the publish
 	// wait; past it the request gets a 503, not a hang. An unconfirmed
 	// publish may still land later, so the attempt is cancelled to keep it
@@ -430,6 +434,7 @@ func (b *Broker) onReply(m *nats.Msg) {
 		c.nextSeq++
 	}
 	c.mu.Unlock()
+	c.arrived.Store(b.now().UnixNano())
 	select {
 	case c.ch <- chunk:
 	default:
@@ -693,12 +698,14 @@ const reconnectSilence = 3 * time.Second
 // before the broker's connection was lost and has said nothing since it
 // came back reconnectSilence ago.
 func (c *Call) silentSinceReconnect() error {
-	rc := c.b.reconnected.Load()
-	if rc == 0 || c.heard.IsZero() {
+	// When chunks arrived, not when the reader took them: chunks that
+	// came before the connection was lost may be read after it is back.
+	rc, last := c.b.reconnected.Load(), c.arrived.Load()
+	if rc == 0 || last == 0 || last >= rc {
 		return nil
 	}
 	at := time.Unix(0, rc)
-	if !c.heard.Before(at) || c.attemptStart.After(at) || c.b.now().Sub(at) < reconnectSilence {
+	if c.attemptStart.After(at) || c.b.now().Sub(at) < reconnectSilence {
 		return nil
 	}
 	if c.agent == "" && (c.prefillAgent == "" || !c.handedOff.IsZero()) {
