@@ -252,7 +252,7 @@ func (b *Broker) Run(ctx context.Context) error {
 			}
 		}
 	}()
-	tick := time.NewTicker(250 * time.Millisecond)
+	tick := time.NewTicker(rebuildEvery)
 	defer tick.Stop()
 	for {
 		select {
@@ -427,9 +427,14 @@ func (b *Broker) onHeartbeat(m *nats.Msg) {
 	}
 }
 
-// rebuildLate is how long after the previous one a rebuild (every 250 ms)
-// shows that the broker was paused.
-const rebuildLate = time.Second
+// rebuildEvery is the capacity table's rebuild tick (heartbeats that
+// change an agent rebuild it sooner); a rebuild more than rebuildLate
+// after the previous one shows that the broker was paused: two ticks
+// missed.
+const (
+	rebuildEvery = 250 * time.Millisecond
+	rebuildLate  = 2 * rebuildEvery
+)
 
 // forgetAfter is how long an agent stays in the table (as not eligible)
 // after its last heartbeat, and a model stays known (404 versus 503).
