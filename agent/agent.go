@@ -51,10 +51,81 @@ type Agent struct {
 
 	metrics *Metrics
 
-	mu           sync.Mutex           // guards jobs, cancelled and drainExpired
+	mu           sync.Mutex           // guards jobs, ended, cancelled and drainExpired
 	jobs         map[string][]heldJob // by request: a migrated request may have two attempts here a moment
+	ended        []endedStream        // streams that ended within resendWindow, oldest first
 	cancelled    map[string]cancelMark
 	drainExpired bool // the drain timeout passed: jobs end as they register
+}
+
+// resendWindow is how long after its end a stream's last chunk is sent
+// again at a reconnect: its final may have been lost with the NATS node
+// the agent was connected to.
+const resendWindow = 10 * time.Second
+
+// endedStream is the last chunk of a stream that ended (a final or an
+// error: small), kept instead of the stream and its buffers.
+type endedStream struct {
+	at      time.Time
+	subject string
+	last    []byte
+}
+
+// resendAfterReconnect sends the last chunk of every stream held or ended
+// within resendWindow again each time the connection comes back (see
+// stream.resend).
+func (a *Agent) resendAfterReconnect(ctx context.Context) {
+	status := a.nc.StatusChanged(nats.CONNECTED)
+	defer a.nc.RemoveStatusListener(status)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-status:
+		}
+		// Once at once, and once more a moment later: the broker may be
+		// reconnecting too (its node may be the one lost), and a chunk
+		// sent before its subscription is known on the agent's new node
+		// is lost again.
+		a.resendRecent()
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Second):
+		}
+		a.resendRecent()
+	}
+}
+
+// resendRecent sends the last chunk of every stream held or ended within
+// resendWindow again.
+func (a *Agent) resendRecent() {
+	now := time.Now()
+	var outs []*stream
+	var ended []endedStream
+	a.mu.Lock()
+	for _, held := range a.jobs {
+		for _, j := range held {
+			outs = append(outs, j.out)
+		}
+	}
+	for _, e := range a.ended {
+		if now.Sub(e.at) < resendWindow {
+			ended = append(ended, e)
+		}
+	}
+	a.mu.Unlock()
+	if len(outs)+len(ended) > 0 {
+		a.log.Info("NATS reconnected: sending the last chunk of each recent stream again", "streams", len(outs)+len(ended))
+	}
+	for _, out := range outs {
+		out.resend()
+	}
+	for _, e := range ended {
+		if err := a.nc.Publish(e.subject, e.last); err != nil {
+			a.log.Debug("chunk not sent again", "subject", e.subject, "err", err)
+		}
+	}
 }
 
 // New returns an agent that serves engine over nc (owned by the caller).
@@ -162,15 +233,20 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	defer func() { _ = cancelSub.Unsubscribe() }()
 
-	hbDone := make(chan struct{})
+	hbDone, resendDone := make(chan struct{}), make(chan struct{})
 	hbCtx, stopHB := context.WithCancel(context.WithoutCancel(ctx))
 	go func() {
 		defer close(hbDone)
 		a.heartbeatLoop(hbCtx)
 	}()
+	go func() {
+		defer close(resendDone)
+		a.resendAfterReconnect(hbCtx)
+	}()
 	defer func() {
 		stopHB()
 		<-hbDone
+		<-resendDone
 	}()
 
 	if err := a.waitHealthy(ctx); err != nil {
@@ -541,6 +617,7 @@ type cancelMark struct {
 type heldJob struct {
 	attempt uint32
 	cancel  context.CancelCauseFunc
+	out     *stream
 }
 
 func (a *Agent) wasCancelled(id string, attempt uint32) bool {
@@ -662,7 +739,7 @@ func (a *Agent) handle(ctx context.Context, msg jetstream.Msg) {
 	// starts its new attempt while the old one may still be ending, and
 	// each must stay reachable by its own cancel.
 	a.mu.Lock()
-	a.jobs[id] = append(a.jobs[id], heldJob{attempt: attempt, cancel: stop})
+	a.jobs[id] = append(a.jobs[id], heldJob{attempt: attempt, cancel: stop, out: out})
 	// A cancel that came after the check above but before this found no
 	// job to stop; it is on record, so honour it here.
 	mark, cancelledNow := a.cancelled[id]
@@ -683,6 +760,15 @@ func (a *Agent) handle(ctx context.Context, msg jetstream.Msg) {
 			delete(a.jobs, id)
 		} else {
 			a.jobs[id] = held
+		}
+		now := time.Now()
+		i := 0
+		for i < len(a.ended) && now.Sub(a.ended[i].at) >= resendWindow {
+			i++
+		}
+		a.ended = a.ended[i:]
+		if last := out.lastSent(); last != nil {
+			a.ended = append(a.ended, endedStream{at: now, subject: job.GetReplySubject(), last: last})
 		}
 		a.mu.Unlock()
 	}()
@@ -915,6 +1001,8 @@ func (a *Agent) publishDecode(ctx context.Context, job *wire.Job, h *wire.PDHand
 const (
 	jsStoreFailed     = 10077 // a per-subject bound with discard-new: "maximum messages per subject exceeded"
 	jsClusterNotAvail = 10008 // "JetStream system temporarily unavailable": a leader election
+	jsNotEnabled      = 10076 // a node that restarted and has not yet enabled JetStream
+	jsNotEnabledAcc   = 10039
 )
 
 // queueFull reports whether a publish failed because its queue is full.
@@ -929,11 +1017,12 @@ func queueFull(err error) bool {
 func notNow(err error) bool {
 	var apiErr *jetstream.APIError
 	if errors.As(err, &apiErr) {
-		return apiErr.ErrorCode == jsClusterNotAvail
+		return apiErr.ErrorCode == jsClusterNotAvail || apiErr.ErrorCode == jsNotEnabled || apiErr.ErrorCode == jsNotEnabledAcc
 	}
 	return errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse) ||
 		errors.Is(err, nats.ErrTimeout) || errors.Is(err, context.DeadlineExceeded) ||
-		errors.Is(err, nats.ErrConnectionReconnecting)
+		errors.Is(err, nats.ErrConnectionReconnecting) || errors.Is(err, nats.ErrDisconnected) ||
+		errors.Is(err, nats.ErrStaleConnection)
 }
 
 func (a *Agent) heartbeatLoop(ctx context.Context) {

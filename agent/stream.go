@@ -42,6 +42,10 @@ type stream struct {
 	batch      wire.Chunk
 	batchBytes int
 
+	// sendMu orders send against resend: buf holds the last chunk sent
+	// until the next one is encoded.
+	sendMu sync.Mutex
+
 	// muted is set by a cancel: a cancelled attempt sends nothing more,
 	// whatever its engine still does (a PD decode leg runs on to take its
 	// hand-off).
@@ -74,13 +78,48 @@ func (s *stream) send(c *wire.Chunk) error {
 	c.AgentId = s.a.cfg.ID
 	c.Stage = s.stage
 	s.seq++
+	s.sendMu.Lock()
+	defer s.sendMu.Unlock()
 	var err error
 	s.buf, err = proto.MarshalOptions{}.MarshalAppend(s.buf[:0], c)
 	if err != nil {
+		s.buf = s.buf[:0]
 		return err
 	}
 	// Publish copies into the connection's buffer, so buf is reusable.
 	return s.a.nc.Publish(s.job.GetReplySubject(), s.buf)
+}
+
+// lastSent returns a copy of the last chunk sent, nil if none or muted.
+func (s *stream) lastSent() []byte {
+	if s.muted.Load() {
+		return nil
+	}
+	s.sendMu.Lock()
+	defer s.sendMu.Unlock()
+	if len(s.buf) == 0 {
+		return nil
+	}
+	return append([]byte(nil), s.buf...)
+}
+
+// resend publishes the last chunk sent again. After a reconnect it is what
+// lets the broker see the chunks the lost NATS node took with it: a chunk
+// it has is dropped as a duplicate, the last one missing (a stream's
+// final) is taken, and one after a hole shows the hole, which the broker
+// repairs with a migration instead of waiting for its stall timeout.
+func (s *stream) resend() {
+	if s.muted.Load() {
+		return
+	}
+	s.sendMu.Lock()
+	defer s.sendMu.Unlock()
+	if len(s.buf) == 0 {
+		return
+	}
+	if err := s.a.nc.Publish(s.job.GetReplySubject(), s.buf); err != nil {
+		s.a.log.Debug("chunk not sent again", "request", s.job.GetRequestId(), "err", err)
+	}
 }
 
 // quiet ends the keep-alives: the attempt spoke, or ended.

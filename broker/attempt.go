@@ -38,30 +38,50 @@ func (c *Call) startAttempt(ctx context.Context, kind startKind, why error) erro
 			c.b.log.Info("migrating request", "request", c.ID, "attempt", old+1, "tokens_sent", c.tokens, "reason", why)
 		}
 	}
-	return c.dispatchWaiting(ctx, kind)
-}
-
-// startFirst starts the first attempt.
-func (c *Call) startFirst(ctx context.Context) error {
-	return c.startAttempt(ctx, firstAttempt, nil)
-}
-
-// dispatchWaiting dispatches the current attempt. A known model that no
-// agent serves right now (its agents warming, draining or gone) is refused
-// at once, or, with CapacityWait, once no agent became ready within it:
-// the job is never published to a queue nobody pulls. A retry or a
-// migration waits at least three heartbeat intervals: the request is
-// already accepted (a stream may be half sent), and the agent it leaves is
-// often judged gone in the same instant as the rest of its pool (a broker
-// cut off for a moment, a starved machine), which the next heartbeats
-// repair.
-func (c *Call) dispatchWaiting(ctx context.Context, kind startKind) error {
 	err := c.dispatch(ctx)
-	wait := c.b.cfg.CapacityWait
-	if kind != firstAttempt {
-		wait = max(wait, 3*c.b.cfg.HeartbeatInterval)
+	if kind == firstAttempt || !errors.Is(err, ErrNoCapacity) {
+		return err
 	}
-	if wait <= 0 || !errors.Is(err, ErrNoCapacity) {
+	// A retry or a migration that finds no agent serving now may be in a
+	// NATS failover: the broker renewing its subscriptions, agents on the
+	// lost node reconnecting, heartbeats missed meanwhile. The request was
+	// accepted; wait for an agent within the publish wait instead of
+	// giving it up.
+	until := time.Now().Add(c.b.cfg.PublishWait)
+	if c.Deadline.Before(until) {
+		until = c.Deadline
+	}
+	poll := time.NewTicker(c.b.cfg.WatchInterval)
+	defer poll.Stop()
+	for errors.Is(err, ErrNoCapacity) && time.Now().Before(until) {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-poll.C:
+		}
+		err = c.dispatch(ctx)
+	}
+	return err
+}
+
+// startFirst starts the first attempt. A known model that no agent serves
+// right now (its agents warming, draining or gone) is refused at once, or,
+// with CapacityWait, once no agent became ready within it: the job is
+// never published to a queue nobody pulls.
+func (c *Call) startFirst(ctx context.Context) error {
+	err := c.startAttempt(ctx, firstAttempt, nil)
+	if !errors.Is(err, ErrNoCapacity) {
+		return err
+	}
+	wait := c.b.cfg.CapacityWait
+	if wait < c.b.cfg.PublishWait && c.b.inFailover() && c.b.agentsStale(c.Model) {
+		// Agents that were serving missed their heartbeats just after the
+		// broker lost its connection (or was paused): that is the
+		// broker's loss, not theirs, or they are reconnecting to another
+		// node too. Wait for them as for a publish.
+		wait = c.b.cfg.PublishWait
+	}
+	if wait <= 0 {
 		return err
 	}
 	give := time.NewTimer(min(wait, time.Until(c.Deadline)))
@@ -77,10 +97,33 @@ func (c *Call) dispatchWaiting(ctx context.Context, kind startKind) error {
 		case <-poll.C:
 		}
 		if m, ok := c.b.table.Load().Model(c.Model); ok && (m.Eligible(dispatch.RouteRegular) || m.Eligible(dispatch.RoutePD)) {
-			err = c.dispatch(ctx)
+			c.publishBy = time.Time{} // the publish wait starts now
+			err = c.startAttempt(ctx, firstAttempt, nil)
 		}
 	}
 	return err
+}
+
+// inFailover reports whether the broker's connection came back, or the
+// broker was found paused, within the publish wait.
+func (b *Broker) inFailover() bool {
+	at := b.reconnected.Load()
+	return at != 0 && b.now().Sub(time.Unix(0, at)) < b.cfg.PublishWait
+}
+
+// agentsStale reports whether model has agents that missed their
+// heartbeats (and are still in the table).
+func (b *Broker) agentsStale(model string) bool {
+	m, ok := b.table.Load().Model(model)
+	if !ok {
+		return false
+	}
+	for _, a := range m.Agents() {
+		if a.Reason == dispatch.ReasonStale {
+			return true
+		}
+	}
+	return false
 }
 
 // abandon ends the current attempt for the broker and returns its number:

@@ -33,20 +33,28 @@ type Broker struct {
 	table   dispatch.Table
 	started atomic.Int64 // unix nanos when Run subscribed; 0 before
 	closing atomic.Bool  // StopAccepting was called
+	// reconnected is when the connection last came back, or the broker
+	// was last found paused (unix nanos; 0: never): chunks sent meanwhile
+	// may be lost, heartbeats unread.
+	reconnected atomic.Int64
 
-	mu     sync.Mutex // guards agents, known and deaf
+	mu     sync.Mutex // guards agents, known, deaf and lastRebuild
 	agents map[agentKey]*agentEntry
 	known  map[string]time.Time // model -> last heartbeat of any agent
 	deaf   bool                 // the last rebuild found NATS unreachable
-	dirty  chan struct{}
-	// pauses measures the broker's own pauses; rebuilt is when the last
-	// rebuild ran, from which the next one counts them (rebuild's goroutine
-	// only).
-	pauses  *pauseWatch
-	rebuilt time.Time
+	// lastRebuild is when rebuild last ran (see rebuildLate).
+	lastRebuild time.Time
+	dirty       chan struct{}
+	// pauses measures the broker's own pauses, which the stall timer
+	// leaves out of an attempt's silence.
+	pauses *pauseWatch
 
-	calls   sync.Map // request id -> *Call
-	nextReq atomic.Uint64
+	calls sync.Map // request id -> *Call
+	// orphans: requests no longer in flight whose chunks came, and when
+	// they were last cancelled for it (see cancelOrphan).
+	orphanMu sync.Mutex
+	orphans  map[string]time.Time
+	nextReq  atomic.Uint64
 
 	jobSubj sync.Map // jobsKey -> subject, built once per (model, pool)
 	metrics *Metrics
@@ -103,7 +111,6 @@ func New(nc *nats.Conn, cfg Config, opts ...Option) (*Broker, error) {
 	}
 	// Pauses are real time, whatever clock the table is judged by.
 	b.pauses = newPauseWatch(time.Now)
-	b.rebuilt = time.Now()
 	b.table.Store(dispatch.NewFleet(nil, b.now(), cfg.Dispatch))
 	return b, nil
 }
@@ -118,11 +125,10 @@ func (b *Broker) Config() Config { return b.cfg }
 // deadline of its own (see WithPublishTimeout).
 const DefaultPublishTimeout = 2 * time.Second
 
-// WithPublishTimeout bounds JetStream calls whose context has no deadline:
-// the publish of a job (an HTTP request's context has none) and the
-// broker's stream checks. A stream leader election on a cluster takes a
-// few seconds; a request that meets one gets 503 after this long instead
-// of waiting.
+// WithPublishTimeout bounds one JetStream call: one try of a job's
+// publish (a try sent to a node that died is given up for the next, see
+// Config.PublishWait for the bound of all tries) and the broker's stream
+// checks.
 func WithPublishTimeout(d time.Duration) Option {
 	return func(b *Broker) {
 		if d > 0 {
@@ -238,6 +244,12 @@ func (b *Broker) Run(ctx context.Context) error {
 		defer close(keeperDone)
 		b.keepStream(ctx)
 	}()
+	deafDone := make(chan struct{})
+	defer func() { <-deafDone }()
+	go func() {
+		defer close(deafDone)
+		b.watchDeaf(ctx)
+	}()
 
 	go func() {
 		t := time.NewTicker(time.Second)
@@ -251,7 +263,7 @@ func (b *Broker) Run(ctx context.Context) error {
 			}
 		}
 	}()
-	tick := time.NewTicker(250 * time.Millisecond)
+	tick := time.NewTicker(rebuildEvery)
 	defer tick.Stop()
 	for {
 		select {
@@ -286,11 +298,6 @@ func (b *Broker) keepStream(ctx context.Context) {
 			return
 		case st := <-status:
 			if st != nats.CONNECTED {
-				// Heartbeats are being missed; a blip shorter than a
-				// rebuild tick would otherwise go unnoticed by rebuild.
-				b.mu.Lock()
-				b.deaf = true
-				b.mu.Unlock()
 				continue
 			}
 			reconnected = true
@@ -298,6 +305,31 @@ func (b *Broker) keepStream(ctx context.Context) {
 		}
 		if err := b.repairStream(ctx, reconnected); err != nil && ctx.Err() == nil {
 			b.log.Warn("jobs stream check failed, retrying", "stream", b.cfg.Stream, "err", err)
+		}
+	}
+}
+
+// watchDeaf marks the broker deaf the moment its connection drops, and
+// again when it is back: heartbeats were missed because the broker could
+// not hear them, and a blip shorter than a rebuild tick would otherwise go
+// unnoticed by rebuild. It does nothing else, so no slow JetStream call
+// (keepStream's, during a leader election) delays it. The mark at the
+// reconnect covers the time until the subscriptions are renewed on the new
+// node and agents on the lost node have reconnected too.
+func (b *Broker) watchDeaf(ctx context.Context) {
+	status := b.nc.StatusChanged(nats.CONNECTED, nats.RECONNECTING, nats.DISCONNECTED)
+	defer b.nc.RemoveStatusListener(status)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case st := <-status:
+			b.mu.Lock()
+			b.deaf = true
+			b.mu.Unlock()
+			if st == nats.CONNECTED {
+				b.reconnected.Store(b.now().UnixNano())
+			}
 		}
 	}
 }
@@ -393,7 +425,11 @@ func (b *Broker) onHeartbeat(m *nats.Msg) {
 	b.agents[k] = &agentEntry{agent: a, hb: hb}
 	b.known[key.Model] = now
 	b.mu.Unlock()
-	if prev == nil || prev.agent.State != a.State || prev.agent.Pool != a.Pool || prev.agent.Slots != a.Slots || prev.agent.Active != a.Active ||
+	// An agent heard again after a silence of more than one interval and a
+	// half may be stale in the snapshot (a NATS failover, a pause of the
+	// broker): rebuild now rather than at the next tick.
+	late := prev != nil && a.Interval > 0 && now.Sub(prev.agent.LastSeen) > a.Interval*3/2
+	if late || prev == nil || prev.agent.State != a.State || prev.agent.Pool != a.Pool || prev.agent.Slots != a.Slots || prev.agent.Active != a.Active ||
 		prev.agent.PullLimit != a.PullLimit || prev.agent.StateReason != a.StateReason || prev.agent.PDProtocol != a.PDProtocol || prev.agent.PDLabels != a.PDLabels {
 		select {
 		case b.dirty <- struct{}{}:
@@ -401,6 +437,15 @@ func (b *Broker) onHeartbeat(m *nats.Msg) {
 		}
 	}
 }
+
+// rebuildEvery is the capacity table's rebuild tick (heartbeats that
+// change an agent rebuild it sooner); a rebuild more than rebuildLate
+// after the previous one shows that the broker was paused: two ticks
+// missed.
+const (
+	rebuildEvery = 250 * time.Millisecond
+	rebuildLate  = 2 * rebuildEvery
+)
 
 // forgetAfter is how long an agent stays in the table (as not eligible)
 // after its last heartbeat, and a model stays known (404 versus 503).
@@ -411,12 +456,8 @@ const forgetAfter = 5 * time.Minute
 // because the broker is deaf, not because the agents died, and calls in
 // flight must not abandon their attempts for that. After a reconnect every
 // agent gets a fresh grace of missed intervals before it counts as gone.
-// In the same way, the time the broker itself stood still (see pauseWatch)
-// is not counted as its agents' silence.
 func (b *Broker) rebuild() {
 	now := b.now()
-	paused, at := b.pauses.since(b.rebuilt)
-	b.rebuilt = at
 	if !b.nc.IsConnected() {
 		b.mu.Lock()
 		b.deaf = true
@@ -425,17 +466,21 @@ func (b *Broker) rebuild() {
 	}
 	byModel := make(map[string][]dispatch.Agent)
 	b.mu.Lock()
+	// A rebuild far later than its tick means the broker itself was
+	// paused (starved of CPU, stopped in a debugger): heartbeats that
+	// arrived meanwhile may not be read yet, so the silence is the
+	// broker's, as when it is deaf.
+	if !b.lastRebuild.IsZero() && now.Sub(b.lastRebuild) > rebuildLate {
+		b.deaf = true
+		b.reconnected.Store(now.UnixNano())
+	}
+	b.lastRebuild = now
 	if b.deaf {
 		b.deaf = false
 		for _, e := range b.agents {
 			if e.agent.LastSeen.Before(now) {
 				e.agent.LastSeen = now
 			}
-		}
-	} else if paused > 0 {
-		b.log.Debug("broker paused: agents' silence extended", "pause", paused)
-		for _, e := range b.agents {
-			e.agent.LastSeen = minTime(e.agent.LastSeen.Add(paused), now)
 		}
 	}
 	for k, e := range b.agents {
@@ -517,11 +562,4 @@ func (b *Broker) newRequestID() string {
 	// A counter keeps ids unique; the random tail makes them unguessable,
 	// so an agent credential cannot aim forged chunks at a request.
 	return b.cfg.ID + "-" + strconv.FormatUint(b.nextReq.Add(1), 36) + randomID(6)
-}
-
-func minTime(a, b time.Time) time.Time {
-	if a.Before(b) {
-		return a
-	}
-	return b
 }

@@ -75,8 +75,12 @@ type Call struct {
 	failErr  error
 	broken   chan brokenAttempt // a gap in an attempt's sequence
 
-	ended  atomic.Bool // a final or error chunk was handed out
-	closed atomic.Bool
+	ended    atomic.Bool  // a final or error chunk was handed out
+	recancel atomic.Int64 // unix nanos of the last cancelAgain
+	// arrived is when a chunk of the current attempt last arrived (unix
+	// nanos; 0: none yet), which may be well before the reader takes it.
+	arrived atomic.Int64
+	closed  atomic.Bool
 
 	// Owned by the reading goroutine.
 	deadline, stall *time.Timer
@@ -88,10 +92,14 @@ type Call struct {
 	prefillAgent    string
 	pair            string      // the PD pairing of the current attempt
 	jobSeq          uint64      // the stream sequence of the current attempt's job
+	publishBy       time.Time   // the bound of the current attempt's publish; zero: PublishWait from when it starts
+	heard           time.Time   // when the current attempt last spoke (any chunk)
+	deliveryChecked time.Time   // when deliveredUnaccepted last asked
 	handedOff       time.Time   // when the current attempt's prefill leg handed off
 	load            attemptLoad // what the current attempt counts in flight
 	watch           *time.Ticker
 	migrations      int
+	repairs         int             // the migrations for chunks lost in transit (see transportRepairLimit)
 	sent            strings.Builder // the text handed to the client so far
 	sentTokens      int             // content chunks handed to the client before the current attempt
 	streamID        string          // the engine's chunk id of the first attempt, kept across migrations
@@ -133,8 +141,11 @@ func (b *Broker) submit(ctx context.Context, req Request) (*Call, error) {
 	if b.started.Load() == 0 || b.closing.Load() {
 		return nil, ErrClosed
 	}
-	if !b.nc.IsConnected() {
-		return nil, ErrNotConnected
+	// Waits for NATS (a reconnect to another node, a leader election) and
+	// the publish of the first job share one bound.
+	publishBy := time.Now().Add(b.cfg.PublishWait)
+	if !b.nc.IsConnected() && !b.awaitConnected(ctx, publishBy) {
+		return nil, fmt.Errorf("%w (waited %s)", ErrNotConnected, b.cfg.PublishWait)
 	}
 	fleet := b.table.Load()
 	model := req.Model
@@ -164,6 +175,8 @@ func (b *Broker) submit(ctx context.Context, req Request) (*Call, error) {
 		ch:       make(chan *wire.Chunk, b.cfg.ChunkBuffer),
 		failed:   make(chan struct{}),
 		broken:   make(chan brokenAttempt, 1),
+
+		publishBy: publishBy,
 	}
 	var err error
 	if c.replyTo, err = b.subj.Reply(b.cfg.ID, c.ID); err != nil {
@@ -229,18 +242,20 @@ func (c *Call) dispatch(ctx context.Context) error {
 		return fmt.Errorf("broker: encode job: %w", err)
 	}
 	c.Route, c.pair = route, d.Pair
-	c.attemptStart = b.now()
-	c.agent, c.prefillAgent, c.jobSeq, c.handedOff = "", "", 0, time.Time{}
-	// However long the client may wait, a publish that NATS cannot take
-	// now is a 503, not a hang; an unconfirmed publish may still land after
-	// a reconnect, so the attempt is cancelled to keep it from starting.
-	pctx, cancel := context.WithTimeout(ctx, b.publishTimeout)
-	defer cancel()
-	ack, err := b.js.Publish(pctx, subject, data)
+	c.agent, c.prefillAgent, c.jobSeq, c.handedOff, c.heard = "", "", 0, time.Time{}, time.Time{}
+	c.arrived.Store(0)
+	// A leader election or a reconnect is waited out, within the publish
+	// wait; past it the request gets a 503, not a hang. An unconfirmed
+	// publish may still land later, so the attempt is cancelled to keep it
+	// from starting.
+	ack, err := b.publishJob(ctx, subject, data, jobMsgID(c.ID, attempt), c.publishUntil())
 	if err != nil {
 		c.cancelAttempt(attempt)
 		return publishError(subject, err)
 	}
+	// The attempt's clock starts once its job is queued: a publish that
+	// waited out an election must not count as time nobody took it.
+	c.attemptStart = b.now()
 	c.jobSeq = ack.Sequence
 	c.load.dispatched(flight, route, c.pair)
 	b.countRoute(c.Model, route)
@@ -295,6 +310,47 @@ func (c *Call) cancelAttempt(attempt uint32) {
 	}
 }
 
+// cancelAgain repeats the cancel of an abandoned attempt that still
+// speaks, at most once a second: its cancel may have been lost while its
+// agent reconnected to another NATS node, and its engine would run on for
+// nobody.
+func (c *Call) cancelAgain(attempt uint32) {
+	now := time.Now().UnixNano()
+	last := c.recancel.Load()
+	if now-last < int64(time.Second) || !c.recancel.CompareAndSwap(last, now) {
+		return
+	}
+	c.cancelAttempt(attempt)
+}
+
+// orphanCancels bounds the requests whose late chunks cancelOrphan
+// remembers; past it the memory starts again.
+const orphanCancels = 4096
+
+// cancelOrphan cancels every attempt of a request that is no longer in
+// flight but whose chunks still arrive, at most once a second per
+// request.
+func (b *Broker) cancelOrphan(id string) {
+	now := time.Now()
+	b.orphanMu.Lock()
+	if last, ok := b.orphans[id]; ok && now.Sub(last) < time.Second {
+		b.orphanMu.Unlock()
+		return
+	}
+	if b.orphans == nil || len(b.orphans) >= orphanCancels {
+		b.orphans = make(map[string]time.Time)
+	}
+	b.orphans[id] = now
+	b.orphanMu.Unlock()
+	subj, err := b.subj.Cancel(id)
+	if err != nil {
+		return
+	}
+	if err := b.nc.Publish(subj, nil); err != nil {
+		b.log.Debug("cancel of a finished request not published", "request", id, "err", err)
+	}
+}
+
 // JetStream's code for a store failure, which a per-subject bound with
 // discard-new reports as "maximum messages per subject exceeded".
 const jsStoreFailed = 10077
@@ -304,8 +360,7 @@ func publishError(subject string, err error) error {
 	if errors.As(err, &apiErr) && apiErr.ErrorCode == jsStoreFailed {
 		return fmt.Errorf("%w: %s: %w", ErrQueueFull, subject, err)
 	}
-	if errors.Is(err, nats.ErrConnectionClosed) || errors.Is(err, nats.ErrNoResponders) ||
-		errors.Is(err, nats.ErrTimeout) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrConnectionReconnecting) {
+	if notNow(err) {
 		return fmt.Errorf("%w: publish %s: %w", ErrNotConnected, subject, err)
 	}
 	return fmt.Errorf("broker: publish %s: %w", subject, err)
@@ -320,7 +375,11 @@ func (b *Broker) onReply(m *nats.Msg) {
 	}
 	v, ok := b.calls.Load(m.Subject[i+1:])
 	if !ok {
-		return // finished or abandoned request: a late chunk
+		// A finished or abandoned request: a late chunk, a chunk sent
+		// again after a reconnect, or an agent still running it for
+		// nobody (its cancel lost in a failover, a job delivered twice).
+		b.cancelOrphan(m.Subject[i+1:])
+		return
 	}
 	c := v.(*Call)
 	chunk := new(wire.Chunk)
@@ -329,9 +388,13 @@ func (b *Broker) onReply(m *nats.Msg) {
 		return
 	}
 	c.mu.Lock()
-	if chunk.GetAttempt() != c.attempt {
+	if a := chunk.GetAttempt(); a != c.attempt {
+		abandoned := a < c.attempt
 		c.mu.Unlock()
-		return // an abandoned attempt
+		if abandoned {
+			c.cancelAgain(a)
+		}
+		return
 	}
 	// The prefill leg speaks only to say it started, works, handed off or
 	// failed, outside the decode leg's sequence; keep-alives are outside
@@ -371,6 +434,7 @@ func (b *Broker) onReply(m *nats.Msg) {
 		c.nextSeq++
 	}
 	c.mu.Unlock()
+	c.arrived.Store(b.now().UnixNano())
 	select {
 	case c.ch <- chunk:
 	default:
@@ -464,7 +528,11 @@ func (c *Call) Next(ctx context.Context) (*wire.Chunk, error) {
 					// cancel at Close keeps the queued job from starting.
 					return nil, fmt.Errorf("%w: request %s waited %s", ErrQueueTimeout, c.ID, c.b.cfg.QueueTimeout)
 				}
-				if why := c.stuck(); why != nil {
+				why := c.stuck()
+				if why == nil {
+					why = c.silentSinceReconnect()
+				}
+				if why != nil {
 					if err := c.recover(ctx, why); err != nil {
 						return nil, err
 					}
@@ -479,6 +547,7 @@ func (c *Call) Next(ctx context.Context) (*wire.Chunk, error) {
 		if !current {
 			continue // queued before the attempt was abandoned
 		}
+		c.heard = c.b.now()
 		switch ch.GetKind() {
 		case wire.Chunk_KIND_KEEPALIVE:
 			// The agent holding the attempt is alive and its engine works
@@ -576,10 +645,80 @@ func (c *Call) stuck() error {
 			if n, ok := c.queued(c.attemptStart.Add(grace)); ok && n == 0 {
 				return fmt.Errorf("%w: taken from the %s queue but never accepted", errAgentLost, c.Route)
 			}
+			if c.deliveredUnaccepted() {
+				// The job is still in the stream, but its consumer
+				// delivered it: to a pull whose agent never got it (it
+				// went through a NATS node that died) or never said so.
+				// JetStream would offer it again only after its AckWait.
+				return fmt.Errorf("%w: delivered from the %s queue but never accepted", errAgentLost, c.Route)
+			}
 		}
 		return nil
 	}
 	return c.agentGone(m, c.agent)
+}
+
+// deliveryCheckEvery bounds how often a waiting attempt asks its queue's
+// consumer whether its job was delivered.
+const deliveryCheckEvery = time.Second
+
+// deliveredUnaccepted reports whether the current attempt's job was
+// delivered by its queue's consumer although no agent accepted it; an
+// agent accepts within milliseconds of a delivery. Asked at most every
+// deliveryCheckEvery, bounded by half a second: no answer is no.
+func (c *Call) deliveredUnaccepted() bool {
+	if c.jobSeq == 0 || c.b.now().Sub(c.deliveryChecked) < deliveryCheckEvery {
+		return false
+	}
+	c.deliveryChecked = c.b.now()
+	var name string
+	var err error
+	switch {
+	case c.Route == dispatch.RoutePD && c.pair != "":
+		name, err = subjects.PDConsumerName(c.Model, subjects.PoolPrefill, c.pair)
+	case c.Route == dispatch.RoutePD:
+		name, err = subjects.ConsumerName(c.Model, subjects.PoolPrefill)
+	default:
+		name, err = subjects.ConsumerName(c.Model, subjects.PoolRegular)
+	}
+	if err != nil {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	cons, err := c.b.js.Consumer(ctx, c.b.cfg.Stream, name)
+	if err != nil {
+		return false
+	}
+	return cons.CachedInfo().Delivered.Stream >= c.jobSeq
+}
+
+// reconnectSilence is how long an attempt that was speaking may stay
+// silent after the broker's connection came back before its stream is
+// taken as broken: the chunks sent to the lost node, the last ones (a
+// final) included, are gone, and nothing else would show it before the
+// stall timeout. Agents speak every keep-alive interval (1 s) before the
+// first token and every token after it.
+const reconnectSilence = 3 * time.Second
+
+// silentSinceReconnect reports an attempt that an agent runs, that spoke
+// before the broker's connection was lost and has said nothing since it
+// came back reconnectSilence ago.
+func (c *Call) silentSinceReconnect() error {
+	// When chunks arrived, not when the reader took them: chunks that
+	// came before the connection was lost may be read after it is back.
+	rc, last := c.b.reconnected.Load(), c.arrived.Load()
+	if rc == 0 || last == 0 || last >= rc {
+		return nil
+	}
+	at := time.Unix(0, rc)
+	if c.attemptStart.After(at) || c.b.now().Sub(at) < reconnectSilence {
+		return nil
+	}
+	if c.agent == "" && (c.prefillAgent == "" || !c.handedOff.IsZero()) {
+		return nil // in a queue: nobody speaks for it
+	}
+	return fmt.Errorf("%w: request %s: nothing since the broker reconnected %s ago", ErrStreamBroken, c.ID, c.b.now().Sub(at).Round(time.Millisecond))
 }
 
 // routeEligible reports whether the queue an attempt went to still has
@@ -604,7 +743,19 @@ func routeName(route dispatch.Route, pair string) string {
 }
 
 // agentGone reports an agent that stopped heartbeating or left the table.
+// An agent whose attempt spoke within the heartbeat staleness bound is
+// alive whatever its heartbeats say: they may be what a NATS failover lost
+// (the agent reconnecting, the broker's subscription being renewed on
+// another node), and abandoning a stream that flows would only spend a
+// migration.
 func (c *Call) agentGone(m *dispatch.Model, id string) error {
+	missed := c.b.cfg.Dispatch.MissedHeartbeats
+	if missed <= 0 {
+		missed = dispatch.DefaultMissedHeartbeats
+	}
+	if !c.heard.IsZero() && c.b.now().Sub(c.heard) < time.Duration(missed)*c.b.cfg.HeartbeatInterval {
+		return nil
+	}
 	for _, a := range m.Agents() {
 		if a.ID == id {
 			if a.Reason == dispatch.ReasonStale {

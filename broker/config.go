@@ -83,6 +83,14 @@ type Config struct {
 	// Retry-After). Zero refuses at once. A request never waits in a queue
 	// that no agent pulls.
 	CapacityWait time.Duration
+	// PublishWait bounds how long a request waits for NATS to take its
+	// job (the first attempt's, a retry's or a migration's) while a
+	// cluster elects a stream leader or the broker reconnects to another
+	// node; within it "not now" answers are tried again. A request that
+	// arrives while the broker is disconnected waits for the reconnect
+	// within it too. Past it the request gets ErrNotConnected (503 with
+	// Retry-After). Never past the request's deadline.
+	PublishWait time.Duration
 	// Dispatch configures the routing decision.
 	Dispatch dispatch.Config
 }
@@ -133,6 +141,9 @@ func (c *Config) setDefaults() {
 	if c.KVHold == 0 {
 		c.KVHold = DefaultKVHold
 	}
+	if c.PublishWait == 0 {
+		c.PublishWait = DefaultPublishWait
+	}
 }
 
 // Validate reports what is wrong with c after defaults are applied.
@@ -151,7 +162,7 @@ func (c Config) Validate() error {
 	if c.QueueMax < 1 {
 		errs = append(errs, fmt.Errorf("queue max %d: want at least 1", c.QueueMax))
 	}
-	if c.HeartbeatInterval < 0 || c.RequestTimeout < 0 || c.StallTimeout < 0 || c.KVHold < 0 || c.CapacityWait < 0 {
+	if c.HeartbeatInterval < 0 || c.RequestTimeout < 0 || c.StallTimeout < 0 || c.KVHold < 0 || c.CapacityWait < 0 || c.PublishWait < 0 {
 		errs = append(errs, errors.New("durations must not be negative"))
 	}
 	if c.ChunkBuffer < 1 {

@@ -565,6 +565,93 @@ func TestCapacityWait(t *testing.T) {
 	})
 }
 
+// TestSilenceAfterReconnectMigrates: a stream whose last chunks (its final
+// among them) died with the NATS node the broker was connected to shows no
+// gap; once the broker has reconnected and the attempt stays silent for
+// reconnectSilence it is migrated, long before the stall timeout.
+func TestSilenceAfterReconnectMigrates(t *testing.T) {
+	r := newRig(t, Config{StallTimeout: time.Minute})
+	r.agent("cut", subjects.PoolRegular, "", 1, func(a *fakeAgent, job *wire.Job, say func(*wire.Chunk)) {
+		say(&wire.Chunk{Kind: wire.Chunk_KIND_ACCEPTED})
+		say(token(" a"))
+		a.state.Store(wire.StateDraining) // its " b" and final were lost
+	})
+	r.waitEligible("cut")
+	c := submit(t, r.b)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var got strings.Builder
+	for got.String() != " a" {
+		ch, err := c.Next(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, ev := range ch.GetEvents() {
+			got.WriteString(ev.GetDeltaText())
+		}
+	}
+	r.agent("good", subjects.PoolRegular, "", 1, func(a *fakeAgent, job *wire.Job, say func(*wire.Chunk)) {
+		say(&wire.Chunk{Kind: wire.Chunk_KIND_ACCEPTED})
+		say(token(" b"))
+		say(final())
+	})
+	r.waitEligible("good")
+	r.b.reconnected.Store(time.Now().UnixNano()) // as watchDeaf does when the connection comes back
+	start := time.Now()
+	text, err := readAll(t, c)
+	if err != nil || got.String()+text != " a b" {
+		t.Fatalf("got %q + %q, %v", got.String(), text, err)
+	}
+	if waited := time.Since(start); waited < reconnectSilence || waited > reconnectSilence+5*time.Second {
+		t.Fatalf("migrated %s after the reconnect, want about %s", waited, reconnectSilence)
+	}
+	if c.migrations != 1 || c.repairs != 1 {
+		t.Fatalf("migrations %d, repairs %d: want one migration for chunks lost in transit", c.migrations, c.repairs)
+	}
+}
+
+// TestLostDeliveryRetried: a job delivered to a pull whose agent never got
+// it (the delivery went through a NATS node that died) stays in the
+// stream, unacked, until its AckWait; the broker sees its consumer
+// delivered it, and retries well before that.
+func TestLostDeliveryRetried(t *testing.T) {
+	r := newRig(t, Config{StallTimeout: time.Minute})
+	r.heartbeatOnly("ghost", 1) // the route is eligible
+	r.waitEligible("ghost")
+	filter, _ := subjects.Must(subjects.DefaultPrefix).Jobs(testModel, subjects.PoolRegular)
+	name, _ := subjects.ConsumerName(testModel, subjects.PoolRegular)
+	cons, err := r.js.CreateOrUpdateConsumer(context.Background(), r.b.cfg.Stream, jetstream.ConsumerConfig{
+		Durable: name, FilterSubject: filter, AckPolicy: jetstream.AckExplicitPolicy, AckWait: time.Minute, MaxWaiting: 64,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lost := make(chan struct{})
+	go func() { // the pull that takes the job and is never heard of again
+		defer close(lost)
+		batch, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+		if err == nil {
+			for range batch.Messages() {
+			}
+		}
+	}()
+	time.Sleep(100 * time.Millisecond) // the pull waits at the server
+	c := submit(t, r.b)
+	<-lost
+	r.agent("good", subjects.PoolRegular, "", 1, serve)
+	start := time.Now()
+	text, err := readAll(t, c)
+	if err != nil || text != " a b" {
+		t.Fatalf("got %q, %v", text, err)
+	}
+	if c.retries != 1 {
+		t.Fatalf("retries %d, want 1", c.retries)
+	}
+	if waited := time.Since(start); waited > 10*time.Second {
+		t.Fatalf("served %s after the lost delivery: not before its AckWait", waited)
+	}
+}
+
 // A retry that finds no serving agent at that instant (the one it leaves
 // went out of service, its replacement is not heard yet) waits for one,
 // three heartbeat intervals at least, instead of failing an accepted

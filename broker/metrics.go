@@ -17,6 +17,9 @@ type Metrics struct {
 	rejections   *prometheus.CounterVec
 	retries      *prometheus.CounterVec
 	migrations   prometheus.Counter
+	// publishRetries counts tries of a job's publish that NATS could not
+	// take now (a leader election, a reconnect) and were made again.
+	publishRetries prometheus.Counter
 }
 
 // Latency buckets for LLM serving, in seconds: TTFT spans milliseconds
@@ -54,6 +57,9 @@ func NewMetrics() *Metrics {
 		migrations: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "switchyard_migrations_total", Help: "Streams continued on another agent after their first token.",
 		}),
+		publishRetries: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "switchyard_publish_retries_total", Help: "Job publishes tried again because NATS could not take them now (a leader election or a reconnect).",
+		}),
 		rejections: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_rejections_total", Help: "Requests refused before dispatch, by reason.",
 		}, []string{"reason"}),
@@ -62,7 +68,7 @@ func NewMetrics() *Metrics {
 
 // Register adds every collector to r.
 func (m *Metrics) Register(r prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.requests, m.inflight, m.ttft, m.itl, m.e2e, m.outputTokens, m.rejections, m.retries, m.migrations} {
+	for _, c := range []prometheus.Collector{m.requests, m.inflight, m.ttft, m.itl, m.e2e, m.outputTokens, m.rejections, m.retries, m.migrations, m.publishRetries} {
 		if err := r.Register(c); err != nil {
 			return err
 		}

@@ -2,11 +2,17 @@ package broker
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/switchyard-ai/switchyard/oaiformat"
 	"github.com/switchyard-ai/switchyard/wire"
 )
+
+// transportRepairLimit bounds the migrations of one stream for chunks
+// NATS lost (ErrStreamBroken), beside Config.MigrationLimit for agents and
+// engines that failed.
+const transportRepairLimit = 3
 
 // recoverable reports whether an attempt's error may be repaired by another
 // attempt. Before the first token that is what the agent says (nothing
@@ -48,7 +54,13 @@ func (c *Call) migrate(ctx context.Context, why error) error {
 		// the reasoning again in front of the client.
 		return fmt.Errorf("request %s: stream broken after %d tokens; a stream that sent reasoning is not continued on another agent: %w", c.ID, c.tokens, why)
 	}
-	if c.migrations >= c.b.cfg.MigrationLimit {
+	if c.b.cfg.MigrationLimit > 0 && errors.Is(why, ErrStreamBroken) && c.repairs < transportRepairLimit {
+		// Chunks lost in transit (a NATS node failed under the stream)
+		// are no fault of the agent or the request: they have a budget of
+		// their own, so a stream that meets two node losses is continued
+		// twice.
+		c.repairs++
+	} else if c.migrations-c.repairs >= c.b.cfg.MigrationLimit {
 		return fmt.Errorf("request %s: stream broken after %d tokens and %d migrations: %w", c.ID, c.tokens, c.migrations, why)
 	}
 	sentText := c.sent.String()

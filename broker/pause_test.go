@@ -65,8 +65,6 @@ func TestPauseIsNotAgentsSilence(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b.pauses = newPauseWatch(clock)
-	b.rebuilt = now
 	subj, _ := subjects.Must(subjects.DefaultPrefix).Heartbeat(testModel, subjects.PoolRegular, "a1")
 	data, _ := wire.MarshalHeartbeat(&wire.Heartbeat{AgentId: "a1", Model: testModel, Pool: subjects.PoolRegular,
 		State: wire.StateReady, Slots: 4, Interval: durationpb.New(100 * time.Millisecond)})
@@ -83,11 +81,11 @@ func TestPauseIsNotAgentsSilence(t *testing.T) {
 	if !eligible() {
 		t.Fatal("a1 stale after the broker's own pause")
 	}
-	for range 25 { // 500ms of the broker running, a1 silent
-		now = now.Add(pauseTick)
-		b.pauses.look()
+	for range 4 { // 400ms of the broker running, rebuilding on time, a1 silent
+		now = now.Add(rebuildEvery / 2)
+		eligible()
 	}
 	if eligible() {
-		t.Fatal("a1 still eligible after 500ms of silence while the broker ran (3 heartbeats of 100ms missed)")
+		t.Fatal("a1 still eligible after 400ms of silence while the broker ran (3 heartbeats of 100ms missed)")
 	}
 }

@@ -59,7 +59,8 @@ func waitServes(t *testing.T, l *ledger, base, tag string) time.Duration {
 // TestNATSRestart: an external nats-server process is stopped (SIGTERM)
 // under a broker and two agents with streams in flight, then started again
 // on the same port, first with its store, then with an empty one. While it
-// is away, new requests get 503 at once; the streams in flight complete or
+// is away, new requests get 503 once --publish-wait has passed; the
+// streams in flight complete or
 // end with one clear error; after it is back, the broker and the agents
 // have reconnected (and recreated the stream and the consumer when the
 // store was empty) and requests succeed.
@@ -67,7 +68,10 @@ func TestNATSRestart(t *testing.T) {
 	ns := startNATSProcess(t, t.TempDir())
 	// File storage, so the first restart keeps the stream; the second
 	// loses it as a memory stream (the default) always does.
-	b := startBroker(t, "--nats-url", ns.URL(), "--stall-timeout", "2s", "--request-timeout", "30s", "--jobs-storage", "file")
+	// --publish-wait 1s: a request that arrives while NATS is away waits
+	// that long for it to come back (a reconnect to another node of a
+	// cluster takes milliseconds), then gets 503.
+	b := startBroker(t, "--nats-url", ns.URL(), "--stall-timeout", "2s", "--request-timeout", "30s", "--jobs-storage", "file", "--publish-wait", "1s")
 	e1 := startEngine(t, simengine.Config{Model: model, TTFT: time.Millisecond, ITL: 20 * time.Millisecond, Slots: 8})
 	e2 := startEngine(t, simengine.Config{Model: model, TTFT: time.Millisecond, ITL: 20 * time.Millisecond, Slots: 8})
 	startAgent(t, ns.URL(), "a1", e1, 8)
@@ -88,7 +92,8 @@ func TestNATSRestart(t *testing.T) {
 		stopped := time.Now()
 		ns.Stop(t)
 		testwait.Status(t, nil, b.HTTP+"/readyz", http.StatusServiceUnavailable)
-		// New requests while NATS is away: 503 at once, never a hang.
+		// New requests while NATS is away: 503 after the publish wait,
+		// never a hang.
 		var slowest time.Duration
 		for i := range 5 {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

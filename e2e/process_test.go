@@ -221,6 +221,7 @@ type outcome struct {
 	maxTokens int
 	status    int
 	agent     string
+	requestID string // the X-Request-Id the broker answered with (its logs' client_request_id)
 	text      string
 	done      int    // [DONE] events
 	errors    int    // error events, or 1 for an HTTP error
@@ -229,6 +230,9 @@ type outcome struct {
 	protoErr  string // a malformed stream: event after the end, bad JSON, cut without an end
 	start     time.Time
 	firstTok  time.Time
+	lastTok   time.Time
+	maxGap    time.Duration // the longest wait for text: the time to the first token, or between two
+	gapEnd    time.Time     // when that wait ended
 	end       time.Time
 	limit     time.Duration // the request's deadline, plus slack
 	transport error         // the request could not be sent at all
@@ -279,7 +283,7 @@ func (l *ledger) stream(ctx context.Context, base, prompt string, maxTokens int,
 		return o
 	}
 	defer resp.Body.Close()
-	o.status, o.agent = resp.StatusCode, resp.Header.Get("X-Switchyard-Agent")
+	o.status, o.agent, o.requestID = resp.StatusCode, resp.Header.Get("X-Switchyard-Agent"), resp.Header.Get("X-Request-Id")
 	if resp.StatusCode != http.StatusOK {
 		data, _ := io.ReadAll(resp.Body)
 		o.errors = 1
@@ -356,8 +360,16 @@ func (l *ledger) stream(ctx context.Context, base, prompt string, maxTokens int,
 			continue
 		}
 		for _, ch := range c.Choices {
-			if ch.Delta.Content != "" && o.firstTok.IsZero() {
-				o.firstTok = time.Now()
+			if ch.Delta.Content != "" {
+				now := time.Now()
+				last := o.lastTok
+				if o.firstTok.IsZero() {
+					o.firstTok, last = now, o.start
+				}
+				if gap := now.Sub(last); gap > o.maxGap {
+					o.maxGap, o.gapEnd = gap, now
+				}
+				o.lastTok = now
 			}
 			text.WriteString(ch.Delta.Content)
 		}

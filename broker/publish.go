@@ -1,0 +1,140 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// DefaultPublishWait bounds how long a request waits for NATS to take its
+// job (see Config.PublishWait): longer than a JetStream leader election
+// (nats-server's election timeout is 4 to 9 s) plus a reconnect.
+const DefaultPublishWait = 15 * time.Second
+
+// Backoff between two tries of a publish that NATS could not take now.
+const (
+	publishBackoffMin = 25 * time.Millisecond
+	publishBackoffMax = 500 * time.Millisecond
+)
+
+// JetStream's error codes that mean "not now": the system is electing a
+// leader, or the stream's replicas have no leader yet.
+const (
+	jsClusterNotAvail = 10008 // "JetStream system temporarily unavailable"
+	jsNotEnabled      = 10076 // a node that restarted and has not yet enabled JetStream
+	jsNotEnabledAcc   = 10039
+)
+
+// notNow reports whether a publish (or another JetStream request) failed
+// for a reason that passes by itself on a cluster that lost a node: no
+// responders or no answer while a stream leader is elected, NATS
+// reconnecting to another node, JetStream not yet back on a node. A full
+// queue is not one of them: it stays a 429.
+func notNow(err error) bool {
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		switch apiErr.ErrorCode {
+		case jsClusterNotAvail, jsNotEnabled, jsNotEnabledAcc:
+			return true
+		}
+		return false
+	}
+	return errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse) ||
+		errors.Is(err, nats.ErrTimeout) || errors.Is(err, context.DeadlineExceeded) ||
+		errors.Is(err, nats.ErrConnectionReconnecting) || errors.Is(err, nats.ErrDisconnected) ||
+		errors.Is(err, nats.ErrConnectionClosed) || errors.Is(err, nats.ErrStaleConnection)
+}
+
+// jobMsgID is the JetStream message id of an attempt's job: a try whose
+// answer was lost in a failover but whose job was stored is not stored
+// again when the publish is tried again (the stream's duplicate window
+// answers with the first one's sequence).
+func jobMsgID(request string, attempt uint32) string {
+	return request + "." + strconv.FormatUint(uint64(attempt), 10)
+}
+
+// publishJob stores an attempt's job, riding out a stream leader election
+// and a reconnect: a try that fails "not now" is tried again with backoff
+// until the job is stored, ctx ends, or until passes. Each try is bounded
+// by the publish timeout, so a try sent to a node that died is given up
+// for the next. A full queue, or any other answer, ends it at once.
+func (b *Broker) publishJob(ctx context.Context, subject string, data []byte, msgID string, until time.Time) (*jetstream.PubAck, error) {
+	ctx, cancel := context.WithDeadline(ctx, until)
+	defer cancel()
+	backoff := publishBackoffMin
+	for tries := 1; ; tries++ {
+		tctx, tcancel := context.WithTimeout(ctx, b.publishTimeout)
+		ack, err := b.js.Publish(tctx, subject, data, jetstream.WithMsgID(msgID))
+		tcancel()
+		if err == nil {
+			if tries > 1 {
+				b.log.Info("job published after a failover", "subject", subject, "msg_id", msgID, "tries", tries, "duplicate", ack.Duplicate)
+			}
+			return ack, nil
+		}
+		if !notNow(err) || ctx.Err() != nil || b.nc.IsClosed() {
+			return nil, err
+		}
+		b.metrics.publishRetries.Inc()
+		b.log.Debug("job not published yet, retrying", "subject", subject, "msg_id", msgID, "err", err, "backoff", backoff)
+		if !b.waitConnected(ctx, backoff) {
+			return nil, err
+		}
+		backoff = min(2*backoff, publishBackoffMax)
+	}
+}
+
+// waitConnected waits at least d, and while NATS is away until it is
+// back; false if ctx ended first.
+func (b *Broker) waitConnected(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+	}
+	dl, _ := ctx.Deadline()
+	return b.awaitConnected(ctx, dl) && ctx.Err() == nil
+}
+
+// awaitConnected waits until NATS is connected, ctx ends or until passes,
+// and reports whether it is connected.
+func (b *Broker) awaitConnected(ctx context.Context, until time.Time) bool {
+	if !until.IsZero() {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, until)
+		defer cancel()
+	}
+	for !b.nc.IsConnected() {
+		if b.nc.IsClosed() {
+			return false // closed for good: nothing to wait for
+		}
+		select {
+		case <-ctx.Done():
+			return b.nc.IsConnected()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	return true
+}
+
+// publishUntil is how long the current attempt's publish may wait: the
+// bound set when the request arrived (its wait for NATS counts), or the
+// publish wait from now for a retry or a migration; never past the
+// request's deadline.
+func (c *Call) publishUntil() time.Time {
+	until := c.publishBy
+	c.publishBy = time.Time{}
+	if until.IsZero() {
+		until = time.Now().Add(c.b.cfg.PublishWait)
+	}
+	if c.Deadline.Before(until) {
+		until = c.Deadline
+	}
+	return until
+}
