@@ -753,16 +753,23 @@ func (c *Call) agentGone(m *dispatch.Model, id string) error {
 	if missed <= 0 {
 		missed = dispatch.DefaultMissedHeartbeats
 	}
-	if !c.heard.IsZero() && c.b.now().Sub(c.heard) < time.Duration(missed)*c.b.cfg.HeartbeatInterval {
-		return nil
-	}
 	for _, a := range m.Agents() {
 		if a.ID == id {
+			// Chunks are a sign of life as good as heartbeats, judged on
+			// the same window: the agent's own interval when it is longer
+			// than the broker's.
+			window := time.Duration(missed) * max(c.b.cfg.HeartbeatInterval, a.Interval)
+			if !c.heard.IsZero() && c.b.now().Sub(c.heard) < window {
+				return nil
+			}
 			if a.Reason == dispatch.ReasonStale {
 				return fmt.Errorf("%w: %s stopped heartbeating", errAgentLost, id)
 			}
 			return nil
 		}
+	}
+	if !c.heard.IsZero() && c.b.now().Sub(c.heard) < time.Duration(missed)*c.b.cfg.HeartbeatInterval {
+		return nil
 	}
 	return fmt.Errorf("%w: %s left the table", errAgentLost, id)
 }
