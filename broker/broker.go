@@ -39,6 +39,8 @@ type Broker struct {
 	known  map[string]time.Time // model -> last heartbeat of any agent
 	deaf   bool                 // the last rebuild found NATS unreachable
 	dirty  chan struct{}
+	// lastRebuild is when rebuild last ran; only Run's loop touches it.
+	lastRebuild time.Time
 
 	calls   sync.Map // request id -> *Call
 	nextReq atomic.Uint64
@@ -237,7 +239,7 @@ func (b *Broker) Run(ctx context.Context) error {
 			}
 		}
 	}()
-	tick := time.NewTicker(250 * time.Millisecond)
+	tick := time.NewTicker(rebuildEvery)
 	defer tick.Stop()
 	for {
 		select {
@@ -392,13 +394,30 @@ func (b *Broker) onHeartbeat(m *nats.Msg) {
 // after its last heartbeat, and a model stays known (404 versus 503).
 const forgetAfter = 5 * time.Minute
 
+// rebuildEvery is the longest a capacity snapshot goes without a rebuild
+// while the broker runs; heartbeats that change an agent rebuild sooner.
+const rebuildEvery = 250 * time.Millisecond
+
 // rebuild makes a new capacity snapshot. While the broker itself is cut
 // off from NATS it keeps the last one: agents' heartbeats are missing
 // because the broker is deaf, not because the agents died, and calls in
 // flight must not abandon their attempts for that. After a reconnect every
 // agent gets a fresh grace of missed intervals before it counts as gone.
+//
+// A broker that did not run is deaf as well: a rebuild that comes later
+// than rebuildEvery after the last one means the process was stalled (CPU
+// starvation, a throttled container, a long GC pause), and the heartbeats
+// that arrived meanwhile still wait unread in its connection. The delay
+// beyond rebuildEvery is not counted as the agents' silence. Only that
+// delay is forgiven, not the whole gap, so a broker that is always late
+// still finds a dead agent, after at most missed intervals of rebuilds.
 func (b *Broker) rebuild() {
 	now := b.now()
+	var stalled time.Duration
+	if !b.lastRebuild.IsZero() {
+		stalled = now.Sub(b.lastRebuild) - rebuildEvery
+	}
+	b.lastRebuild = now
 	if !b.nc.IsConnected() {
 		b.mu.Lock()
 		b.deaf = true
@@ -407,10 +426,20 @@ func (b *Broker) rebuild() {
 	}
 	byModel := make(map[string][]dispatch.Agent)
 	b.mu.Lock()
-	if b.deaf {
+	switch {
+	case b.deaf:
 		b.deaf = false
 		for _, e := range b.agents {
 			if e.agent.LastSeen.Before(now) {
+				e.agent.LastSeen = now
+			}
+		}
+	case stalled > 0:
+		for _, e := range b.agents {
+			switch seen := e.agent.LastSeen.Add(stalled); {
+			case !seen.After(now):
+				e.agent.LastSeen = seen
+			case e.agent.LastSeen.Before(now):
 				e.agent.LastSeen = now
 			}
 		}
