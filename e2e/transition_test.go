@@ -16,7 +16,7 @@ import (
 func simAgent(t *testing.T, natsURL, id, role string, slots int) *proc {
 	t.Helper()
 	return startAgentCmd(t, natsURL, "--nats-url", natsURL, "--engine", "sim", "--role", role, "--pd-protocol", "vllm",
-		"--id", id, "--slots", fmt.Sprint(slots), "--heartbeat", "100ms", "--sim-ttft", "2ms", "--sim-itl", "4ms", "--log-level", "warn", "--slow-start", "0")
+		"--id", id, "--slots", fmt.Sprint(slots), "--heartbeat", liveHeartbeat, "--sim-ttft", "2ms", "--sim-itl", "4ms", "--log-level", "warn", "--slow-start", "0")
 }
 
 type started struct {

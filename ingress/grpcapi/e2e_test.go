@@ -71,8 +71,11 @@ func newEnv(t *testing.T, bcfg broker.Config, scfg simengine.Config) *env {
 		t.Fatal(err)
 	}
 	a, err := agent.New(connect(), sim.New(eng), agent.Config{
-		ID: "agent-1", Model: model, Slots: scfg.Slots, Heartbeat: 50 * time.Millisecond,
-		Engine: "sim", Transport: "inproc", PullWait: 200 * time.Millisecond,
+		ID: "agent-1", Model: model, Slots: scfg.Slots,
+		// 500ms heartbeats (stale after 1.5s): 50ms ones go stale while a
+		// busy machine starves the test process.
+		Heartbeat: 500 * time.Millisecond,
+		Engine:    "sim", Transport: "inproc", PullWait: 200 * time.Millisecond,
 	}, agent.WithLogger(quiet()))
 	if err != nil {
 		t.Fatal(err)
