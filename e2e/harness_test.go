@@ -352,10 +352,11 @@ type fleetFull struct {
 		Queue map[string]int     `json:"queue"`
 	} `json:"models"`
 	Agents []struct {
-		ID             string  `json:"id"`
-		Pool           string  `json:"pool"`
-		Active         int     `json:"active"`
-		EffectiveSlots float64 `json:"effective_slots"`
+		ID             string    `json:"id"`
+		Pool           string    `json:"pool"`
+		Active         int       `json:"active"`
+		EffectiveSlots float64   `json:"effective_slots"`
+		ReadySince     time.Time `json:"ready_since"`
 	} `json:"agents"`
 }
 

@@ -28,7 +28,13 @@ type started struct {
 type shareSample struct {
 	at      time.Time
 	pdShare float64
-	agents  map[string][2]float64 // id -> active, effective slots
+	agents  map[string]agentSample
+}
+
+// agentSample is one agent in the dispatcher's view.
+type agentSample struct {
+	active, effectiveSlots float64
+	readySince             time.Time
 }
 
 // TestTransition is the rollout scenario: 4 regular agents under continuous
@@ -98,12 +104,12 @@ func TestTransition(t *testing.T) {
 		defer close(sampleDone)
 		for ctx.Err() == nil {
 			f := getFleetFull(t, b.HTTP)
-			s := shareSample{at: time.Now(), agents: map[string][2]float64{}}
+			s := shareSample{at: time.Now(), agents: map[string]agentSample{}}
 			if len(f.Models) > 0 {
 				s.pdShare = f.Models[0].Share["pd"]
 			}
 			for _, a := range f.Agents {
-				s.agents[a.ID] = [2]float64{float64(a.Active), a.EffectiveSlots}
+				s.agents[a.ID] = agentSample{float64(a.Active), a.EffectiveSlots, a.ReadySince}
 			}
 			mu.Lock()
 			samples = append(samples, s)
@@ -122,7 +128,6 @@ func TestTransition(t *testing.T) {
 	mark("regular only")
 	time.Sleep(2 * time.Second)
 	mark("+1P +1D")
-	joined := time.Now()
 	add("p1", "prefill")
 	add("d1", "decode")
 	time.Sleep(3 * time.Second)
@@ -240,22 +245,29 @@ func TestTransition(t *testing.T) {
 	// Slow start: the first decode agent (whose legs last long enough to be
 	// seen in heartbeats) carries less over its first fifth of the ramp than
 	// once fully ramped, and the first PD pair's effective slots start near
-	// the floor instead of at full slots.
-	early, late := meanActive(samples, "d1", joined, joined.Add(ramp/5)), meanActive(samples, "d1", joined.Add(ramp), joined.Add(3*time.Second))
+	// the floor instead of at full slots. A ramp starts when its agent says
+	// ready, which a busy machine puts well after the test started it: the
+	// windows are the agents' own.
+	d1 := readySince(samples, "d1")
+	if d1.IsZero() {
+		t.Fatal("d1 never sampled as ready")
+	}
+	early, late := meanActive(samples, "d1", d1, d1.Add(ramp/5)), meanActive(samples, "d1", d1.Add(ramp), d1.Add(ramp+time.Second))
 	t.Logf("d1 mean active: first %s of ramp %.2f, after ramp %.2f", ramp/5, early, late)
 	if !(early < late) {
 		t.Errorf("no ramp: d1 early load %.2f not below fully ramped %.2f", early, late)
 	}
 	seen := 0
-	for _, s := range samples {
-		for _, id := range []string{"p1", "d1"} {
+	for _, id := range []string{"p1", "d1"} {
+		ready := readySince(samples, id)
+		for _, s := range samples {
 			a, ok := s.agents[id]
-			if !ok || !s.at.Before(joined.Add(ramp/5)) || a[1] == 0 {
+			if !ok || ready.IsZero() || !s.at.Before(ready.Add(ramp/5)) || a.effectiveSlots == 0 {
 				continue
 			}
 			seen++
-			if a[1] > 0.5*slots {
-				t.Errorf("%s effective slots %.2f at %s after joining: no slow start", id, a[1], s.at.Sub(joined))
+			if a.effectiveSlots > 0.5*slots {
+				t.Errorf("%s effective slots %.2f at %s after ready: no slow start", id, a.effectiveSlots, s.at.Sub(ready))
 			}
 		}
 	}
@@ -264,11 +276,21 @@ func TestTransition(t *testing.T) {
 	}
 }
 
+// readySince is when the dispatcher's view first has agent id ready.
+func readySince(samples []shareSample, id string) time.Time {
+	for _, s := range samples {
+		if a, ok := s.agents[id]; ok && !a.readySince.IsZero() {
+			return a.readySince
+		}
+	}
+	return time.Time{}
+}
+
 func meanActive(samples []shareSample, id string, from, to time.Time) float64 {
 	sum, n := 0.0, 0
 	for _, s := range samples {
 		if a, ok := s.agents[id]; ok && !s.at.Before(from) && s.at.Before(to) {
-			sum += a[0]
+			sum += a.active
 			n++
 		}
 	}
