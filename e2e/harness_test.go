@@ -254,6 +254,9 @@ var (
 // kills to see them go stale heartbeat faster.
 const liveHeartbeat = "500ms"
 
+// liveHeartbeatJSON is liveHeartbeat as a heartbeat's JSON encoding says it.
+const liveHeartbeatJSON = "0.500s"
+
 // startAgent runs the worker-agent command against an engine and returns
 // once the agent is ready.
 func startAgent(t testing.TB, natsURL, id string, e *engine, slots int, args ...string) *proc {
