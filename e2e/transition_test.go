@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -33,8 +34,8 @@ type shareSample struct {
 
 // agentSample is one agent in the dispatcher's view.
 type agentSample struct {
-	active, effectiveSlots float64
-	readySince             time.Time
+	effectiveSlots float64
+	readySince     time.Time
 }
 
 // TestTransition is the rollout scenario: 4 regular agents under continuous
@@ -42,7 +43,7 @@ type agentSample struct {
 // regular agents one by one; then the reverse. No request may fail, no agent
 // may hold more than its slots, the PD share of started requests per window
 // must follow the dispatcher's published share, and a newly joined agent's
-// load must follow its slow-start ramp instead of starting in a burst.
+// effective slots must follow its slow-start ramp instead of starting full.
 func TestTransition(t *testing.T) {
 	if testing.Short() {
 		t.Skip("transition scenario takes ~25s")
@@ -109,7 +110,7 @@ func TestTransition(t *testing.T) {
 				s.pdShare = f.Models[0].Share["pd"]
 			}
 			for _, a := range f.Agents {
-				s.agents[a.ID] = agentSample{float64(a.Active), a.EffectiveSlots, a.ReadySince}
+				s.agents[a.ID] = agentSample{a.EffectiveSlots, a.ReadySince}
 			}
 			mu.Lock()
 			samples = append(samples, s)
@@ -200,34 +201,38 @@ func TestTransition(t *testing.T) {
 	peaks.mu.Unlock()
 
 	// Per-phase shares: observed PD fraction of started requests versus the
-	// mean of the dispatcher's published share over the same window.
+	// dispatcher's published share when each started (the latest sample
+	// before it). A route is a draw, so the bound allows for the draws'
+	// spread, four standard deviations: a busy machine starts fewer
+	// requests in a phase, and 51 at a share of 0.65 came out at 0.47.
 	var table strings.Builder
 	fmt.Fprintf(&table, "| phase | requests | PD observed | PD weight share |\n|---|---|---|---|\n")
+	shareAt := func(at time.Time) float64 {
+		i, _ := slices.BinarySearchFunc(samples, at, func(s shareSample, at time.Time) int { return s.at.Compare(at) })
+		return samples[max(i-1, 0)].pdShare
+	}
 	for i := 0; i+1 < len(phases); i++ {
 		from, to := phases[i].at, phases[i+1].at
 		n, pd := 0, 0
+		sum, variance := 0.0, 0.0
 		for _, r := range reqs {
 			if !r.at.Before(from) && r.at.Before(to) {
 				n++
 				if r.route == "pd" {
 					pd++
 				}
+				p := shareAt(r.at)
+				sum += p
+				variance += p * (1 - p)
 			}
 		}
-		sum, k := 0.0, 0
-		for _, s := range samples {
-			if !s.at.Before(from) && s.at.Before(to) {
-				sum += s.pdShare
-				k++
-			}
-		}
-		if n == 0 || k == 0 {
+		if n == 0 || len(samples) == 0 {
 			continue
 		}
-		obs, exp := float64(pd)/float64(n), sum/float64(k)
+		obs, exp := float64(pd)/float64(n), sum/float64(n)
 		fmt.Fprintf(&table, "| %s | %d | %.2f | %.2f |\n", phases[i].name, n, obs, exp)
-		if n >= 40 && math.Abs(obs-exp) > 0.15 {
-			t.Errorf("phase %q: PD got %.2f of %d requests, dispatcher share %.2f", phases[i].name, obs, n, exp)
+		if bound := max(0.15, 4*math.Sqrt(variance)/float64(n)); n >= 40 && math.Abs(obs-exp) > bound {
+			t.Errorf("phase %q: PD got %.2f of %d requests, dispatcher share %.2f (bound %.2f)", phases[i].name, obs, n, exp, bound)
 		}
 		switch phases[i].name {
 		case "regular only":
@@ -242,33 +247,40 @@ func TestTransition(t *testing.T) {
 	}
 	t.Logf("route shares per phase:\n%s", table.String())
 
-	// Slow start: the first decode agent (whose legs last long enough to be
-	// seen in heartbeats) carries less over its first fifth of the ramp than
-	// once fully ramped, and the first PD pair's effective slots start near
-	// the floor instead of at full slots. A ramp starts when its agent says
-	// ready, which a busy machine puts well after the test started it: the
-	// windows are the agents' own.
-	d1 := readySince(samples, "d1")
-	if d1.IsZero() {
-		t.Fatal("d1 never sampled as ready")
-	}
-	early, late := meanActive(samples, "d1", d1, d1.Add(ramp/5)), meanActive(samples, "d1", d1.Add(ramp), d1.Add(ramp+time.Second))
-	t.Logf("d1 mean active: first %s of ramp %.2f, after ramp %.2f", ramp/5, early, late)
-	if !(early < late) {
-		t.Errorf("no ramp: d1 early load %.2f not below fully ramped %.2f", early, late)
-	}
+	// Slow start: the first PD pair's effective slots start near the floor
+	// instead of at full slots, and reach full slots once ramped. A ramp
+	// starts when its agent says ready, which a busy machine puts well
+	// after the test started it: the windows are the agents' own. (That
+	// requests follow the published share, ramp and all, is checked per
+	// phase above. The share itself, from free slots, moves with the load
+	// from one sample to the next, and one agent's active count, from
+	// 500ms heartbeats, was seen at 0 both early and late: neither shows
+	// the ramp reliably.)
 	seen := 0
 	for _, id := range []string{"p1", "d1"} {
 		ready := readySince(samples, id)
+		if ready.IsZero() {
+			t.Errorf("%s never sampled as ready", id)
+			continue
+		}
+		early, full := 0, 0
 		for _, s := range samples {
 			a, ok := s.agents[id]
-			if !ok || ready.IsZero() || !s.at.Before(ready.Add(ramp/5)) || a.effectiveSlots == 0 {
-				continue
+			switch {
+			case !ok || a.effectiveSlots == 0:
+			case s.at.Before(ready.Add(ramp / 5)):
+				early++
+				if a.effectiveSlots > 0.5*slots {
+					t.Errorf("%s effective slots %.2f at %s after ready: no slow start", id, a.effectiveSlots, s.at.Sub(ready))
+				}
+			case !s.at.Before(ready.Add(ramp)) && s.at.Before(ready.Add(ramp+time.Second)) && a.effectiveSlots >= slots:
+				full++
 			}
-			seen++
-			if a.effectiveSlots > 0.5*slots {
-				t.Errorf("%s effective slots %.2f at %s after ready: no slow start", id, a.effectiveSlots, s.at.Sub(ready))
-			}
+		}
+		t.Logf("%s: %d samples in the first %s of its ramp, %d at full slots in the second after it", id, early, ramp/5, full)
+		seen += early
+		if full == 0 {
+			t.Errorf("%s never at its full %d slots in the second after its ramp", id, slots)
 		}
 	}
 	if seen == 0 {
@@ -284,18 +296,4 @@ func readySince(samples []shareSample, id string) time.Time {
 		}
 	}
 	return time.Time{}
-}
-
-func meanActive(samples []shareSample, id string, from, to time.Time) float64 {
-	sum, n := 0.0, 0
-	for _, s := range samples {
-		if a, ok := s.agents[id]; ok && !s.at.Before(from) && s.at.Before(to) {
-			sum += a.active
-			n++
-		}
-	}
-	if n == 0 {
-		return 0
-	}
-	return sum / float64(n)
 }
