@@ -466,21 +466,31 @@ func (b *Broker) rebuild() {
 	}
 	byModel := make(map[string][]dispatch.Agent)
 	b.mu.Lock()
-	// A rebuild far later than its tick means the broker itself was
-	// paused (starved of CPU, stopped in a debugger): heartbeats that
-	// arrived meanwhile may not be read yet, so the silence is the
-	// broker's, as when it is deaf.
-	if !b.lastRebuild.IsZero() && now.Sub(b.lastRebuild) > rebuildLate {
-		b.deaf = true
-		b.reconnected.Store(now.UnixNano())
+	// A rebuild later than its tick means the broker itself did not run
+	// (starved of CPU, throttled, a long GC pause): heartbeats that arrived
+	// meanwhile may not be read yet, so the delay beyond the tick is the
+	// broker's silence, not its agents'. Only that delay is forgiven, so a
+	// broker late at every rebuild still finds a dead agent; a pause of two
+	// ticks or more counts as a failover for the requests that wait.
+	var stalled time.Duration
+	if !b.lastRebuild.IsZero() {
+		stalled = now.Sub(b.lastRebuild) - rebuildEvery
+		if stalled > rebuildLate-rebuildEvery {
+			b.reconnected.Store(now.UnixNano())
+		}
 	}
 	b.lastRebuild = now
-	if b.deaf {
+	switch {
+	case b.deaf:
 		b.deaf = false
 		for _, e := range b.agents {
 			if e.agent.LastSeen.Before(now) {
 				e.agent.LastSeen = now
 			}
+		}
+	case stalled > 0:
+		for _, e := range b.agents {
+			e.agent.LastSeen = minTime(e.agent.LastSeen.Add(stalled), now)
 		}
 	}
 	for k, e := range b.agents {
@@ -562,4 +572,11 @@ func (b *Broker) newRequestID() string {
 	// A counter keeps ids unique; the random tail makes them unguessable,
 	// so an agent credential cannot aim forged chunks at a request.
 	return b.cfg.ID + "-" + strconv.FormatUint(b.nextReq.Add(1), 36) + randomID(6)
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
 }

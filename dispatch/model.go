@@ -18,7 +18,7 @@ type Agent struct {
 	Slots      int           // max concurrent requests
 	Active     int           // requests in flight, as of its last heartbeat
 	ReadySince time.Time     // when it became ready; zero if never (or not reported)
-	LastSeen   time.Time     // when its last heartbeat arrived (broker clock)
+	LastSeen   time.Time     // when the broker last heard it (its clock, less any time it could not listen)
 	Interval   time.Duration // its heartbeat interval; 0 means 1s
 
 	// PullLimit is the agent's own current bound on the jobs it holds (its

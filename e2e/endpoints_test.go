@@ -93,7 +93,7 @@ func TestEmbeddings(t *testing.T) {
 	noEmb.Model, noEmb.NoEmbeddings = "generate-only", true
 	startAgent(t, b.NATS, "no-embeddings", startEngine(t, noEmb), 2)
 	start(t, agentcmd.Run, "--nats-url", b.NATS, "--engine", "sim", "--model", "inproc-model", "--id", "inproc",
-		"--slots", "2", "--heartbeat", "100ms", "--log-level", "warn")
+		"--slots", "2", "--heartbeat", liveHeartbeat, "--log-level", "warn")
 	waitEligible(t, b.HTTP, "http-sim", "no-embeddings", "inproc")
 	client := sdk(b.HTTP)
 	ctx := context.Background()

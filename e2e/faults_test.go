@@ -458,7 +458,7 @@ func TestDrainTimeout(t *testing.T) {
 	b := startBroker(t)
 	slow := startEngine(t, simengine.Config{Model: model, TTFT: time.Millisecond, ITL: 100 * time.Millisecond, Slots: 4})
 	old := startAgentCmd(t, b.NATS, "--nats-url", b.NATS, "--engine", "openai", "--engine-url", slow.URL, "--id", "old",
-		"--slots", "4", "--heartbeat", "100ms", "--log-level", "warn", "--drain-timeout", "300ms", "--slow-start", "0")
+		"--slots", "4", "--heartbeat", liveHeartbeat, "--log-level", "warn", "--drain-timeout", "300ms", "--slow-start", "0")
 	waitEligible(t, b.HTTP, "old")
 	const prompt, maxTokens = "a long story about the last train", 40
 	want := expect(t, simengine.APIChat, fmt.Sprintf(`{"messages":[{"role":"user","content":%q}],"max_tokens":%d}`, prompt, maxTokens))

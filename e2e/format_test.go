@@ -144,7 +144,7 @@ func (s *spyEngine) last(t testing.TB) spyRequest {
 func startSpyAgent(t testing.TB, natsURL, id string, s *spyEngine, args ...string) {
 	t.Helper()
 	base := []string{"--nats-url", natsURL, "--engine", "openai", "--engine-url", s.URL, "--id", id,
-		"--slots", "4", "--heartbeat", "100ms", "--log-level", "warn"}
+		"--slots", "4", "--heartbeat", liveHeartbeat, "--log-level", "warn"}
 	start(t, agentcmd.Run, append(base, args...)...)
 }
 

@@ -152,7 +152,7 @@ func TestVLLMGRPCEngines(t *testing.T) {
 	_, decAddr := startGRPCEngine(t, cfg(simengine.RoleDecode))
 	grpcAgent := func(id, addr, role string) {
 		startAgentCmd(t, b.NATS, "--nats-url", b.NATS, "--engine", "vllm-grpc", "--engine-url", addr, "--model", model,
-			"--role", role, "--id", id, "--slots", "4", "--heartbeat", "100ms", "--log-level", "warn", "--slow-start", "0")
+			"--role", role, "--id", id, "--slots", "4", "--heartbeat", liveHeartbeat, "--log-level", "warn", "--slow-start", "0")
 	}
 	grpcAgent("g-reg", regAddr, "regular")
 	waitEligible(t, b.HTTP, "g-reg")
@@ -195,7 +195,7 @@ func TestMixedTransportPool(t *testing.T) {
 	_, gAddr := startGRPCEngine(t, simengine.Config{Model: model, TTFT: time.Millisecond, ITL: 3 * time.Millisecond, Slots: 6})
 	startAgent(t, b.NATS, "http-agent", httpEng, 2)
 	startAgentCmd(t, b.NATS, "--nats-url", b.NATS, "--engine", "vllm-grpc", "--engine-url", gAddr, "--model", model,
-		"--id", "grpc-agent", "--slots", "6", "--heartbeat", "100ms", "--log-level", "warn", "--slow-start", "0")
+		"--id", "grpc-agent", "--slots", "6", "--heartbeat", liveHeartbeat, "--log-level", "warn", "--slow-start", "0")
 	waitEligible(t, b.HTTP, "http-agent", "grpc-agent")
 	const n = 64
 	type res struct {

@@ -244,12 +244,25 @@ var (
 	brokerRun = brokercmd.Run
 )
 
+// liveHeartbeat is the heartbeat interval of test agents that must stay
+// live through a test: the broker calls an agent stale after three missed
+// intervals, and on a busy 2-core machine under -race a whole test process
+// (agents, embedded NATS and broker alike) was seen to stall for 650ms and
+// a heartbeat to arrive 400ms late, which 100ms heartbeats (stale after
+// 300ms) did not survive. 500ms ones survive 1.5s. State changes (ready,
+// draining) are sent at once whatever the interval; only agents a test
+// kills to see them go stale heartbeat faster.
+const liveHeartbeat = "500ms"
+
+// liveHeartbeatJSON is liveHeartbeat as a heartbeat's JSON encoding says it.
+const liveHeartbeatJSON = "0.500s"
+
 // startAgent runs the worker-agent command against an engine and returns
 // once the agent is ready.
 func startAgent(t testing.TB, natsURL, id string, e *engine, slots int, args ...string) *proc {
 	t.Helper()
 	base := []string{"--nats-url", natsURL, "--engine", "openai", "--engine-url", e.URL, "--id", id,
-		"--slots", fmt.Sprint(slots), "--heartbeat", "100ms", "--log-level", "warn",
+		"--slots", fmt.Sprint(slots), "--heartbeat", liveHeartbeat, "--log-level", "warn",
 		// The broker runs with --slow-start 0; agents ramp by the same rule.
 		"--slow-start", "0"}
 	if os.Getenv("DEBUGLOGS") != "" {
@@ -342,10 +355,11 @@ type fleetFull struct {
 		Queue map[string]int     `json:"queue"`
 	} `json:"models"`
 	Agents []struct {
-		ID             string  `json:"id"`
-		Pool           string  `json:"pool"`
-		Active         int     `json:"active"`
-		EffectiveSlots float64 `json:"effective_slots"`
+		ID             string    `json:"id"`
+		Pool           string    `json:"pool"`
+		Active         int       `json:"active"`
+		EffectiveSlots float64   `json:"effective_slots"`
+		ReadySince     time.Time `json:"ready_since"`
 	} `json:"agents"`
 }
 

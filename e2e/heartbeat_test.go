@@ -85,7 +85,7 @@ func TestHeartbeatFields(t *testing.T) {
 	}
 	for k, want := range map[string]any{
 		"agent_id": "gpu-1", "model": model, "pool": "regular", "engine": "openai", "transport": "http",
-		"slots": 6.0, "active": 0.0, "interval": "0.100s",
+		"slots": 6.0, "active": 0.0, "interval": liveHeartbeatJSON,
 	} {
 		if fields[k] != want {
 			t.Errorf("%s = %v (%T), want %v", k, fields[k], fields[k], want)

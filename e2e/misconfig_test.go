@@ -94,7 +94,7 @@ func TestEngineRefusesAgentAtStart(t *testing.T) {
 			id := strings.ReplaceAll(tc.name, " ", "-")
 			// Not startAgent, which waits for ready: this one never is.
 			p := start(t, agentcmd.Run, append([]string{"--nats-url", b.NATS, "--engine", "openai", "--engine-url", spy.URL, "--id", id,
-				"--slots", "4", "--heartbeat", "100ms", "--log-level", "warn", "--slow-start", "0"}, tc.args...)...)
+				"--slots", "4", "--heartbeat", liveHeartbeat, "--log-level", "warn", "--slow-start", "0"}, tc.args...)...)
 			// Whether a warming agent counts in the weights is the
 			// dispatch rule's business; here it must not pull.
 			waitReason(t, b.HTTP, id, "warming", tc.want...)

@@ -71,8 +71,11 @@ func newEnv(t *testing.T, bcfg broker.Config, scfg simengine.Config) *env {
 		t.Fatal(err)
 	}
 	a, err := agent.New(connect(), sim.New(eng), agent.Config{
-		ID: "agent-1", Model: model, Slots: scfg.Slots, Heartbeat: 50 * time.Millisecond,
-		Engine: "sim", Transport: "inproc", PullWait: 200 * time.Millisecond,
+		ID: "agent-1", Model: model, Slots: scfg.Slots,
+		// 500ms heartbeats (stale after 1.5s): 50ms ones go stale while a
+		// busy machine starves the test process.
+		Heartbeat: 500 * time.Millisecond,
+		Engine:    "sim", Transport: "inproc", PullWait: 200 * time.Millisecond,
 	}, agent.WithLogger(quiet()))
 	if err != nil {
 		t.Fatal(err)
@@ -359,11 +362,18 @@ func (e *env) abortedAbove(t *testing.T, n int64) {
 }
 
 func TestDeadline(t *testing.T) {
-	e := newEnv(t, broker.Config{RequestTimeout: 500 * time.Millisecond}, slow(4))
+	// Each deadline must fall in the middle of a stream, after the engine
+	// has begun it: 200ms and 500ms ones passed before the first token on a
+	// busy machine, and the engine had nothing to abort. At 200ms a token,
+	// long's stream (some 40 tokens) outlasts a 2s deadline four times.
+	const deadline = 2 * time.Second
+	cfg := slow(4)
+	cfg.ITL = 200 * time.Millisecond
+	e := newEnv(t, broker.Config{RequestTimeout: deadline}, cfg)
 
 	t.Run("client deadline", func(t *testing.T) {
 		before := e.eng.Aborted()
-		ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+		ctx, cancel := context.WithTimeout(t.Context(), deadline)
 		defer cancel()
 		stream, err := e.client.Chat(ctx, long)
 		if err != nil {

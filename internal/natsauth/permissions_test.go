@@ -447,7 +447,7 @@ func TestRealBrokerAndAgent(t *testing.T) {
 		t.Fatal(err)
 	}
 	a, err := agent.New(ac.nc, sim.New(se), agent.Config{
-		ID: "a1", Model: "sim-model", Pool: subjects.PoolRegular, Slots: 2, Heartbeat: 100 * time.Millisecond,
+		ID: "a1", Model: "sim-model", Pool: subjects.PoolRegular, Slots: 2, Heartbeat: 500 * time.Millisecond, // survives a busy machine's stalls
 		Engine: "sim", Transport: "inproc",
 	}, agent.WithLogger(quietLog()))
 	if err != nil {

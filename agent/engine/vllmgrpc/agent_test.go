@@ -99,8 +99,11 @@ func (f *fleet) addAgent(id string, role simengine.Role) *simengine.Engine {
 	}
 	t.Cleanup(func() { _ = ad.Close() })
 	a, err := agent.New(f.connect(), ad, agent.Config{
-		ID: id, Model: model, Pool: pool, PDProtocol: proto, Slots: cfg.Slots, Heartbeat: 50 * time.Millisecond,
-		Engine: "vllm-grpc", Transport: "grpc", PullWait: 200 * time.Millisecond,
+		ID: id, Model: model, Pool: pool, PDProtocol: proto, Slots: cfg.Slots,
+		// 500ms heartbeats (stale after 1.5s): 50ms ones went stale while a
+		// busy machine starved the test process, and calls gave up on them.
+		Heartbeat: 500 * time.Millisecond,
+		Engine:    "vllm-grpc", Transport: "grpc", PullWait: 200 * time.Millisecond,
 	}, agent.WithLogger(quiet()))
 	if err != nil {
 		t.Fatal(err)
