@@ -27,7 +27,9 @@ type env struct {
 	nginx   string
 	haproxy string
 	quick   bool
-	logf    func(format string, args ...any)
+	// profiles, when set, receives copies of the tokenpath profiles.
+	profiles string
+	logf     func(format string, args ...any)
 }
 
 func (e *env) path(name string) string { return filepath.Join(e.bin, name) }
