@@ -54,7 +54,7 @@ type stream struct {
 	spoke     bool                    // a token, final or error went out, or the job ended: no more keep-alives
 	tookKV    bool                    // the engine produced its first chunk: a decode leg read its hand-off
 	abortAtKV context.CancelCauseFunc // a cancel that waits for the engine's first chunk
-	kaStop    chan struct{}           // closed when keep-alives stop
+	kaTimer   *time.Timer             // the next keep-alive, until the attempt speaks
 }
 
 func newStream(a *Agent, job *wire.Job) *stream {
@@ -75,12 +75,24 @@ func (s *stream) send(c *wire.Chunk) error {
 	c.Stage = s.stage
 	s.seq++
 	var err error
-	s.buf, err = proto.MarshalOptions{}.MarshalAppend(s.buf[:0], c)
+	s.buf, err = s.publish(s.buf, c)
+	return err
+}
+
+// publish sends c on the job's reply subject: framed through the agent's
+// outbox, with the attempt's secret, to a broker that gave one; alone, as
+// a bare chunk, to a broker that predates it. buf is scratch space.
+func (s *stream) publish(buf []byte, c *wire.Chunk) ([]byte, error) {
+	if secret := s.job.GetSecret(); secret != 0 {
+		c.Secret = secret
+		return buf, s.a.out.put(s.job.GetReplySubject(), c)
+	}
+	buf, err := proto.MarshalOptions{}.MarshalAppend(buf[:0], c)
 	if err != nil {
-		return err
+		return buf, err
 	}
 	// Publish copies into the connection's buffer, so buf is reusable.
-	return s.a.nc.Publish(s.job.GetReplySubject(), s.buf)
+	return buf, s.a.nc.Publish(s.job.GetReplySubject(), buf)
 }
 
 // quiet ends the keep-alives: the attempt spoke, or ended.
@@ -88,8 +100,8 @@ func (s *stream) quiet() {
 	s.mu.Lock()
 	if !s.spoke {
 		s.spoke = true
-		if s.kaStop != nil {
-			close(s.kaStop)
+		if s.kaTimer != nil {
+			s.kaTimer.Stop()
 		}
 	}
 	s.mu.Unlock()
@@ -99,34 +111,22 @@ func (s *stream) quiet() {
 // attempt speaks or ends (quiet), is cancelled or ctx ends. A keep-alive is
 // outside the sequence: it repeats the sequence number of the last chunk
 // sent (accepted's), so the stream's numbering is untouched and a broker
-// that does not know the kind drops it as a duplicate.
+// that does not know the kind drops it as a duplicate. It is a timer, not
+// a goroutine: most attempts speak before the first tick, and a parked
+// goroutine and a ticker per job were a measurable share of a short job.
 func (s *stream) keepalive(ctx context.Context, every time.Duration) {
 	if every <= 0 {
 		return
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.spoke || s.kaStop != nil {
+	if s.spoke || s.kaTimer != nil {
 		return
 	}
-	s.kaStop = make(chan struct{})
-	go s.keepaliveLoop(ctx, every, s.kaStop)
-}
-
-func (s *stream) keepaliveLoop(ctx context.Context, every time.Duration, stop <-chan struct{}) {
-	t := time.NewTicker(every)
-	defer t.Stop()
 	var buf []byte
-	for {
-		select {
-		case <-stop:
-			return
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	s.kaTimer = time.AfterFunc(every, func() {
 		s.mu.Lock()
-		if s.spoke || s.muted.Load() {
+		if s.spoke || s.muted.Load() || ctx.Err() != nil {
 			s.mu.Unlock()
 			return
 		}
@@ -135,14 +135,13 @@ func (s *stream) keepaliveLoop(ctx context.Context, every time.Duration, stop <-
 			Seq: max(s.seq, 1) - 1, AgentId: s.a.cfg.ID, Stage: s.stage,
 		}
 		var err error
-		if buf, err = (proto.MarshalOptions{}).MarshalAppend(buf[:0], c); err == nil {
-			err = s.a.nc.Publish(s.job.GetReplySubject(), buf)
-		}
+		buf, err = s.publish(buf, c)
+		s.kaTimer.Reset(every)
 		s.mu.Unlock()
 		if err != nil {
 			s.a.log.Debug("keep-alive not sent", "request", s.job.GetRequestId(), "err", err)
 		}
-	}
+	})
 }
 
 // cancelAtKV is the PD-safe cancel of a decode leg: the attempt goes

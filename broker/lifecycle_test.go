@@ -164,7 +164,7 @@ func (r *rig) agent(id, pool, protocol string, slots int, run script) *fakeAgent
 					active.Add(1)
 					var seq uint64
 					say := func(c *wire.Chunk) {
-						c.RequestId, c.Attempt, c.AgentId = job.GetRequestId(), job.GetAttempt(), id
+						c.RequestId, c.Attempt, c.AgentId, c.Secret = job.GetRequestId(), job.GetAttempt(), id, job.GetSecret()
 						if c.GetStage() == wire.Chunk_STAGE_MAIN && (c.Kind == wire.Chunk_KIND_TOKEN || c.Kind == wire.Chunk_KIND_FINAL || c.Kind == wire.Chunk_KIND_ERROR || c.Kind == wire.Chunk_KIND_ACCEPTED) {
 							if c.Seq == 0 {
 								c.Seq = seq

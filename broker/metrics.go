@@ -17,6 +17,9 @@ type Metrics struct {
 	rejections   *prometheus.CounterVec
 	retries      *prometheus.CounterVec
 	migrations   prometheus.Counter
+	// droppedChunks counts reply chunks dropped before any request saw
+	// them: undecodable, or without their attempt's secret (forged).
+	droppedChunks *prometheus.CounterVec
 }
 
 // Latency buckets for LLM serving, in seconds: TTFT spans milliseconds
@@ -54,6 +57,9 @@ func NewMetrics() *Metrics {
 		migrations: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "switchyard_migrations_total", Help: "Streams continued on another agent after their first token.",
 		}),
+		droppedChunks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_dropped_chunks_total", Help: "Reply chunks dropped: undecodable, or without their attempt's secret (bad_secret: forged or misrouted).",
+		}, []string{"reason"}),
 		rejections: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_rejections_total", Help: "Requests refused before dispatch, by reason.",
 		}, []string{"reason"}),
@@ -62,7 +68,7 @@ func NewMetrics() *Metrics {
 
 // Register adds every collector to r.
 func (m *Metrics) Register(r prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.requests, m.inflight, m.ttft, m.itl, m.e2e, m.outputTokens, m.rejections, m.retries, m.migrations} {
+	for _, c := range []prometheus.Collector{m.requests, m.inflight, m.ttft, m.itl, m.e2e, m.outputTokens, m.rejections, m.retries, m.migrations, m.droppedChunks} {
 		if err := r.Register(c); err != nil {
 			return err
 		}
