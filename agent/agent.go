@@ -78,7 +78,6 @@ func New(nc *nats.Conn, engine Engine, cfg Config, opts ...Option) (*Agent, erro
 		stateCh:   make(chan struct{}, 1),
 		jobs:      make(map[string][]heldJob),
 		cancelled: make(map[string]cancelMark),
-		out:       newOutbox(nc),
 	}
 	a.hbSubj, _ = a.subj.Heartbeat(cfg.Model, cfg.Pool, cfg.ID)
 	a.pair = cfg.pairKey()
@@ -86,6 +85,7 @@ func New(nc *nats.Conn, engine Engine, cfg Config, opts ...Option) (*Agent, erro
 		a.decodeSubj, _ = a.subj.PDJobs(cfg.Model, subjects.PoolDecode, a.pair)
 	}
 	a.metrics = newMetrics(a)
+	a.out = newOutbox(nc, a.metrics.replyMsgs, a.metrics.replyChunks)
 	a.state.Store(&stateInfo{state: wire.StateWarming})
 	for _, o := range opts {
 		o(a)

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"runtime"
 	"sync"
 
 	"github.com/nats-io/nats.go"
@@ -22,6 +23,8 @@ import (
 type outbox struct {
 	nc   *nats.Conn
 	kick chan struct{}
+	// msgs and chunks count what was published.
+	msgs, chunks interface{ Inc() }
 
 	mu      sync.Mutex // guards everything below
 	pending []*batchMsg
@@ -35,8 +38,8 @@ type batchMsg struct {
 	buf     []byte
 }
 
-func newOutbox(nc *nats.Conn) *outbox {
-	return &outbox{nc: nc, kick: make(chan struct{}, 1)}
+func newOutbox(nc *nats.Conn, msgs, chunks interface{ Inc() }) *outbox {
+	return &outbox{nc: nc, kick: make(chan struct{}, 1), msgs: msgs, chunks: chunks}
 }
 
 // put frames c into the pending message for subject. It does not keep c.
@@ -50,6 +53,7 @@ func (o *outbox) put(subject string, c *wire.Chunk) error {
 		o.mu.Unlock()
 		return err
 	}
+	o.chunks.Inc()
 	if !o.running {
 		// Not started (or stopped): no one would flush it later.
 		err = o.flushLocked()
@@ -96,6 +100,7 @@ func (o *outbox) flushLocked() error {
 		if err := o.nc.Publish(m.subject, m.buf); err != nil && first == nil {
 			first = err
 		}
+		o.msgs.Inc()
 		o.pending[i] = nil
 		if cap(m.buf) <= 4*wire.MaxFrameBatch {
 			o.spare = append(o.spare, m)
@@ -113,6 +118,11 @@ func (o *outbox) run(stop <-chan struct{}) {
 			return
 		case <-o.kick:
 		}
+		// Let the goroutines that are ready to run go first: engine
+		// readers the network poller just woke, about to add their chunks.
+		// Whatever is at hand goes in this message; nothing waits for
+		// more than the work already queued on this process.
+		runtime.Gosched()
 		o.mu.Lock()
 		_ = o.flushLocked() // a failed publish shows as a sequence gap at the broker
 		o.mu.Unlock()

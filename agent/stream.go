@@ -41,6 +41,11 @@ type stream struct {
 	// next chunk is already at hand.
 	batch      wire.Chunk
 	batchBytes int
+	// The events of token messages, reused from one message to the next:
+	// a message is encoded (copied) when it is sent, so neither the
+	// structs nor the bytes of held events outlive it.
+	evs  []*wire.Event
+	held [][]byte
 
 	// muted is set by a cancel: a cancelled attempt sends nothing more,
 	// whatever its engine still does (a PD decode leg runs on to take its
@@ -195,7 +200,13 @@ func (s *stream) emit(raw []byte, more bool) error {
 		}
 		return nil
 	}
-	ev := &wire.Event{Raw: raw, DeltaText: f.Text}
+	i := len(s.batch.Events)
+	if i == len(s.evs) {
+		s.evs = append(s.evs, new(wire.Event))
+		s.held = append(s.held, nil)
+	}
+	ev := s.evs[i]
+	ev.Raw, ev.DeltaText, ev.FinishReason = raw, f.Text, ""
 	if f.HasFinish {
 		ev.FinishReason = f.FinishReason
 		s.finishReason = f.FinishReason
@@ -211,7 +222,8 @@ func (s *stream) emit(raw []byte, more bool) error {
 	if more && len(s.batch.Events) < maxBatchEvents && s.batchBytes < maxBatchBytes {
 		// The engine's next chunk is already here: hold this one (its
 		// bytes are the engine's buffer, reused after we return).
-		ev.Raw = append([]byte(nil), raw...)
+		s.held[i] = append(s.held[i][:0], raw...)
+		ev.Raw = s.held[i]
 		return nil
 	}
 	return s.flush()
@@ -224,7 +236,9 @@ func (s *stream) flush() error {
 	}
 	s.batch.Kind = wire.Chunk_KIND_TOKEN
 	err := s.send(&s.batch)
-	clear(s.batch.Events)
+	for _, ev := range s.batch.Events {
+		ev.Raw = nil // the engine's buffer: not ours to keep
+	}
 	s.batch.Events = s.batch.Events[:0]
 	s.batchBytes = 0
 	return err
