@@ -1,9 +1,11 @@
 package agent
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/nats-io/nats.go"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/switchyard-ai/switchyard/internal/natstest"
 	"github.com/switchyard-ai/switchyard/wire"
@@ -84,5 +86,46 @@ func BenchmarkEmitToken(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// A chunk that would take the message it joins over wire.MaxFrameBatch
+// starts a message of its own, after the one it would have joined; the
+// next chunk starts another, the big one's being full. Order is kept.
+func TestOutboxBigChunkStartsAMessage(t *testing.T) {
+	out, sub := hopStream(t, false)
+	o := out.a.out
+	o.mu.Lock()
+	o.running = true // gather without a flushing goroutine
+	o.mu.Unlock()
+	small := &wire.Chunk{RequestId: "b-1x", Kind: wire.Chunk_KIND_ACCEPTED}
+	big := &wire.Chunk{RequestId: "b-1x", Seq: 1, Kind: wire.Chunk_KIND_FINAL, Raw: make([]byte, wire.MaxFrameBatch)}
+	for _, c := range []*wire.Chunk{small, big, small} {
+		if err := o.put("sy.reply.b.chunks", c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	o.mu.Lock()
+	_ = o.flushLocked()
+	o.mu.Unlock()
+	var kinds [][]wire.Chunk_Kind
+	for range 3 {
+		m, err := sub.NextMsg(5e9)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ks []wire.Chunk_Kind
+		_ = wire.Frames(m.Data, func(b []byte) error {
+			c := new(wire.Chunk)
+			if err := proto.Unmarshal(b, c); err != nil {
+				t.Fatal(err)
+			}
+			ks = append(ks, c.GetKind())
+			return nil
+		})
+		kinds = append(kinds, ks)
+	}
+	if fmt.Sprint(kinds) != "[[KIND_ACCEPTED] [KIND_FINAL] [KIND_ACCEPTED]]" {
+		t.Fatalf("messages hold %v, want [ACCEPTED] [FINAL] [ACCEPTED]", kinds)
 	}
 }

@@ -53,6 +53,15 @@ func (o *outbox) put(subject string, c *wire.Chunk) error {
 		o.mu.Unlock()
 		return err
 	}
+	if len(m.buf) > wire.MaxFrameBatch && start > 1 {
+		// This frame took the message over its bound (a big final chunk,
+		// an embeddings answer): it starts a message of its own, so a
+		// message outgrows the bound only by a chunk that alone does.
+		frame := m.buf[start:]
+		m.buf = m.buf[:start]
+		next := o.fresh(subject)
+		next.buf = append(next.buf, frame...)
+	}
 	o.chunks.Inc()
 	if !o.running {
 		// Not started (or stopped): no one would flush it later.
@@ -79,6 +88,12 @@ func (o *outbox) open(subject string) *batchMsg {
 			break // full: a new message after it keeps the order
 		}
 	}
+	return o.fresh(subject)
+}
+
+// fresh starts a message for subject after those pending. Called with mu
+// held.
+func (o *outbox) fresh(subject string) *batchMsg {
 	var m *batchMsg
 	if n := len(o.spare); n > 0 {
 		m, o.spare = o.spare[n-1], o.spare[:n-1]
