@@ -50,6 +50,7 @@ type Agent struct {
 	gate        gate // out of service while the engine refuses the agent
 
 	metrics *Metrics
+	out     *outbox // chunks to brokers, gathered per broker
 
 	mu           sync.Mutex           // guards jobs, ended, cancelled and drainExpired
 	jobs         map[string][]heldJob // by request: a migrated request may have two attempts here a moment
@@ -155,6 +156,7 @@ func New(nc *nats.Conn, engine Engine, cfg Config, opts ...Option) (*Agent, erro
 		a.decodeSubj, _ = a.subj.PDJobs(cfg.Model, subjects.PoolDecode, a.pair)
 	}
 	a.metrics = newMetrics(a)
+	a.out = newOutbox(nc, a.metrics.replyMsgs, a.metrics.replyChunks)
 	a.state.Store(&stateInfo{state: wire.StateWarming, reason: "starting: engine not checked yet"})
 	for _, o := range opts {
 		o(a)
@@ -227,6 +229,9 @@ func (a *Agent) ramping(now time.Time) (time.Duration, bool) {
 // pulling, finishes the jobs it holds and returns nil. Jobs are not
 // cancelled by ctx; cancel them through NATS or let them finish.
 func (a *Agent) Run(ctx context.Context) error {
+	// Stopped last: what the last jobs said is flushed before Run returns.
+	stopOut := a.out.start()
+	defer stopOut()
 	cancelSub, err := a.nc.Subscribe(a.subj.CancelAll(), a.onCancel)
 	if err != nil {
 		return fmt.Errorf("agent: subscribe cancels: %w", err)
@@ -457,6 +462,10 @@ func consumerGone(err error) bool {
 // within about this once NATS is back.
 const pullRetryMax = time.Second
 
+// workerIdle is how long a job worker waits for another job before it
+// ends.
+const workerIdle = 10 * time.Second
+
 // pull is the agent's one pull loop: it asks the pool's consumer for as
 // many jobs as its pull limit leaves room for and runs each in its own
 // goroutine. A pull asks for exactly that room, so the agent never holds
@@ -473,6 +482,39 @@ func (a *Agent) pull(ctx context.Context, ref *consumerRef, jobs *sync.WaitGroup
 		select {
 		case <-ctx.Done():
 		case <-time.After(backoff):
+		}
+	}
+	// Jobs run on workers that outlive one job: a goroutine per job grew
+	// its stack anew for every engine call (the HTTP client's depth), a
+	// measurable share of a short job's CPU. A worker waits a while for the
+	// next job, and every worker ends with the pull loop.
+	work := make(chan jetstream.Msg)
+	quit := make(chan struct{})
+	defer close(quit)
+	runJob := func(msg jetstream.Msg) {
+		defer jobs.Done()
+		defer func() {
+			held.Add(-1)
+			select {
+			case freed <- struct{}{}:
+			default:
+			}
+		}()
+		a.handle(ctx, msg)
+	}
+	worker := func(msg jetstream.Msg) {
+		idle := time.NewTimer(workerIdle)
+		defer idle.Stop()
+		for {
+			runJob(msg)
+			idle.Reset(workerIdle)
+			select {
+			case msg = <-work:
+			case <-idle.C:
+				return
+			case <-quit:
+				return
+			}
 		}
 	}
 	for ctx.Err() == nil {
@@ -518,17 +560,11 @@ func (a *Agent) pull(ctx context.Context, ref *consumerRef, jobs *sync.WaitGroup
 			}
 			held.Add(1)
 			jobs.Add(1)
-			go func() {
-				defer jobs.Done()
-				defer func() {
-					held.Add(-1)
-					select {
-					case freed <- struct{}{}:
-					default:
-					}
-				}()
-				a.handle(ctx, msg)
-			}()
+			select {
+			case work <- msg: // an idle worker takes it
+			default:
+				go worker(msg)
+			}
 		}
 		err = batch.Error()
 		switch {

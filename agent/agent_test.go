@@ -290,3 +290,60 @@ func TestDrainTimeoutEndsJobs(t *testing.T) {
 		t.Fatalf("%d requests still at the engine", n)
 	}
 }
+
+// A job with a secret (a broker that shares one reply subject among its
+// requests) gets framed chunks that carry the secret back, and the chunks
+// of concurrent requests may share one message; each attempt's sequence
+// is whole and in order.
+func TestFramedRepliesCarryTheSecret(t *testing.T) {
+	f := start(t, 8, 0)
+	const reply = "sy.reply.test.chunks"
+	sub, err := f.nc.SubscribeSync(reply)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 6
+	for i := range n {
+		job := &wire.Job{RequestId: fmt.Sprintf("f%d", i), Model: "m", Api: wire.API_API_CHAT, Body: []byte(`{"messages":[{"role":"user","content":"x"}]}`),
+			ReplySubject: reply, Deadline: timestamppb.New(time.Now().Add(time.Minute)), Secret: uint64(1000 + i)}
+		data, _ := proto.Marshal(job)
+		if _, err := f.js.Publish(context.Background(), "sy.jobs.m.regular", data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	nextSeq := map[string]uint64{}
+	ended := 0
+	for ended < n {
+		m, err := sub.NextMsg(10 * time.Second)
+		if err != nil {
+			t.Fatalf("%d of %d requests ended: %v", ended, n, err)
+		}
+		if m.Data[0] != wire.FrameMarker {
+			t.Fatalf("reply not framed: %x", m.Data[:min(8, len(m.Data))])
+		}
+		if err := wire.Frames(m.Data, func(b []byte) error {
+			c := new(wire.Chunk)
+			if err := proto.Unmarshal(b, c); err != nil {
+				return err
+			}
+			var i int
+			fmt.Sscanf(c.GetRequestId(), "f%d", &i)
+			if c.GetSecret() != uint64(1000+i) {
+				t.Errorf("%s: secret %d, want %d", c.GetRequestId(), c.GetSecret(), 1000+i)
+			}
+			if c.GetKind() == wire.Chunk_KIND_KEEPALIVE {
+				return nil
+			}
+			if c.GetSeq() != nextSeq[c.GetRequestId()] {
+				t.Errorf("%s: seq %d, want %d", c.GetRequestId(), c.GetSeq(), nextSeq[c.GetRequestId()])
+			}
+			nextSeq[c.GetRequestId()]++
+			if c.GetKind() == wire.Chunk_KIND_FINAL || c.GetKind() == wire.Chunk_KIND_ERROR {
+				ended++
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

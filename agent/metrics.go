@@ -12,7 +12,11 @@ type Metrics struct {
 	// publishRetries counts decode-job publishes tried again after a
 	// passing failure.
 	publishRetries prometheus.Counter
-	a              *Agent
+	// replyMsgs and replyChunks count the framed reply messages the
+	// agent published and the chunks in them: their ratio is how well the
+	// outbox gathers.
+	replyMsgs, replyChunks prometheus.Counter
+	a                      *Agent
 }
 
 // Job outcomes.
@@ -48,12 +52,18 @@ func newMetrics(a *Agent) *Metrics {
 		publishRetries: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "switchyard_agent_decode_publish_retries_total", Help: "Decode-job publishes tried again after a passing failure (no responders, timeout, reconnecting).",
 		}),
+		replyMsgs: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "switchyard_agent_reply_messages_total", Help: "Framed reply messages published to brokers (each holds one or more chunks).",
+		}),
+		replyChunks: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "switchyard_agent_reply_chunks_total", Help: "Chunks sent to brokers in framed reply messages.",
+		}),
 	}
 }
 
 // Register adds the agent's collectors to r.
 func (m *Metrics) Register(r prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.jobs, m.ttft, m.duration, m.active, m.hbErrors, m.publishRetries} {
+	for _, c := range []prometheus.Collector{m.jobs, m.ttft, m.duration, m.active, m.hbErrors, m.publishRetries, m.replyMsgs, m.replyChunks} {
 		if err := r.Register(c); err != nil {
 			return err
 		}

@@ -41,6 +41,11 @@ type stream struct {
 	// next chunk is already at hand.
 	batch      wire.Chunk
 	batchBytes int
+	// The events of token messages, reused from one message to the next:
+	// a message is encoded (copied) when it is sent, so neither the
+	// structs nor the bytes of held events outlive it.
+	evs  []*wire.Event
+	held [][]byte
 
 	// sendMu orders send against resend: buf holds the last chunk sent
 	// until the next one is encoded.
@@ -58,7 +63,7 @@ type stream struct {
 	spoke     bool                    // a token, final or error went out, or the job ended: no more keep-alives
 	tookKV    bool                    // the engine produced its first chunk: a decode leg read its hand-off
 	abortAtKV context.CancelCauseFunc // a cancel that waits for the engine's first chunk
-	kaStop    chan struct{}           // closed when keep-alives stop
+	kaTimer   *time.Timer             // the next keep-alive, until the attempt speaks
 }
 
 func newStream(a *Agent, job *wire.Job) *stream {
@@ -81,13 +86,27 @@ func (s *stream) send(c *wire.Chunk) error {
 	s.sendMu.Lock()
 	defer s.sendMu.Unlock()
 	var err error
-	s.buf, err = proto.MarshalOptions{}.MarshalAppend(s.buf[:0], c)
+	s.buf, err = s.publish(s.buf, c)
+	return err
+}
+
+// publish sends c on the job's reply subject: framed through the agent's
+// outbox, with the attempt's secret, to a broker that gave one; alone, as
+// a bare chunk, to a broker that predates it. It returns buf holding c's
+// encoding, which resend sends again, bare, after a reconnect (a bare
+// message is one chunk to a broker that reads frames too).
+func (s *stream) publish(buf []byte, c *wire.Chunk) ([]byte, error) {
+	secret := s.job.GetSecret()
+	c.Secret = secret
+	buf, err := proto.MarshalOptions{}.MarshalAppend(buf[:0], c)
 	if err != nil {
-		s.buf = s.buf[:0]
-		return err
+		return buf[:0], err
+	}
+	if secret != 0 {
+		return buf, s.a.out.put(s.job.GetReplySubject(), buf)
 	}
 	// Publish copies into the connection's buffer, so buf is reusable.
-	return s.a.nc.Publish(s.job.GetReplySubject(), s.buf)
+	return buf, s.a.nc.Publish(s.job.GetReplySubject(), buf)
 }
 
 // lastSent returns a copy of the last chunk sent, nil if none or muted.
@@ -127,8 +146,8 @@ func (s *stream) quiet() {
 	s.mu.Lock()
 	if !s.spoke {
 		s.spoke = true
-		if s.kaStop != nil {
-			close(s.kaStop)
+		if s.kaTimer != nil {
+			s.kaTimer.Stop()
 		}
 	}
 	s.mu.Unlock()
@@ -138,34 +157,22 @@ func (s *stream) quiet() {
 // attempt speaks or ends (quiet), is cancelled or ctx ends. A keep-alive is
 // outside the sequence: it repeats the sequence number of the last chunk
 // sent (accepted's), so the stream's numbering is untouched and a broker
-// that does not know the kind drops it as a duplicate.
+// that does not know the kind drops it as a duplicate. It is a timer, not
+// a goroutine: most attempts speak before the first tick, and a parked
+// goroutine and a ticker per job were a measurable share of a short job.
 func (s *stream) keepalive(ctx context.Context, every time.Duration) {
 	if every <= 0 {
 		return
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.spoke || s.kaStop != nil {
+	if s.spoke || s.kaTimer != nil {
 		return
 	}
-	s.kaStop = make(chan struct{})
-	go s.keepaliveLoop(ctx, every, s.kaStop)
-}
-
-func (s *stream) keepaliveLoop(ctx context.Context, every time.Duration, stop <-chan struct{}) {
-	t := time.NewTicker(every)
-	defer t.Stop()
 	var buf []byte
-	for {
-		select {
-		case <-stop:
-			return
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	s.kaTimer = time.AfterFunc(every, func() {
 		s.mu.Lock()
-		if s.spoke || s.muted.Load() {
+		if s.spoke || s.muted.Load() || ctx.Err() != nil {
 			s.mu.Unlock()
 			return
 		}
@@ -174,14 +181,13 @@ func (s *stream) keepaliveLoop(ctx context.Context, every time.Duration, stop <-
 			Seq: max(s.seq, 1) - 1, AgentId: s.a.cfg.ID, Stage: s.stage,
 		}
 		var err error
-		if buf, err = (proto.MarshalOptions{}).MarshalAppend(buf[:0], c); err == nil {
-			err = s.a.nc.Publish(s.job.GetReplySubject(), buf)
-		}
+		buf, err = s.publish(buf, c)
+		s.kaTimer.Reset(every)
 		s.mu.Unlock()
 		if err != nil {
 			s.a.log.Debug("keep-alive not sent", "request", s.job.GetRequestId(), "err", err)
 		}
-	}
+	})
 }
 
 // cancelAtKV is the PD-safe cancel of a decode leg: the attempt goes
@@ -235,7 +241,13 @@ func (s *stream) emit(raw []byte, more bool) error {
 		}
 		return nil
 	}
-	ev := &wire.Event{Raw: raw, DeltaText: f.Text}
+	i := len(s.batch.Events)
+	if i == len(s.evs) {
+		s.evs = append(s.evs, new(wire.Event))
+		s.held = append(s.held, nil)
+	}
+	ev := s.evs[i]
+	ev.Raw, ev.DeltaText, ev.FinishReason = raw, f.Text, ""
 	if f.HasFinish {
 		ev.FinishReason = f.FinishReason
 		s.finishReason = f.FinishReason
@@ -251,7 +263,8 @@ func (s *stream) emit(raw []byte, more bool) error {
 	if more && len(s.batch.Events) < maxBatchEvents && s.batchBytes < maxBatchBytes {
 		// The engine's next chunk is already here: hold this one (its
 		// bytes are the engine's buffer, reused after we return).
-		ev.Raw = append([]byte(nil), raw...)
+		s.held[i] = append(s.held[i][:0], raw...)
+		ev.Raw = s.held[i]
 		return nil
 	}
 	return s.flush()
@@ -264,7 +277,9 @@ func (s *stream) flush() error {
 	}
 	s.batch.Kind = wire.Chunk_KIND_TOKEN
 	err := s.send(&s.batch)
-	clear(s.batch.Events)
+	for _, ev := range s.batch.Events {
+		ev.Raw = nil // the engine's buffer: not ours to keep
+	}
 	s.batch.Events = s.batch.Events[:0]
 	s.batchBytes = 0
 	return err

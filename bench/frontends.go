@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -27,7 +28,9 @@ type env struct {
 	nginx   string
 	haproxy string
 	quick   bool
-	logf    func(format string, args ...any)
+	// profiles, when set, receives copies of the tokenpath profiles.
+	profiles string
+	logf     func(format string, args ...any)
 }
 
 func (e *env) path(name string) string { return filepath.Join(e.bin, name) }
@@ -209,8 +212,15 @@ func (e *env) switchyard(tag string, engines []string, specs []engineSpec, profi
 		if i == 0 {
 			prof = f.prof[1]
 		}
-		p, err := e.startAgent(id, b.NATS, prof, "--engine", "openai", "--engine-url", "http://"+addr,
-			"--slots", strconv.Itoa(specs[i].Slots))
+		args := []string{"--engine", "openai", "--engine-url", "http://" + addr, "--slots", strconv.Itoa(specs[i].Slots)}
+		// The agents ramp their pull limit by their own --slow-start
+		// (since issue 13): it must match the broker's, or a fleet that
+		// the broker weighs at full slots pulls a fraction of them for
+		// its first 30s, which is all of a scenario's window.
+		if j := slices.Index(brokerArgs, "--slow-start"); j >= 0 && j+1 < len(brokerArgs) {
+			args = append(args, "--slow-start", brokerArgs[j+1])
+		}
+		p, err := e.startAgent(id, b.NATS, prof, args...)
 		if err != nil {
 			return nil, err
 		}

@@ -11,7 +11,9 @@
 //
 // Scenarios: overhead (added TTFT/ITL and relayed tokens/s, plus a CPU
 // profile of the broker and an agent), scheduling (a heterogeneous fleet
-// at 90% load), transition (regular to prefill/decode, count versus
+// at 90% load), tokenpath (issue 15: CPU per request and per token by
+// process group against nginx and HAProxy, relayed tokens/s at
+// saturation, added TTFT, with a profile per load shape), transition (regular to prefill/decode, count versus
 // capacity mode), dispatch (the dispatch benchmarks and broker memory at
 // 1,000 streams), rollout (issue 13's realistic rollout, its per-window
 // table also printed on stdout). nginx and HAProxy are installed with apt-get when
@@ -52,7 +54,7 @@ func main() {
 	}
 }
 
-var scenarios = []string{"overhead", "scheduling", "transition", "dispatch", "rollout"}
+var scenarios = []string{"overhead", "tokenpath", "scheduling", "transition", "dispatch", "rollout"}
 
 func run(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
@@ -60,6 +62,7 @@ func run(ctx context.Context, args []string) error {
 	quick := fs.Bool("quick", false, "shorter measurement windows (a smoke run; figures are noisier)")
 	only := fs.String("only", strings.Join(scenarios, ","), "comma-separated scenarios: "+strings.Join(scenarios, ","))
 	keep := fs.Bool("keep", false, "keep the scratch directory (process logs, configs, profiles)")
+	profiles := fs.String("profiles", "", "directory to copy the tokenpath scenario's CPU profiles to (broker-<n>tok.pprof, agent-<n>tok.pprof)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -93,7 +96,7 @@ func run(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	e := &env{ctx: ctx, bin: filepath.Join(tmp, "bin"), self: self, tmp: tmp, sup: &supervisor{dir: tmp}, quick: *quick, logf: logf}
+	e := &env{ctx: ctx, bin: filepath.Join(tmp, "bin"), self: self, tmp: tmp, sup: &supervisor{dir: tmp}, quick: *quick, logf: logf, profiles: *profiles}
 	defer e.sup.stopAll()
 
 	logf("building broker, worker-agent and sim-engine into %s", e.bin)
@@ -101,7 +104,7 @@ func run(ctx context.Context, args []string) error {
 	if b, err := build.CombinedOutput(); err != nil {
 		return fmt.Errorf("go build: %w\n%s", err, b)
 	}
-	if want["overhead"] || want["scheduling"] {
+	if want["overhead"] || want["scheduling"] || want["tokenpath"] {
 		if err := e.ensureProxies(); err != nil {
 			return err
 		}
@@ -114,6 +117,7 @@ func run(ctx context.Context, args []string) error {
 		fn   func(*doc) error
 	}{
 		{"overhead", e.overhead},
+		{"tokenpath", e.tokenpath},
 		{"scheduling", e.scheduling},
 		{"transition", e.transition},
 		{"dispatch", func(d *doc) error {
@@ -174,7 +178,7 @@ func (d *doc) write(path string) error {
 		"`--quick` shortens every window, `--only overhead,scheduling,transition,dispatch` picks scenarios. The whole run took %s.\n\n", d.elapsed.Round(time.Second))
 	fmt.Fprintf(&b, "## Machine\n\n%s\n", d.machine)
 	if len(d.targets) > 0 {
-		fmt.Fprintf(&b, "## Targets of issue 8\n\n| target | wanted | measured | |\n|---|---|---|---|\n")
+		fmt.Fprintf(&b, "## Targets (issues 8 and 15)\n\n| target | wanted | measured | |\n|---|---|---|---|\n")
 		for _, t := range d.targets {
 			verdict := "met"
 			if !t.met {

@@ -2,6 +2,8 @@ package broker
 
 import (
 	"context"
+	crand "crypto/rand"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -56,12 +58,13 @@ type Broker struct {
 	orphans  map[string]time.Time
 	nextReq  atomic.Uint64
 
-	jobSubj sync.Map // jobsKey -> subject, built once per (model, pool)
-	metrics *Metrics
-	routes  sync.Map // model -> *routeStats
-	depth   atomic.Pointer[depthReading]
-	stream  atomic.Pointer[jetstream.Stream] // the jobs stream, once EnsureStream made it
-	flight  inFlight                         // jobs dispatched and not yet ended, per queue
+	jobSubj     sync.Map // jobsKey -> subject, built once per (model, pool)
+	replyChunks string   // the one reply subject of every job (subjects.ReplyChunks)
+	metrics     *Metrics
+	routes      sync.Map // model -> *routeStats
+	depth       atomic.Pointer[depthReading]
+	stream      atomic.Pointer[jetstream.Stream] // the jobs stream, once EnsureStream made it
+	flight      inFlight                         // jobs dispatched and not yet ended, per queue
 	// jobDeletes tracks deletions of abandoned jobs in the background.
 	jobDeletes sync.WaitGroup
 
@@ -100,6 +103,10 @@ func New(nc *nats.Conn, cfg Config, opts ...Option) (*Broker, error) {
 	}
 	for _, o := range opts {
 		o(b)
+	}
+	var err error
+	if b.replyChunks, err = b.subj.ReplyChunks(cfg.ID); err != nil {
+		return nil, fmt.Errorf("broker: %w", err)
 	}
 	js, err := jetstream.New(nc, jetstream.WithDefaultTimeout(b.publishTimeout))
 	if err != nil {
@@ -566,6 +573,14 @@ func (b *Broker) jobsSubject(model, pool, pair string) (string, error) {
 	}
 	b.jobSubj.Store(k, s)
 	return s, nil
+}
+
+// newSecret draws an attempt's secret (wire.Job.secret): 64 bits from
+// crypto/rand, never 0 (which means "no secret").
+func newSecret() uint64 {
+	var buf [8]byte
+	_, _ = crand.Read(buf[:])
+	return binary.LittleEndian.Uint64(buf[:]) | 1
 }
 
 func (b *Broker) newRequestID() string {

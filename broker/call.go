@@ -66,8 +66,9 @@ type Call struct {
 	replyTo string
 	ch      chan *wire.Chunk
 
-	mu       sync.Mutex // guards attempt, nextSeq and speaker (reply goroutine vs reader)
+	mu       sync.Mutex // guards attempt, secret, nextSeq and speaker (reply goroutine vs reader)
 	attempt  uint32
+	secret   uint64 // the current attempt's (see wire.Job.secret)
 	nextSeq  uint64
 	speaker  string // the agent whose stream of this attempt is relayed
 	failOnce sync.Once
@@ -178,10 +179,7 @@ func (b *Broker) submit(ctx context.Context, req Request) (*Call, error) {
 
 		publishBy: publishBy,
 	}
-	var err error
-	if c.replyTo, err = b.subj.Reply(b.cfg.ID, c.ID); err != nil {
-		return nil, err
-	}
+	c.replyTo = b.replyChunks
 	// Register before publishing: an agent may answer before Publish returns.
 	b.calls.Store(c.ID, c)
 	if err := c.startFirst(ctx); err != nil {
@@ -218,8 +216,12 @@ func (c *Call) dispatch(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrUnknownModel, err)
 	}
+	// Each attempt has its own secret: chunks must bring it back, as the
+	// reply subject is shared by every request of the broker.
+	secret := newSecret()
 	c.mu.Lock()
 	attempt := c.attempt
+	c.secret = secret
 	c.mu.Unlock()
 	job := &wire.Job{
 		RequestId:       c.ID,
@@ -236,6 +238,7 @@ func (c *Call) dispatch(ctx context.Context) error {
 		BrokerId:        b.cfg.ID,
 		Pd:              pd,
 		PdPair:          d.Pair,
+		Secret:          secret,
 	}
 	data, err := proto.Marshal(job)
 	if err != nil {
@@ -366,35 +369,58 @@ func publishError(subject string, err error) error {
 	return fmt.Errorf("broker: publish %s: %w", subject, err)
 }
 
-// onReply demultiplexes one chunk to its Call. NATS calls it from the reply
+// onReply demultiplexes one reply message, which carries one or more
+// chunks (see wire.Frames), to their Calls. NATS calls it from the reply
 // subscription's single goroutine, so per-call sequence state needs no lock.
 func (b *Broker) onReply(m *nats.Msg) {
-	i := strings.LastIndexByte(m.Subject, '.')
-	if i < 0 {
-		return
+	if err := wire.Frames(m.Data, b.onChunk); err != nil {
+		b.metrics.droppedChunks.WithLabelValues("undecodable").Inc()
+		b.log.Debug("undecodable reply message", "subject", m.Subject, "err", err)
 	}
-	v, ok := b.calls.Load(m.Subject[i+1:])
+}
+
+// onChunk takes one chunk to its Call. A chunk that is not its attempt's
+// (a late chunk of an abandoned attempt, or one without the attempt's
+// secret: forged) is dropped.
+func (b *Broker) onChunk(data []byte) error {
+	chunk := new(wire.Chunk)
+	if err := proto.Unmarshal(data, chunk); err != nil {
+		// Without a request id it is no one's; a frame lost like this shows
+		// as a gap in its attempt's sequence.
+		b.metrics.droppedChunks.WithLabelValues("undecodable").Inc()
+		return nil
+	}
+	v, ok := b.calls.Load(chunk.GetRequestId())
 	if !ok {
 		// A finished or abandoned request: a late chunk, a chunk sent
 		// again after a reconnect, or an agent still running it for
 		// nobody (its cancel lost in a failover, a job delivered twice).
-		b.cancelOrphan(m.Subject[i+1:])
-		return
+		b.cancelOrphan(chunk.GetRequestId())
+		return nil
 	}
 	c := v.(*Call)
-	chunk := new(wire.Chunk)
-	if err := proto.Unmarshal(m.Data, chunk); err != nil {
-		c.fail(fmt.Errorf("%w: request %s: undecodable chunk: %v", ErrStreamBroken, c.ID, err))
-		return
-	}
 	c.mu.Lock()
+	if chunk.GetSecret() != c.secret {
+		a := chunk.GetAttempt()
+		abandoned := a < c.attempt
+		c.mu.Unlock()
+		if abandoned {
+			// Each attempt has its own secret: an abandoned attempt's
+			// agent still speaks, its cancel lost in a failover.
+			c.cancelAgain(a)
+		} else {
+			b.metrics.droppedChunks.WithLabelValues("bad_secret").Inc()
+			b.log.Warn("chunk without its attempt's secret dropped", "request", c.ID, "attempt", a, "agent", chunk.GetAgentId())
+		}
+		return nil
+	}
 	if a := chunk.GetAttempt(); a != c.attempt {
 		abandoned := a < c.attempt
 		c.mu.Unlock()
 		if abandoned {
 			c.cancelAgain(a)
 		}
-		return
+		return nil
 	}
 	// The prefill leg speaks only to say it started, works, handed off or
 	// failed, outside the decode leg's sequence; keep-alives are outside
@@ -403,7 +429,7 @@ func (b *Broker) onReply(m *nats.Msg) {
 	case chunk.GetKind() == wire.Chunk_KIND_KEEPALIVE:
 		if c.speaker != "" && chunk.GetStage() != wire.Chunk_STAGE_PREFILL && chunk.GetAgentId() != c.speaker {
 			c.mu.Unlock()
-			return
+			return nil
 		}
 	case chunk.GetStage() != wire.Chunk_STAGE_PREFILL:
 		// Agents speak before their ack is confirmed, so in a failover two
@@ -413,12 +439,12 @@ func (b *Broker) onReply(m *nats.Msg) {
 			c.speaker = id
 		case id != c.speaker:
 			c.mu.Unlock()
-			return
+			return nil
 		}
 		switch seq := chunk.GetSeq(); {
 		case seq < c.nextSeq:
 			c.mu.Unlock()
-			return // duplicate
+			return nil // duplicate
 		case seq > c.nextSeq:
 			// A chunk was lost (a NATS node failed under the stream): the
 			// reader repairs it with a retry or a migration.
@@ -429,7 +455,7 @@ func (b *Broker) onReply(m *nats.Msg) {
 			case c.broken <- brokenAttempt{attempt, fmt.Errorf("%w: request %s: chunk %d missing (got %d)", ErrStreamBroken, c.ID, want, seq)}:
 			default:
 			}
-			return
+			return nil
 		}
 		c.nextSeq++
 	}
@@ -440,6 +466,7 @@ func (b *Broker) onReply(m *nats.Msg) {
 	default:
 		c.fail(fmt.Errorf("%w: request %s: client reads too slowly (%d chunks buffered)", ErrSlowReader, c.ID, cap(c.ch)))
 	}
+	return nil
 }
 
 func (c *Call) fail(err error) {

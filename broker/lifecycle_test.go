@@ -13,6 +13,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	dto "github.com/prometheus/client_model/go"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -164,7 +165,7 @@ func (r *rig) agent(id, pool, protocol string, slots int, run script) *fakeAgent
 					active.Add(1)
 					var seq uint64
 					say := func(c *wire.Chunk) {
-						c.RequestId, c.Attempt, c.AgentId = job.GetRequestId(), job.GetAttempt(), id
+						c.RequestId, c.Attempt, c.AgentId, c.Secret = job.GetRequestId(), job.GetAttempt(), id, job.GetSecret()
 						if c.GetStage() == wire.Chunk_STAGE_MAIN && (c.Kind == wire.Chunk_KIND_TOKEN || c.Kind == wire.Chunk_KIND_FINAL || c.Kind == wire.Chunk_KIND_ERROR || c.Kind == wire.Chunk_KIND_ACCEPTED) {
 							if c.Seq == 0 {
 								c.Seq = seq
@@ -718,5 +719,37 @@ func TestTakenJobNotRetriedWhenRouteEmpties(t *testing.T) {
 	}
 	if c.retries != 0 || a.pulled.Load() != 1 {
 		t.Fatalf("retries %d, jobs pulled %d: a taken job was retried", c.retries, a.pulled.Load())
+	}
+}
+
+// Every request of a broker shares its reply subject, so a chunk must
+// bring back its attempt's secret: a forged one (right request id, attempt
+// and sequence number, no secret) is dropped and counted, and the real
+// stream goes on untouched.
+func TestForgedChunkDropped(t *testing.T) {
+	r := newRig(t, Config{StallTimeout: 5 * time.Second})
+	r.agent("honest", subjects.PoolRegular, "", 1, func(a *fakeAgent, job *wire.Job, say func(*wire.Chunk)) {
+		say(&wire.Chunk{Kind: wire.Chunk_KIND_ACCEPTED})
+		for _, secret := range []uint64{0, job.GetSecret() ^ 1} {
+			forged := token(" forged")
+			forged.RequestId, forged.Attempt, forged.Seq, forged.AgentId, forged.Secret = job.GetRequestId(), job.GetAttempt(), 1, "honest", secret
+			data, _ := wire.AppendFrame([]byte{wire.FrameMarker}, forged)
+			_ = r.nc.Publish(job.GetReplySubject(), data)
+		}
+		say(token(" a"))
+		say(final())
+	})
+	r.waitEligible("honest")
+	c := submit(t, r.b)
+	text, err := readAll(t, c)
+	if err != nil || text != " a" {
+		t.Fatalf("got %q, %v", text, err)
+	}
+	var m dto.Metric
+	if err := r.b.metrics.droppedChunks.WithLabelValues("bad_secret").Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	if n := m.GetCounter().GetValue(); n != 2 {
+		t.Fatalf("dropped %v forged chunks, want 2", n)
 	}
 }

@@ -20,6 +20,9 @@ type Metrics struct {
 	// publishRetries counts tries of a job's publish that NATS could not
 	// take now (a leader election, a reconnect) and were made again.
 	publishRetries prometheus.Counter
+	// droppedChunks counts reply chunks dropped before any request saw
+	// them: undecodable, or without their attempt's secret (forged).
+	droppedChunks *prometheus.CounterVec
 }
 
 // Latency buckets for LLM serving, in seconds: TTFT spans milliseconds
@@ -60,6 +63,9 @@ func NewMetrics() *Metrics {
 		publishRetries: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "switchyard_publish_retries_total", Help: "Job publishes tried again because NATS could not take them now (a leader election or a reconnect).",
 		}),
+		droppedChunks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_dropped_chunks_total", Help: "Reply chunks dropped: undecodable, or without their attempt's secret (bad_secret: forged or misrouted).",
+		}, []string{"reason"}),
 		rejections: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_rejections_total", Help: "Requests refused before dispatch, by reason.",
 		}, []string{"reason"}),
@@ -68,7 +74,7 @@ func NewMetrics() *Metrics {
 
 // Register adds every collector to r.
 func (m *Metrics) Register(r prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.requests, m.inflight, m.ttft, m.itl, m.e2e, m.outputTokens, m.rejections, m.retries, m.migrations, m.publishRetries} {
+	for _, c := range []prometheus.Collector{m.requests, m.inflight, m.ttft, m.itl, m.e2e, m.outputTokens, m.rejections, m.retries, m.migrations, m.publishRetries, m.droppedChunks} {
 		if err := r.Register(c); err != nil {
 			return err
 		}

@@ -33,16 +33,22 @@ func spyReplies(t *testing.T, natsURL string, on func(nc *nats.Conn, m *nats.Msg
 	t.Cleanup(nc.Close)
 	s := &replySpy{}
 	_, err = nc.Subscribe("sy.reply.>", func(m *nats.Msg) {
-		c := new(wire.Chunk)
-		if err := proto.Unmarshal(m.Data, c); err != nil {
+		// A message holds one or more framed chunks, possibly of several
+		// requests.
+		if err := wire.Frames(m.Data, func(b []byte) error {
+			c := new(wire.Chunk)
+			if err := proto.Unmarshal(b, c); err != nil {
+				return err
+			}
+			s.mu.Lock()
+			s.chunks = append(s.chunks, c)
+			s.mu.Unlock()
+			if on != nil {
+				on(nc, m, c)
+			}
+			return nil
+		}); err != nil {
 			t.Errorf("undecodable chunk on %s: %v", m.Subject, err)
-			return
-		}
-		s.mu.Lock()
-		s.chunks = append(s.chunks, c)
-		s.mu.Unlock()
-		if on != nil {
-			on(nc, m, c)
 		}
 	})
 	if err != nil {
@@ -189,14 +195,15 @@ func TestOneSpeakerPerAttempt(t *testing.T) {
 			return
 		}
 		// A second agent claims the same attempt while a1's engine is
-		// still before its first token.
+		// still before its first token. It got the same job (an ack lost
+		// in a failover), so it has the attempt's secret.
 		once.Do(func() {
 			for i, k := range []wire.Chunk_Kind{wire.Chunk_KIND_ACCEPTED, wire.Chunk_KIND_TOKEN, wire.Chunk_KIND_TOKEN} {
-				g := &wire.Chunk{RequestId: c.GetRequestId(), Attempt: c.GetAttempt(), Seq: uint64(i), AgentId: "ghost", Kind: k}
+				g := &wire.Chunk{RequestId: c.GetRequestId(), Attempt: c.GetAttempt(), Seq: uint64(i), AgentId: "ghost", Kind: k, Secret: c.GetSecret()}
 				if k == wire.Chunk_KIND_TOKEN {
 					g.Events = []*wire.Event{{Raw: []byte(`{"id":"ghost","choices":[{"index":0,"delta":{"content":" GHOST"}}]}`), DeltaText: " GHOST"}}
 				}
-				data, _ := proto.Marshal(g)
+				data, _ := wire.AppendFrame([]byte{wire.FrameMarker}, g)
 				_ = nc.Publish(m.Subject, data)
 			}
 		})

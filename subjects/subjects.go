@@ -143,6 +143,19 @@ func (b Builder) Reply(broker, request string) (string, error) {
 	return b.dot + kindReply + "." + broker + "." + request, nil
 }
 
+// ReplyChunksToken is the last token of a broker's shared reply subject.
+// It has no '-', so it is never a request id of the broker's (its id, a
+// dash and a counter).
+const ReplyChunksToken = "chunks"
+
+// ReplyChunks returns the one reply subject of a broker that every agent
+// sends its chunks to, framed (see wire.Frames) and with the attempt's
+// secret: one subject for all requests lets an agent put the chunks of
+// several requests into one message. ReplyAll matches it too.
+func (b Builder) ReplyChunks(broker string) (string, error) {
+	return b.Reply(broker, ReplyChunksToken)
+}
+
 // ReplyAll matches every reply subject of one broker; the broker subscribes
 // to it once and demultiplexes by request id.
 func (b Builder) ReplyAll(broker string) (string, error) {

@@ -192,14 +192,17 @@ func (Chunk_Stage) EnumDescriptor() ([]byte, []int) {
 // Job is one attempt at one client request, as published on
 // sy.jobs.<model>.<pool>.
 type Job struct {
-	state           protoimpl.MessageState `protogen:"open.v1"`
-	RequestId       string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"` // the broker's id (subject-safe)
-	Attempt         uint32                 `protobuf:"varint,2,opt,name=attempt,proto3" json:"attempt,omitempty"`                     // 0 for the first attempt, +1 per retry or migration
-	Model           string                 `protobuf:"bytes,3,opt,name=model,proto3" json:"model,omitempty"`                          // model id as the client named it
-	Api             API                    `protobuf:"varint,4,opt,name=api,proto3,enum=switchyard.wire.v1.API" json:"api,omitempty"`
-	Stream          bool                   `protobuf:"varint,5,opt,name=stream,proto3" json:"stream,omitempty"`                                                                        // the client asked for a stream
-	Body            []byte                 `protobuf:"bytes,6,opt,name=body,proto3" json:"body,omitempty"`                                                                             // OpenAI request JSON as validated by the broker
-	ReplySubject    string                 `protobuf:"bytes,7,opt,name=reply_subject,json=replySubject,proto3" json:"reply_subject,omitempty"`                                         // where chunks of this attempt go
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	RequestId string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"` // the broker's id (subject-safe)
+	Attempt   uint32                 `protobuf:"varint,2,opt,name=attempt,proto3" json:"attempt,omitempty"`                     // 0 for the first attempt, +1 per retry or migration
+	Model     string                 `protobuf:"bytes,3,opt,name=model,proto3" json:"model,omitempty"`                          // model id as the client named it
+	Api       API                    `protobuf:"varint,4,opt,name=api,proto3,enum=switchyard.wire.v1.API" json:"api,omitempty"`
+	Stream    bool                   `protobuf:"varint,5,opt,name=stream,proto3" json:"stream,omitempty"` // the client asked for a stream
+	Body      []byte                 `protobuf:"bytes,6,opt,name=body,proto3" json:"body,omitempty"`      // OpenAI request JSON as validated by the broker
+	// Where chunks of this attempt go: the broker's one reply subject
+	// (subjects.ReplyChunks), shared by all its requests, when secret is set;
+	// a per-request subject from brokers that predate it.
+	ReplySubject    string                 `protobuf:"bytes,7,opt,name=reply_subject,json=replySubject,proto3" json:"reply_subject,omitempty"`
 	Deadline        *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=deadline,proto3" json:"deadline,omitempty"`                                                                     // never start after this
 	Trace           map[string]string      `protobuf:"bytes,9,rep,name=trace,proto3" json:"trace,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"` // W3C trace context (traceparent, tracestate)
 	ClientRequestId string                 `protobuf:"bytes,10,opt,name=client_request_id,json=clientRequestId,proto3" json:"client_request_id,omitempty"`                             // the client's x-request-id, echoed back
@@ -213,11 +216,18 @@ type Job struct {
 	// decode job; a prefill agent sets how long its engine holds the KV
 	// blocks of this hand-off, so a decode job not taken in time ends.
 	HandoffExpires *timestamppb.Timestamp `protobuf:"bytes,15,opt,name=handoff_expires,json=handoffExpires,proto3" json:"handoff_expires,omitempty"`
+	// A random number the broker draws for this attempt (never 0). Every
+	// chunk of the attempt must carry it back: the reply subject is shared by
+	// every request of a broker, and the secret is what keeps an agent that
+	// did not get the job from speaking for it. When set, the agent frames
+	// its chunks (see wire.AppendFrame) and may send the chunks of several
+	// requests in one message.
+	Secret uint64 `protobuf:"fixed64,16,opt,name=secret,proto3" json:"secret,omitempty"`
 	// Set on a decode job whose request was cancelled after its prefill
 	// engine began holding the KV: the decode agent takes the hand-off in
 	// silence, which frees the blocks on the prefill engine, and stops. Even
 	// an agent that never heard the cancel knows not to run it for nobody.
-	Release       bool `protobuf:"varint,16,opt,name=release,proto3" json:"release,omitempty"`
+	Release       bool `protobuf:"varint,17,opt,name=release,proto3" json:"release,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -355,6 +365,13 @@ func (x *Job) GetHandoffExpires() *timestamppb.Timestamp {
 		return x.HandoffExpires
 	}
 	return nil
+}
+
+func (x *Job) GetSecret() uint64 {
+	if x != nil {
+		return x.Secret
+	}
+	return 0
 }
 
 func (x *Job) GetRelease() bool {
@@ -714,7 +731,10 @@ type Chunk struct {
 	// event when the engine is slow to speak and gathers the events that
 	// arrived together (up to a bound) when it is fast, so the per-message
 	// cost of NATS and of the broker's SSE write is paid once per burst.
-	Events        []*Event `protobuf:"bytes,13,rep,name=events,proto3" json:"events,omitempty"`
+	Events []*Event `protobuf:"bytes,13,rep,name=events,proto3" json:"events,omitempty"`
+	// The secret of the attempt's job, echoed: the broker drops a chunk
+	// whose secret is not its attempt's.
+	Secret        uint64 `protobuf:"fixed64,14,opt,name=secret,proto3" json:"secret,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -831,6 +851,13 @@ func (x *Chunk) GetEvents() []*Event {
 		return x.Events
 	}
 	return nil
+}
+
+func (x *Chunk) GetSecret() uint64 {
+	if x != nil {
+		return x.Secret
+	}
+	return 0
 }
 
 // Heartbeat is an agent's advertisement, published every interval on
@@ -1059,7 +1086,7 @@ var File_wire_proto protoreflect.FileDescriptor
 const file_wire_proto_rawDesc = "" +
 	"\n" +
 	"\n" +
-	"wire.proto\x12\x12switchyard.wire.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb2\x05\n" +
+	"wire.proto\x12\x12switchyard.wire.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xca\x05\n" +
 	"\x03Job\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x18\n" +
@@ -1077,8 +1104,9 @@ const file_wire_proto_rawDesc = "" +
 	"\x02pd\x18\f \x01(\v2\x1d.switchyard.wire.v1.PDHandoffR\x02pd\x12D\n" +
 	"\fcontinuation\x18\r \x01(\v2 .switchyard.wire.v1.ContinuationR\fcontinuation\x12\x17\n" +
 	"\apd_pair\x18\x0e \x01(\tR\x06pdPair\x12C\n" +
-	"\x0fhandoff_expires\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampR\x0ehandoffExpires\x12\x18\n" +
-	"\arelease\x18\x10 \x01(\bR\arelease\x1a8\n" +
+	"\x0fhandoff_expires\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampR\x0ehandoffExpires\x12\x16\n" +
+	"\x06secret\x18\x10 \x01(\x06R\x06secret\x12\x18\n" +
+	"\arelease\x18\x11 \x01(\bR\arelease\x1a8\n" +
 	"\n" +
 	"TraceEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
@@ -1107,7 +1135,7 @@ const file_wire_proto_rawDesc = "" +
 	"\x03raw\x18\x01 \x01(\fR\x03raw\x12\x1d\n" +
 	"\n" +
 	"delta_text\x18\x02 \x01(\tR\tdeltaText\x12#\n" +
-	"\rfinish_reason\x18\x03 \x01(\tR\ffinishReason\"\xfc\x04\n" +
+	"\rfinish_reason\x18\x03 \x01(\tR\ffinishReason\"\x94\x05\n" +
 	"\x05Chunk\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x18\n" +
@@ -1122,7 +1150,8 @@ const file_wire_proto_rawDesc = "" +
 	" \x01(\v2\x19.switchyard.wire.v1.ErrorR\x05error\x12#\n" +
 	"\rprefill_agent\x18\v \x01(\tR\fprefillAgent\x125\n" +
 	"\x05stage\x18\f \x01(\x0e2\x1f.switchyard.wire.v1.Chunk.StageR\x05stage\x121\n" +
-	"\x06events\x18\r \x03(\v2\x19.switchyard.wire.v1.EventR\x06events\"s\n" +
+	"\x06events\x18\r \x03(\v2\x19.switchyard.wire.v1.EventR\x06events\x12\x16\n" +
+	"\x06secret\x18\x0e \x01(\x06R\x06secret\"s\n" +
 	"\x04Kind\x12\x14\n" +
 	"\x10KIND_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rKIND_ACCEPTED\x10\x01\x12\x0e\n" +

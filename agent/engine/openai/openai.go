@@ -13,6 +13,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -34,6 +35,9 @@ var (
 type Adapter struct {
 	base   string
 	client *http.Client
+	// conns carries the streaming posts to a plain-http engine (see
+	// streamConns); nil for https and with WithHTTPClient.
+	conns  *streamConns
 	apiKey string
 	model  string // see WithModel
 }
@@ -44,8 +48,8 @@ type Option func(*Adapter)
 // WithAPIKey sends "Authorization: Bearer key" to the engine.
 func WithAPIKey(key string) Option { return func(a *Adapter) { a.apiKey = key } }
 
-// WithHTTPClient replaces the HTTP client.
-func WithHTTPClient(c *http.Client) Option { return func(a *Adapter) { a.client = c } }
+// WithHTTPClient replaces the HTTP client, for every request.
+func WithHTTPClient(c *http.Client) Option { return func(a *Adapter) { a.client, a.conns = c, nil } }
 
 // New returns an adapter for the engine at baseURL (e.g.
 // http://127.0.0.1:8000), keeping up to conns idle connections to it.
@@ -63,6 +67,7 @@ func New(baseURL string, conns int, opts ...Option) (*Adapter, error) {
 		ForceAttemptHTTP2:   false,
 	}
 	a := &Adapter{base: strings.TrimRight(baseURL, "/"), client: &http.Client{Transport: tr}}
+	a.conns = newStreamConns(a.base, conns)
 	for _, o := range opts {
 		o(a)
 	}
@@ -130,14 +135,25 @@ func (a *Adapter) post(ctx context.Context, path string, body []byte, job *wire.
 			}
 		}
 	}
-	resp, err := a.client.Do(req)
+	var resp *http.Response
+	var own *stream // the answer on one of the adapter's own connections
+	if a.conns != nil {
+		own, err = a.conns.do(req)
+		if err == nil {
+			resp = own.Response
+			defer own.Close()
+		} else if ctx.Err() == nil {
+			err = &url.Error{Op: req.Method, URL: req.URL.String(), Err: err}
+		}
+	} else if resp, err = a.client.Do(req); err == nil {
+		defer resp.Body.Close()
+	}
 	if err != nil {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
 		return &wire.Error{Code: wire.CodeEngineDown, Message: err.Error()}
 	}
-	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		err := statusError(resp)
 		if we := a.refusal(resp.StatusCode, path, err.GetMessage()); we != nil {
@@ -153,7 +169,11 @@ func (a *Adapter) post(ctx context.Context, path string, body []byte, job *wire.
 		}
 		return emit(data, false)
 	}
-	return ReadSSE(resp.Body, emit)
+	err = ReadSSE(resp.Body, emit)
+	if err != nil && own != nil {
+		own.bad = true // ended mid-stream: the connection is not reused
+	}
+	return err
 }
 
 // sseReaders recycles ReadSSE's buffers: a fresh 64 KiB per engine request

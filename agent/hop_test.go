@@ -1,0 +1,135 @@
+package agent
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/nats-io/nats.go"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/switchyard-ai/switchyard/internal/natstest"
+	"github.com/switchyard-ai/switchyard/wire"
+)
+
+// tokenChunk is an engine chunk of one token, as vLLM sends it.
+var tokenChunk = []byte(`{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":" word"},"logprobs":null,"finish_reason":null}]}`)
+
+// hopStream returns an attempt's stream on an agent whose outbox publishes
+// to a real server, with the outbox's goroutine running (started) or not
+// (every chunk published at once), and a subscription to its replies.
+func hopStream(tb testing.TB, started bool) (*stream, *nats.Subscription) {
+	tb.Helper()
+	s := natstest.RunJetStream(tb)
+	nc, err := nats.Connect(s.ClientURL())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(nc.Close)
+	sub, err := nc.SubscribeSync("sy.reply.b.chunks")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	_ = sub.SetPendingLimits(-1, -1)
+	a, err := New(nc, nil, Config{ID: "a1", Model: "m", Slots: 1})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if started {
+		tb.Cleanup(a.out.start())
+	}
+	job := &wire.Job{RequestId: "b-1x", ReplySubject: "sy.reply.b.chunks", Secret: 42}
+	out := newStream(a, job)
+	out.spoke = true // no keep-alives
+	return out, sub
+}
+
+// The agent's per-token hop (parse the engine chunk, frame it, hand it to
+// NATS) allocates only the token's text: the events of a token message
+// are reused and framing writes into the outbox's buffer.
+func TestEmitTokenAllocs(t *testing.T) {
+	out, sub := hopStream(t, false)
+	if err := out.emit(tokenChunk, false); err != nil { // warm the buffers
+		t.Fatal(err)
+	}
+	allocs := testing.AllocsPerRun(200, func() {
+		if err := out.emit(tokenChunk, false); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs > 1 {
+		t.Fatalf("emit: %.1f allocations per token, want at most 1 (the delta text)", allocs)
+	}
+	m, err := sub.NextMsg(5e9)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := wire.Frames(m.Data, func(b []byte) error { return nil }); err != nil || m.Data[0] != wire.FrameMarker {
+		t.Fatalf("reply %x: %v", m.Data[:min(8, len(m.Data))], err)
+	}
+}
+
+// BenchmarkEmitToken is the agent's hop for one token: chunkjson, the
+// token message, framing and the NATS publish, with the outbox flushing
+// inline (outbox=off) or on its goroutine (outbox=on, as an agent runs).
+func BenchmarkEmitToken(b *testing.B) {
+	for _, started := range []bool{false, true} {
+		name := "outbox=off"
+		if started {
+			name = "outbox=on"
+		}
+		b.Run(name, func(b *testing.B) {
+			out, _ := hopStream(b, started)
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := out.emit(tokenChunk, false); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// A chunk that would take the message it joins over wire.MaxFrameBatch
+// starts a message of its own, after the one it would have joined; the
+// next chunk starts another, the big one's being full. Order is kept.
+func TestOutboxBigChunkStartsAMessage(t *testing.T) {
+	out, sub := hopStream(t, false)
+	o := out.a.out
+	o.mu.Lock()
+	o.running = true // gather without a flushing goroutine
+	o.mu.Unlock()
+	small := &wire.Chunk{RequestId: "b-1x", Kind: wire.Chunk_KIND_ACCEPTED}
+	big := &wire.Chunk{RequestId: "b-1x", Seq: 1, Kind: wire.Chunk_KIND_FINAL, Raw: make([]byte, wire.MaxFrameBatch)}
+	for _, c := range []*wire.Chunk{small, big, small} {
+		enc, err := proto.Marshal(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := o.put("sy.reply.b.chunks", enc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	o.mu.Lock()
+	_ = o.flushLocked()
+	o.mu.Unlock()
+	var kinds [][]wire.Chunk_Kind
+	for range 3 {
+		m, err := sub.NextMsg(5e9)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ks []wire.Chunk_Kind
+		_ = wire.Frames(m.Data, func(b []byte) error {
+			c := new(wire.Chunk)
+			if err := proto.Unmarshal(b, c); err != nil {
+				t.Fatal(err)
+			}
+			ks = append(ks, c.GetKind())
+			return nil
+		})
+		kinds = append(kinds, ks)
+	}
+	if fmt.Sprint(kinds) != "[[KIND_ACCEPTED] [KIND_FINAL] [KIND_ACCEPTED]]" {
+		t.Fatalf("messages hold %v, want [ACCEPTED] [FINAL] [ACCEPTED]", kinds)
+	}
+}

@@ -1,0 +1,163 @@
+package agent
+
+import (
+	"runtime"
+	"sync"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/switchyard-ai/switchyard/wire"
+)
+
+// outbox gathers the chunks of every attempt the agent runs into one NATS
+// message per broker: a stream frames its chunk into its broker's pending
+// message and wakes the outbox's goroutine, which publishes whatever is
+// pending when it gets to run. A quiet agent therefore sends each chunk at
+// once (one goroutine hand-off later), and a busy one sends the chunks of
+// many requests that became ready while it published the last batch in one
+// message: one server parse and route, one read and one wake-up of the
+// broker's reply subscription per batch instead of per chunk.
+//
+// Chunks of one attempt keep their order: they are framed in order into
+// one subject's messages, which are published in order on one connection.
+type outbox struct {
+	nc   *nats.Conn
+	kick chan struct{}
+	// msgs and chunks count what was published.
+	msgs, chunks interface{ Inc() }
+
+	mu      sync.Mutex // guards everything below
+	pending []*batchMsg
+	spare   []*batchMsg
+	running bool // the flushing goroutine runs; else put publishes at once
+}
+
+// batchMsg is one message being gathered for one reply subject.
+type batchMsg struct {
+	subject string
+	buf     []byte
+}
+
+func newOutbox(nc *nats.Conn, msgs, chunks interface{ Inc() }) *outbox {
+	return &outbox{nc: nc, kick: make(chan struct{}, 1), msgs: msgs, chunks: chunks}
+}
+
+// put frames enc, the encoding of one chunk, into the pending message for
+// subject. It does not keep enc.
+func (o *outbox) put(subject string, enc []byte) error {
+	o.mu.Lock()
+	m := o.open(subject)
+	start := len(m.buf)
+	m.buf = wire.AppendEncodedFrame(m.buf, enc)
+	if len(m.buf) > wire.MaxFrameBatch && start > 1 {
+		// This frame took the message over its bound (a big final chunk,
+		// an embeddings answer): it starts a message of its own, so a
+		// message outgrows the bound only by a chunk that alone does.
+		frame := m.buf[start:]
+		m.buf = m.buf[:start]
+		next := o.fresh(subject)
+		next.buf = append(next.buf, frame...)
+	}
+	o.chunks.Inc()
+	if !o.running {
+		// Not started (or stopped): no one would flush it later.
+		err := o.flushLocked()
+		o.mu.Unlock()
+		return err
+	}
+	o.mu.Unlock()
+	select {
+	case o.kick <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+// open returns the message being gathered for subject, starting one when
+// there is none or the last is full. Called with mu held.
+func (o *outbox) open(subject string) *batchMsg {
+	for i := len(o.pending) - 1; i >= 0; i-- {
+		if m := o.pending[i]; m.subject == subject {
+			if len(m.buf) < wire.MaxFrameBatch {
+				return m
+			}
+			break // full: a new message after it keeps the order
+		}
+	}
+	return o.fresh(subject)
+}
+
+// fresh starts a message for subject after those pending. Called with mu
+// held.
+func (o *outbox) fresh(subject string) *batchMsg {
+	var m *batchMsg
+	if n := len(o.spare); n > 0 {
+		m, o.spare = o.spare[n-1], o.spare[:n-1]
+	} else {
+		m = &batchMsg{buf: make([]byte, 0, 4096)}
+	}
+	m.subject = subject
+	m.buf = append(m.buf[:0], wire.FrameMarker)
+	o.pending = append(o.pending, m)
+	return m
+}
+
+// flushLocked publishes every pending message. Called with mu held; it
+// holds mu while it publishes (Publish only copies into the connection's
+// buffer), so a stream waits at most one flush to add its chunk.
+func (o *outbox) flushLocked() error {
+	var first error
+	for i, m := range o.pending {
+		if err := o.nc.Publish(m.subject, m.buf); err != nil && first == nil {
+			first = err
+		}
+		o.msgs.Inc()
+		o.pending[i] = nil
+		if cap(m.buf) <= 4*wire.MaxFrameBatch {
+			o.spare = append(o.spare, m)
+		}
+	}
+	o.pending = o.pending[:0]
+	return first
+}
+
+// run flushes whenever a stream put a chunk, until stop.
+func (o *outbox) run(stop <-chan struct{}) {
+	for {
+		select {
+		case <-stop:
+			return
+		case <-o.kick:
+		}
+		// Let the goroutines that are ready to run go first: engine
+		// readers the network poller just woke, about to add their chunks.
+		// Whatever is at hand goes in this message; nothing waits for
+		// more than the work already queued on this process.
+		runtime.Gosched()
+		o.mu.Lock()
+		_ = o.flushLocked() // a failed publish shows as a sequence gap at the broker
+		o.mu.Unlock()
+	}
+}
+
+// start runs the flushing goroutine until the returned function is
+// called, which flushes what is left and makes later puts publish at once.
+func (o *outbox) start() (stop func()) {
+	done := make(chan struct{})
+	exited := make(chan struct{})
+	o.mu.Lock()
+	o.running = true
+	o.mu.Unlock()
+	go func() {
+		defer close(exited)
+		o.run(done)
+	}()
+	return func() {
+		close(done)
+		<-exited
+		o.mu.Lock()
+		o.running = false
+		_ = o.flushLocked()
+		o.mu.Unlock()
+	}
+}

@@ -1,0 +1,81 @@
+package broker
+
+import (
+	"testing"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/switchyard-ai/switchyard/internal/natstest"
+	"github.com/switchyard-ai/switchyard/wire"
+)
+
+// hopCall returns a broker with one call in flight, as its reply handler
+// sees it, and a reply message of n token chunks for it.
+func hopCall(tb testing.TB, n int) (*Broker, *Call, *nats.Msg) {
+	tb.Helper()
+	s := natstest.RunJetStream(tb)
+	nc, err := nats.Connect(s.ClientURL())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(nc.Close)
+	b, err := New(nc, Config{ID: "b"})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	c := &Call{ID: "b-1x", b: b, ch: make(chan *wire.Chunk, n), failed: make(chan struct{}), broken: make(chan brokenAttempt, 1), secret: 42}
+	b.calls.Store(c.ID, c)
+	data := []byte{wire.FrameMarker}
+	for i := range n {
+		ch := token(" word")
+		ch.RequestId, ch.AgentId, ch.Seq, ch.Secret = c.ID, "a1", uint64(i), 42
+		if data, err = wire.AppendFrame(data, ch); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	return b, c, &nats.Msg{Subject: "sy.reply.b.chunks", Data: data}
+}
+
+// BenchmarkReplyToken is the broker's hop for token chunks: walk the
+// frames of a reply message, decode each chunk, check its secret, attempt
+// and sequence, and hand it to its call. chunks=N is one message of N
+// chunks (the agent's outbox gathers them); ns/op is per message.
+func BenchmarkReplyToken(b *testing.B) {
+	for _, n := range []int{1, 8} {
+		b.Run("chunks="+itoa(n), func(b *testing.B) {
+			br, c, m := hopCall(b, n)
+			b.ReportAllocs()
+			for b.Loop() {
+				c.nextSeq, c.speaker = 0, ""
+				br.onReply(m)
+				for range n {
+					<-c.ch
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/chunk")
+		})
+	}
+}
+
+// Relaying a token chunk costs the broker the chunk's decoding and
+// nothing per message or per check.
+func TestReplyTokenAllocs(t *testing.T) {
+	br, c, m := hopCall(t, 1)
+	allocs := testing.AllocsPerRun(200, func() {
+		c.nextSeq, c.speaker = 0, ""
+		br.onReply(m)
+		<-c.ch
+	})
+	// The chunk, its event, the event's raw bytes and text, the request
+	// and agent ids, the events slice: the decoded chunk the reader gets.
+	if allocs > 7 {
+		t.Fatalf("onReply: %.1f allocations per token chunk, want at most 7", allocs)
+	}
+}
+
+func itoa(n int) string {
+	if n < 10 {
+		return string(rune('0' + n))
+	}
+	return itoa(n/10) + itoa(n%10)
+}
