@@ -290,6 +290,17 @@ func (t *Tree) Stats() Stats {
 	return Stats{Blocks: t.n, Keys: len(t.keys), Agents: len(t.byName), Evicted: t.evicted}
 }
 
+// Agents returns the names of the agents the tree knows.
+func (t *Tree) Agents() []string {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	out := make([]string, 0, len(t.byName))
+	for name := range t.byName {
+		out = append(out, name)
+	}
+	return out
+}
+
 // AgentBlocks returns how many entries agent has (0 when unknown).
 func (t *Tree) AgentBlocks(agentName string) int {
 	t.mu.RLock()

@@ -85,6 +85,9 @@ type Config struct {
 	CapacityWait time.Duration
 	// Dispatch configures the routing decision.
 	Dispatch dispatch.Config
+	// Affinity configures prefix-cache affinity within a pool (see
+	// affinity.go); its zero value is DefaultAffinity with defaults.
+	Affinity AffinityConfig
 }
 
 func (c *Config) setDefaults() {
@@ -133,6 +136,7 @@ func (c *Config) setDefaults() {
 	if c.KVHold == 0 {
 		c.KVHold = DefaultKVHold
 	}
+	c.Affinity.setDefaults()
 }
 
 // Validate reports what is wrong with c after defaults are applied.
@@ -158,6 +162,9 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("chunk buffer %d: want at least 1", c.ChunkBuffer))
 	}
 	if err := c.Dispatch.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := c.Affinity.Validate(); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)

@@ -17,6 +17,7 @@ type Metrics struct {
 	rejections   *prometheus.CounterVec
 	retries      *prometheus.CounterVec
 	migrations   prometheus.Counter
+	affinity     *prometheus.CounterVec
 }
 
 // Latency buckets for LLM serving, in seconds: TTFT spans milliseconds
@@ -54,6 +55,10 @@ func NewMetrics() *Metrics {
 		migrations: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "switchyard_migrations_total", Help: "Streams continued on another agent after their first token.",
 		}),
+		affinity: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_affinity_dispatches_total",
+			Help: "Prefix-cache affinity per pool: result affinity (offered to the agent caching the longest prefix) or the fallback to the shared queue (no_match, full, imbalanced); not_taken_in_time counts offers that moved to the shared queue.",
+		}, []string{"model", "pool", "result"}),
 		rejections: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_rejections_total", Help: "Requests refused before dispatch, by reason.",
 		}, []string{"reason"}),
@@ -62,7 +67,7 @@ func NewMetrics() *Metrics {
 
 // Register adds every collector to r.
 func (m *Metrics) Register(r prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.requests, m.inflight, m.ttft, m.itl, m.e2e, m.outputTokens, m.rejections, m.retries, m.migrations} {
+	for _, c := range []prometheus.Collector{m.requests, m.inflight, m.ttft, m.itl, m.e2e, m.outputTokens, m.rejections, m.retries, m.migrations, m.affinity} {
 		if err := r.Register(c); err != nil {
 			return err
 		}

@@ -657,6 +657,27 @@ func (m *Model) Pools() []PoolStats {
 // pairing key any prefill or decode agent reports, eligible or not.
 func (m *Model) Pairs() []PairStats { return slices.Clone(m.pairs) }
 
+// AgentsView returns the snapshot's agents without copying them, for hot
+// paths that only read (the broker's affinity choice). Callers must not
+// modify the slice.
+func (m *Model) AgentsView() []AgentView {
+	if m == nil {
+		return nil
+	}
+	return m.agents
+}
+
+// AgentEligible reports whether the agent id is in the snapshot and
+// eligible (a nil Model has no agents).
+func (m *Model) AgentEligible(id string) bool {
+	for i := range m.AgentsView() {
+		if m.agents[i].ID == id {
+			return m.agents[i].Eligible
+		}
+	}
+	return false
+}
+
 // Agents returns a copy of the per-agent views, in the order given to
 // NewModel.
 func (m *Model) Agents() []AgentView {
