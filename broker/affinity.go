@@ -482,23 +482,39 @@ func (b *Broker) onKV(m *nats.Msg) {
 	}
 }
 
-// pruneAffinity forgets, in every tree, the agents that went stale,
-// drain, warm up again or left the table: their caches are gone or not
-// worth waiting for. It runs after each rebuild.
+// pruneAffinity forgets, in every tree, the agents that drain, warm up
+// again (an engine restarted with an empty cache), left the table, or
+// stayed stale for staleForget: their caches are gone or not worth
+// waiting for. A stale agent is never preferred meanwhile (Choose), but a
+// moment's silence (a starved machine, a NATS blip) does not wipe what
+// the broker knows of its cache. It runs after each rebuild.
 func (b *Broker) pruneAffinity(f *dispatch.Fleet) {
 	if b.cfg.Affinity.Mode == AffinityOff {
 		return
 	}
+	now := b.now()
 	b.aff.pools.Range(func(_, v any) bool {
 		p := v.(*poolAffinity)
 		m, _ := f.Model(p.model)
 		for _, id := range p.tree.Agents() {
-			if !m.AgentEligible(id) {
+			if !keepInTree(m.AgentsView(), id, now) {
 				p.tree.RemoveAgent(id)
 			}
 		}
 		return true
 	})
+}
+
+// staleForget is how long a silent agent keeps its place in the trees.
+const staleForget = 30 * time.Second
+
+func keepInTree(agents []dispatch.AgentView, id string, now time.Time) bool {
+	for i := range agents {
+		if v := &agents[i]; v.ID == id {
+			return v.Eligible || (v.Reason == dispatch.ReasonStale && now.Sub(v.LastSeen) < staleForget)
+		}
+	}
+	return false
 }
 
 // AffinityStats is one pool's affinity as the fleet view shows it.

@@ -667,17 +667,6 @@ func (m *Model) AgentsView() []AgentView {
 	return m.agents
 }
 
-// AgentEligible reports whether the agent id is in the snapshot and
-// eligible (a nil Model has no agents).
-func (m *Model) AgentEligible(id string) bool {
-	for i := range m.AgentsView() {
-		if m.agents[i].ID == id {
-			return m.agents[i].Eligible
-		}
-	}
-	return false
-}
-
 // Agents returns a copy of the per-agent views, in the order given to
 // NewModel.
 func (m *Model) Agents() []AgentView {
