@@ -14,7 +14,8 @@
 // at 90% load), transition (regular to prefill/decode, count versus
 // capacity mode), dispatch (the dispatch benchmarks and broker memory at
 // 1,000 streams), rollout (issue 13's realistic rollout, its per-window
-// table also printed on stdout). nginx and HAProxy are installed with apt-get when
+// table also printed on stdout), affinity (issue 16: multi-turn chat with
+// prefix caching, affinity versus pure pull and nginx). nginx and HAProxy are installed with apt-get when
 // missing (Debian, as root). Every process the runner starts is stopped
 // when it ends, fails or is interrupted.
 package main
@@ -52,7 +53,7 @@ func main() {
 	}
 }
 
-var scenarios = []string{"overhead", "scheduling", "transition", "dispatch", "rollout"}
+var scenarios = []string{"overhead", "scheduling", "transition", "dispatch", "rollout", "affinity"}
 
 func run(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
@@ -101,7 +102,7 @@ func run(ctx context.Context, args []string) error {
 	if b, err := build.CombinedOutput(); err != nil {
 		return fmt.Errorf("go build: %w\n%s", err, b)
 	}
-	if want["overhead"] || want["scheduling"] {
+	if want["overhead"] || want["scheduling"] || want["affinity"] {
 		if err := e.ensureProxies(); err != nil {
 			return err
 		}
@@ -123,6 +124,7 @@ func run(ctx context.Context, args []string) error {
 			return e.memory(d)
 		}},
 		{"rollout", e.rollout},
+		{"affinity", e.affinityScenario},
 	}
 	for _, s := range steps {
 		if !want[s.name] {
