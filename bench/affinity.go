@@ -105,7 +105,7 @@ func (e *env) affinityScenario(d *doc) error {
 	}
 	sy := func(tag, mode string, precise bool) func() (affinityFront, func(), error) {
 		return func() (affinityFront, func(), error) {
-			b, err := e.startBroker("broker-"+tag, "", "--slow-start", "0", "--affinity", mode)
+			b, err := e.startBroker("broker-"+tag, "", append([]string{"--slow-start", "0", "--affinity", mode}, strings.Fields(os.Getenv("BENCH_AFFINITY_ARGS"))...)...)
 			if err != nil {
 				return affinityFront{}, nil, err
 			}

@@ -87,7 +87,17 @@ type AffinityConfig struct {
 	// MaxBlocks bounds each (model, pool) tree (default
 	// affinity.DefaultMaxBlocks).
 	MaxBlocks int
+	// Queue is how many offers beyond its free effective slots an agent
+	// may have waiting in its directed queue: a job that would find its
+	// prefix there waits up to Wait for a slot of that agent rather than
+	// prefill the prompt again elsewhere. The agent still pulls only
+	// within its slots. Zero prefers only agents with a free slot; a
+	// negative value takes DefaultAffinityQueue.
+	Queue int
 }
+
+// DefaultAffinityQueue is AffinityConfig.Queue's default.
+const DefaultAffinityQueue = 0
 
 func (c *AffinityConfig) setDefaults() {
 	if c.Mode == AffinityDefault {
@@ -101,6 +111,9 @@ func (c *AffinityConfig) setDefaults() {
 	}
 	if c.BlockSize == 0 {
 		c.BlockSize = affinity.DefaultBlockSize
+	}
+	if c.Queue < 0 {
+		c.Queue = DefaultAffinityQueue
 	}
 }
 
@@ -183,7 +196,7 @@ func (b *Broker) affPool(model, pool string) *poolAffinity {
 	if v, ok := b.aff.pools.Load(k); ok {
 		return v.(*poolAffinity)
 	}
-	p := &poolAffinity{model: model, pool: pool, tree: affinity.NewTree(affinity.TreeConfig{MaxBlocks: b.cfg.Affinity.MaxBlocks})}
+	p := &poolAffinity{model: model, pool: pool, tree: affinity.NewTree(affinity.TreeConfig{MaxBlocks: b.cfg.Affinity.MaxBlocks, Blend: true})}
 	p.learnSubj, _ = b.subj.Learn(model, pool, b.cfg.ID)
 	v, _ := b.aff.pools.LoadOrStore(k, p)
 	return v.(*poolAffinity)
@@ -251,7 +264,7 @@ func (c *Call) prefer(m *dispatch.Model, pool, pair, shared string) string {
 			active = max(v.Active, held)
 		}
 		load := active + int(l.offered.Load())
-		cand := affinity.Candidate{Agent: v.ID, Load: load, FreeSlots: int(math.Floor(v.EffectiveSlots)) - load}
+		cand := affinity.Candidate{Agent: v.ID, Load: load, FreeSlots: int(math.Floor(v.EffectiveSlots)) + b.cfg.Affinity.Queue - load}
 		switch {
 		case v.Eligible:
 			cand.State = affinity.Ready

@@ -100,6 +100,7 @@ type options struct {
 	affBalRel     float64
 	affBlockSize  int
 	affMaxBlocks  int
+	affQueue      int
 	affMode       broker.AffinityMode
 }
 
@@ -159,6 +160,7 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*o
 	fs.IntVar(&o.affBalAbs, "affinity-balance-abs", g.BalanceAbs, "prefer an agent only while its load exceeds the pool's least loaded agent by at most this many requests ...")
 	fs.Float64Var(&o.affBalRel, "affinity-balance-rel", g.BalanceRel, "... or by at most this factor")
 	fs.IntVar(&o.affBlockSize, "affinity-block-size", affinity.DefaultBlockSize, "words per prefix block; match the engines' block size for precise KV events")
+	fs.IntVar(&o.affQueue, "affinity-queue", broker.DefaultAffinityQueue, "offers an agent may have waiting beyond its free slots: a job waits up to --affinity-wait for the agent caching its prefix rather than prefill it elsewhere (0: prefer only agents with a free slot)")
 	fs.IntVar(&o.affMaxBlocks, "affinity-max-blocks", affinity.DefaultMaxBlocks, "bound of (block, agent) entries remembered per model and pool")
 	fs.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
@@ -313,7 +315,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		CapacityWait:      o.capacityWait,
 		Dispatch:          dcfg,
 		Affinity: broker.AffinityConfig{
-			Mode: o.affMode, Wait: o.affWait, BlockSize: o.affBlockSize, MaxBlocks: o.affMaxBlocks,
+			Mode: o.affMode, Wait: o.affWait, Queue: o.affQueue, BlockSize: o.affBlockSize, MaxBlocks: o.affMaxBlocks,
 			Guard: affinity.Guard{MinBlocks: o.affMinBlocks, BalanceAbs: o.affBalAbs, BalanceRel: o.affBalRel},
 		},
 	}, broker.WithLogger(log), broker.WithMetrics(metrics))
