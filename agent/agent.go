@@ -367,6 +367,9 @@ type consumerRef struct {
 	gen  int
 	// bind binds the consumer again; nil: the pool's shared consumer.
 	bind func(context.Context) (jetstream.Consumer, error)
+	// yield delays a pull after a slot freed on a full agent, so that
+	// another queue's pull claims it first (see pullAll).
+	yield time.Duration
 }
 
 func (r *consumerRef) get() (jetstream.Consumer, int) {
@@ -449,6 +452,9 @@ func (a *Agent) pull(ctx context.Context, ref *consumerRef, jobs *sync.WaitGroup
 			}
 			select {
 			case <-freed:
+				if ref.yield > 0 {
+					time.Sleep(ref.yield)
+				}
 			case <-grow:
 			case <-ctx.Done():
 			}

@@ -38,9 +38,19 @@ func (a *Agent) pullAll(ctx context.Context, shared *consumerRef, jobs *sync.Wai
 		}
 		a.pull(ctx, &consumerRef{cons: cons, bind: a.directedConsumer}, jobs)
 	}()
+	// A full agent's freed slot goes to its directed queue first: a job
+	// there was offered to it for the prefix its engine caches, and waits
+	// only a short bound before the broker moves it to be prefilled
+	// elsewhere; a job of the shared queue loses nothing by going to
+	// another agent.
+	shared.yield = directedFirst
 	a.pull(ctx, shared, jobs)
 	wg.Wait()
 }
+
+// directedFirst is how long the shared queue's pull waits after a slot
+// freed on a full agent, for the directed queue's pull to claim it.
+const directedFirst = 2 * time.Millisecond
 
 // directedQueue returns the agent's directed consumer name and subject.
 func (a *Agent) directedQueue() (name, filter string, err error) {

@@ -2,6 +2,7 @@
 package brokercmd
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
