@@ -91,13 +91,16 @@ type AffinityConfig struct {
 	// may have waiting in its directed queue: a job that would find its
 	// prefix there waits up to Wait for a slot of that agent rather than
 	// prefill the prompt again elsewhere. The agent still pulls only
-	// within its slots. Zero prefers only agents with a free slot; a
-	// negative value takes DefaultAffinityQueue.
+	// within its slots. Zero takes DefaultAffinityQueue; a negative value
+	// prefers only agents with a free slot (the guard's plain rule).
 	Queue int
 }
 
-// DefaultAffinityQueue is AffinityConfig.Queue's default.
-const DefaultAffinityQueue = 0
+// DefaultAffinityQueue is AffinityConfig.Queue's default: with 4-slot
+// agents at 80% load, preferring only agents with a free slot sent 40% of
+// the benchmark's turns elsewhere to prefill their conversation again
+// (docs/benchmarks.md).
+const DefaultAffinityQueue = 2
 
 func (c *AffinityConfig) setDefaults() {
 	if c.Mode == AffinityDefault {
@@ -112,8 +115,11 @@ func (c *AffinityConfig) setDefaults() {
 	if c.BlockSize == 0 {
 		c.BlockSize = affinity.DefaultBlockSize
 	}
-	if c.Queue < 0 {
+	switch {
+	case c.Queue == 0:
 		c.Queue = DefaultAffinityQueue
+	case c.Queue < 0:
+		c.Queue = 0
 	}
 }
 

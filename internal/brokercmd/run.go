@@ -316,7 +316,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		CapacityWait:      o.capacityWait,
 		Dispatch:          dcfg,
 		Affinity: broker.AffinityConfig{
-			Mode: o.affMode, Wait: o.affWait, Queue: o.affQueue, BlockSize: o.affBlockSize, MaxBlocks: o.affMaxBlocks,
+			Mode: o.affMode, Wait: o.affWait, Queue: cmp.Or(o.affQueue, -1), // flag 0: none BlockSize: o.affBlockSize, MaxBlocks: o.affMaxBlocks,
 			Guard: affinity.Guard{MinBlocks: o.affMinBlocks, BalanceAbs: o.affBalAbs, BalanceRel: o.affBalRel},
 		},
 	}, broker.WithLogger(log), broker.WithMetrics(metrics))
