@@ -230,6 +230,7 @@ type callAffinity struct {
 	data   []byte
 	timer  *time.Timer
 	move   <-chan time.Time
+	fails  int // deletes of the offer NATS did not answer
 }
 
 // prefer returns the subject to publish the current attempt's job on:
@@ -317,7 +318,7 @@ func (c *Call) offered(seq uint64, data []byte) {
 	if a.agent == "" {
 		return
 	}
-	a.seq, a.data = seq, data
+	a.seq, a.data, a.fails = seq, data, 0
 	c.load.offer(c.b.agentLoad(c.Model, a.agent))
 	a.arm(c.b.cfg.Affinity.Wait)
 }
@@ -390,7 +391,13 @@ func (c *Call) moveOffer(ctx context.Context) error {
 	case errors.Is(err, jetstream.ErrMsgDeleteUnsuccessful):
 		return nil // taken: its accepted chunk is on the way
 	case err != nil:
-		a.arm(c.b.cfg.WatchInterval) // NATS not answering: look again
+		// NATS not answering, or refusing (permissions): look again, but
+		// not forever: then the attempt is abandoned (its cancel stops an
+		// agent that takes it late) and dispatched again.
+		if a.fails++; a.fails >= maxMoveTries {
+			return fmt.Errorf("%w: request %s: offer to %s not moved: %w", errNotTaken, c.ID, a.agent, err)
+		}
+		a.arm(c.b.cfg.WatchInterval)
 		return nil
 	}
 	c.load.settleOffer()
@@ -406,6 +413,10 @@ func (c *Call) moveOffer(ctx context.Context) error {
 	c.jobSeq = ack.Sequence
 	return nil
 }
+
+// maxMoveTries bounds the failed deletes of an offer before its attempt
+// is abandoned.
+const maxMoveTries = 5
 
 // encodeLearn is a learn message: the agent id's length (one byte), the
 // id, then the keys, 8 bytes each, little endian.
