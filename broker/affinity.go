@@ -51,8 +51,20 @@ const (
 const DefaultAffinity = AffinityPrecise
 
 // DefaultAffinityWait is how long a directed job waits for its agent
-// before it moves to the shared queue.
-const DefaultAffinityWait = 200 * time.Millisecond
+// before it moves to the shared queue: about two service times of a
+// short turn in the benchmark, so an offer queued behind a full agent's
+// slots is usually taken, and a dead or draining agent costs little.
+const DefaultAffinityWait = 300 * time.Millisecond
+
+// DefaultAffinityGuard is the broker's guard: affinity.DefaultGuard (the
+// reference gateway's thresholds) with an absolute balance of 3 requests,
+// since with DefaultAffinityQueue offers waiting, a preferred agent's load
+// counts them too.
+func DefaultAffinityGuard() affinity.Guard {
+	g := affinity.DefaultGuard()
+	g.BalanceAbs = 3
+	return g
+}
 
 var affinityModes = [...]string{AffinityDefault: "default", AffinityOff: "off", AffinityApprox: "approx", AffinityPrecise: "precise"}
 
@@ -100,7 +112,7 @@ type AffinityConfig struct {
 // agents at 80% load, preferring only agents with a free slot sent 40% of
 // the benchmark's turns elsewhere to prefill their conversation again
 // (docs/benchmarks.md).
-const DefaultAffinityQueue = 2
+const DefaultAffinityQueue = 3
 
 func (c *AffinityConfig) setDefaults() {
 	if c.Mode == AffinityDefault {
@@ -110,7 +122,7 @@ func (c *AffinityConfig) setDefaults() {
 		c.Wait = DefaultAffinityWait
 	}
 	if c.Guard == (affinity.Guard{}) {
-		c.Guard = affinity.DefaultGuard()
+		c.Guard = DefaultAffinityGuard()
 	}
 	if c.BlockSize == 0 {
 		c.BlockSize = affinity.DefaultBlockSize

@@ -156,7 +156,7 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*o
 	fs.IntVar(&o.retryLimit, "retry-limit", broker.DefaultRetryLimit, "retries of a request before its first token (another agent or route)")
 	fs.StringVar(&o.affinity, "affinity", broker.DefaultAffinity.String(), "prefix-cache affinity within a pool: off (pure pull), approx (remember which agent took which prompt, shared with the other brokers), or precise (also the KV events agents forward; approximate for agents without)")
 	fs.DurationVar(&o.affWait, "affinity-wait", broker.DefaultAffinityWait, "a job offered to the agent caching its prefix moves to the pool's shared queue if that agent has not taken it within this")
-	g := affinity.DefaultGuard()
+	g := broker.DefaultAffinityGuard()
 	fs.IntVar(&o.affMinBlocks, "affinity-min-blocks", g.MinBlocks, "shortest cached prefix (in blocks) worth preferring an agent for")
 	fs.IntVar(&o.affBalAbs, "affinity-balance-abs", g.BalanceAbs, "prefer an agent only while its load exceeds the pool's least loaded agent by at most this many requests ...")
 	fs.Float64Var(&o.affBalRel, "affinity-balance-rel", g.BalanceRel, "... or by at most this factor")
