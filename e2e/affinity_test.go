@@ -14,6 +14,8 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/switchyard-ai/switchyard/internal/testwait"
+	"github.com/switchyard-ai/switchyard/kvevents"
 	"github.com/switchyard-ai/switchyard/subjects"
 	"github.com/switchyard-ai/switchyard/wire"
 )
@@ -266,4 +268,65 @@ func TestAffinityTwoBrokersShareTheCache(t *testing.T) {
 	if _, offered, _ := getAffinity(t, b2.HTTP); offered < 6 {
 		t.Fatalf("broker 2 offered %d turns by affinity, want 6", offered)
 	}
+}
+
+// TestAffinityPreciseFromEngineEvents: the first broker runs pure pull and
+// shares nothing; the second, in precise mode, learns where each
+// conversation is cached only from the KV events the agents forward from
+// their engines, and sends the next turn there.
+func TestAffinityPreciseFromEngineEvents(t *testing.T) {
+	b1 := startBroker(t, "--affinity", "off")
+	b2 := startBroker(t, "--affinity", "precise", "--affinity-wait", "3s", "--nats-url", b1.NATS)
+	var engines []*engine
+	for i := range 3 {
+		cfg := simengineConfig("m")
+		cfg.PrefixCacheBlocks = 4096
+		cfg.PrefillPerToken = 10 * time.Microsecond
+		cfg.KVEvents = kvevents.Config{Enabled: true, Publisher: "zmq", Endpoint: "tcp://127.0.0.1:0"}
+		e := startEngine(t, cfg)
+		engines = append(engines, e)
+		startAgent(t, b1.NATS, fmt.Sprintf("p%d", i), e, 2, "--kv-events-endpoint", e.KVEventsEndpoint())
+	}
+	waitEligible(t, b2.HTTP, "p0", "p1", "p2")
+	known := 0
+	for c := range 4 {
+		sys := longSystem(fmt.Sprintf("precise-%d", c))
+		first := servedBy(t, b1.HTTP, chatTurn(sys, "first question"), engines...)
+		// The engine's events reach the second broker through the agent:
+		// wait until its tree holds the new blocks.
+		testwait.For(t, 10*time.Second, 20*time.Millisecond, func() error {
+			n := affinityBlocks(t, b2.HTTP)
+			if n <= known {
+				return fmt.Errorf("broker 2 holds %d blocks, had %d", n, known)
+			}
+			known = n
+			return nil
+		})
+		next := servedBy(t, b2.HTTP, chatTurn(sys, "first question", "an answer", "second question"), engines...)
+		if next != first {
+			d, o, fb := getAffinity(t, b2.HTTP)
+			t.Fatalf("conversation %d: first turn on engine %d (broker 1, pure pull), next turn on engine %d (broker 2, precise); dispatched %d, offered %d, fallbacks %v",
+				c, first, next, d, o, fb)
+		}
+	}
+}
+
+func affinityBlocks(t *testing.T, base string) int {
+	t.Helper()
+	resp, err := http.Get(base + "/v1/fleet")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var f struct {
+		Models []struct {
+			Affinity map[string]struct {
+				Blocks int `json:"blocks"`
+			} `json:"affinity"`
+		} `json:"models"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&f); err != nil || len(f.Models) == 0 {
+		return 0
+	}
+	return f.Models[0].Affinity["regular"].Blocks
 }
