@@ -24,7 +24,9 @@ const directedInactive = 5 * time.Minute
 // pullAll runs the pull loops of the agent's queues: the shared one and,
 // unless turned off, its directed one; it returns when both have stopped.
 func (a *Agent) pullAll(ctx context.Context, shared *consumerRef, jobs *sync.WaitGroup) {
-	if a.cfg.NoDirected {
+	if a.cfg.NoDirected || a.cfg.Pool == subjects.PoolDecode {
+		// Decode jobs come from prefill agents, always to the shared
+		// queue: the prefix cache pays on the prefill side.
 		a.pull(ctx, shared, jobs)
 		return
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/switchyard-ai/switchyard/kvevents"
 	"github.com/switchyard-ai/switchyard/oaiformat"
 	"github.com/switchyard-ai/switchyard/subjects"
+	"github.com/switchyard-ai/switchyard/wire"
 )
 
 // Prefix-cache affinity (issue 16, docs/affinity.md). After dispatch.Decide
@@ -252,7 +253,8 @@ func (c *Call) prefer(m *dispatch.Model, pool, pair, shared string) string {
 	b := c.b
 	a := &c.aff
 	a.agent, a.pool = "", nil
-	if b.cfg.Affinity.Mode == AffinityOff || (pool != subjects.PoolRegular && pool != subjects.PoolPrefill) {
+	if b.cfg.Affinity.Mode == AffinityOff || (pool != subjects.PoolRegular && pool != subjects.PoolPrefill) ||
+		c.req.API == wire.API_API_EMBEDDINGS {
 		return shared
 	}
 	if len(a.body) != len(c.body) || (len(c.body) > 0 && &a.body[0] != &c.body[0]) {
