@@ -31,6 +31,13 @@ type TreeConfig struct {
 	// MaxBlocks bounds the (block, agent) entries held; past it the least
 	// recently used entry is evicted. Default [DefaultMaxBlocks].
 	MaxBlocks int
+	// Blend counts, for an agent that reports events, its approximate
+	// entries too, and lets its engine's evictions and clears drop both
+	// sources: what the broker just sent it (whose blocks the engine
+	// stores only once its prefill ran) counts at once, and what the
+	// engine evicted stops counting. Without it a precise agent's match
+	// is its engine's word alone.
+	Blend bool
 }
 
 // Tree remembers, for one model and pool, which agents hold which prompt
@@ -72,6 +79,7 @@ type Tree struct {
 	byName     map[string]int32
 	freeAgents []int32
 	evicted    uint64
+	blend      bool
 }
 
 type pair struct {
@@ -110,6 +118,7 @@ func NewTree(cfg TreeConfig) *Tree {
 		keys:   make(map[uint64]int32),
 		words:  1,
 		byName: make(map[string]int32),
+		blend:  cfg.Blend,
 	}
 }
 
@@ -155,7 +164,7 @@ func (t *Tree) Removed(agentName string, keys []uint64) {
 	t.precise[a/64] |= 1 << (a % 64)
 	for _, k := range keys {
 		if e, ok := t.ents[pair{k, a}]; ok {
-			t.clear(e, Precise)
+			t.clear(e, t.engineSources())
 		}
 	}
 }
@@ -170,7 +179,15 @@ func (t *Tree) Cleared(agentName string) {
 		return
 	}
 	t.precise[a/64] |= 1 << (a % 64)
-	t.clearAgent(a, Precise)
+	t.clearAgent(a, t.engineSources())
+}
+
+// engineSources is what an engine's eviction drops.
+func (t *Tree) engineSources() Source {
+	if t.blend {
+		return Precise | Approximate
+	}
+	return Precise
 }
 
 // ForgetPrecise drops what agent's engine reported and makes the agent
@@ -256,6 +273,9 @@ func (t *Tree) held(n int32, out, in *[maxWords]uint64) bool {
 	var some uint64
 	for j := range w {
 		h := m[j]&^t.precise[j] | m[w+j]&t.precise[j]
+		if t.blend {
+			h = m[j] | m[w+j]
+		}
 		if in != nil {
 			h &= in[j]
 		}
@@ -288,6 +308,17 @@ func (t *Tree) Stats() Stats {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
 	return Stats{Blocks: t.n, Keys: len(t.keys), Agents: len(t.byName), Evicted: t.evicted}
+}
+
+// Agents returns the names of the agents the tree knows.
+func (t *Tree) Agents() []string {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	out := make([]string, 0, len(t.byName))
+	for name := range t.byName {
+		out = append(out, name)
+	}
+	return out
 }
 
 // AgentBlocks returns how many entries agent has (0 when unknown).

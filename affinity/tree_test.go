@@ -254,3 +254,24 @@ func TestTreeManyAgents(t *testing.T) {
 		t.Errorf("late = %d, agent-070 = %d", m["late"], m["agent-070"])
 	}
 }
+
+func TestTreeBlend(t *testing.T) {
+	tr := NewTree(TreeConfig{Blend: true})
+	p := prompt("s", 4, 4, "c")
+	tr.Stored("b", p[:2]) // b reports events; its engine holds 2 blocks
+	tr.Insert("b", p)     // and the broker just sent it the whole prompt
+	if m := matches(tr.Match(p, nil)); m["b"] != 8 {
+		t.Fatalf("blend: b = %d, want 8 (what was just sent counts at once)", m["b"])
+	}
+	tr.Removed("b", p[3:4]) // the engine evicts block 3: gone from both sources
+	if m := matches(tr.Match(p, nil)); m["b"] != 3 {
+		t.Fatalf("after eviction b = %d, want 3", m["b"])
+	}
+	tr.Cleared("b")
+	if m := matches(tr.Match(p, nil)); m["b"] != 0 {
+		t.Fatalf("after clear b = %d, want 0", m["b"])
+	}
+	if st := tr.Stats(); st.Blocks != 0 {
+		t.Fatalf("after clear %d entries left", st.Blocks)
+	}
+}

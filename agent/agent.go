@@ -48,6 +48,9 @@ type Agent struct {
 	lastHandoff atomic.Int64 // unix nanos of the last decode job published
 	stateCh     chan struct{}
 	gate        gate // out of service while the engine refuses the agent
+	// slots counts the jobs held from the shared and the directed queue
+	// together, against the one pull limit (see directed.go).
+	slots slotCount
 
 	metrics *Metrics
 	out     *outbox // chunks to brokers, gathered per broker
@@ -254,6 +257,18 @@ func (a *Agent) Run(ctx context.Context) error {
 		<-resendDone
 	}()
 
+	if a.cfg.KVEvents != "" {
+		kvDone := make(chan struct{})
+		kvCtx, stopKV := context.WithCancel(ctx)
+		go func() {
+			defer close(kvDone)
+			a.forwardKV(kvCtx)
+		}()
+		defer func() {
+			stopKV()
+			<-kvDone
+		}()
+	}
 	if err := a.waitHealthy(ctx); err != nil {
 		return nil // ctx ended while warming: nothing held, nothing to drain
 	}
@@ -272,7 +287,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	pulled := make(chan struct{})
 	go func() {
 		defer close(pulled)
-		a.pull(ctx, ref, &jobs)
+		a.pullAll(ctx, ref, &jobs)
 	}()
 	<-ctx.Done()
 	drainStart := time.Now()
@@ -367,6 +382,13 @@ func (a *Agent) consumer(ctx context.Context) (jetstream.Consumer, error) {
 	if err != nil {
 		return nil, err
 	}
+	return a.bindConsumer(ctx, name, filter, 0)
+}
+
+// bindConsumer creates or binds the durable consumer name on filter; an
+// inactive threshold above zero lets JetStream delete it once nobody has
+// pulled it that long (an agent's own directed queue).
+func (a *Agent) bindConsumer(ctx context.Context, name, filter string, inactive time.Duration) (jetstream.Consumer, error) {
 	for delay := 100 * time.Millisecond; ; delay = min(2*delay, 2*time.Second) {
 		// A request sent while NATS goes away gets no answer: bound each
 		// try so the consumer is bound soon after the server is back, not
@@ -380,7 +402,8 @@ func (a *Agent) consumer(ctx context.Context) (jetstream.Consumer, error) {
 			MaxAckPending: -1,
 			// Many agents share the consumer, each with one waiting pull
 			// request at a time.
-			MaxWaiting: 4096,
+			MaxWaiting:        4096,
+			InactiveThreshold: inactive,
 		})
 		cancel()
 		if err == nil {
@@ -423,6 +446,11 @@ type consumerRef struct {
 	mu   sync.Mutex // held while the consumer is being bound again
 	cons jetstream.Consumer
 	gen  int
+	// bind binds the consumer again; nil: the pool's shared consumer.
+	bind func(context.Context) (jetstream.Consumer, error)
+	// yield delays a pull after a slot freed on a full agent, so that
+	// another queue's pull claims it first (see pullAll).
+	yield time.Duration
 }
 
 func (r *consumerRef) get() (jetstream.Consumer, int) {
@@ -439,7 +467,11 @@ func (r *consumerRef) renew(ctx context.Context, a *Agent, gen int) {
 		return
 	}
 	a.log.Warn("jobs consumer gone, binding it again", "stream", a.cfg.Stream)
-	cons, err := a.consumer(ctx)
+	bind := r.bind
+	if bind == nil {
+		bind = a.consumer
+	}
+	cons, err := bind(ctx)
 	if err != nil {
 		return // ctx ended
 	}
@@ -473,9 +505,12 @@ const workerIdle = 10 * time.Second
 // becoming ready), and it keeps one pull request waiting at the server
 // instead of one per idle slot. Pull failures back off (a pull that fails
 // at once must not spin) and a consumer found gone is bound again.
+//
+// The agent runs one such loop per queue it pulls (the shared one and its
+// directed one, see pullAll); they share one count of jobs held, so two
+// pulls may together be offered more than the room left: a job beyond the
+// limit is handed straight back (Nak) and never started.
 func (a *Agent) pull(ctx context.Context, ref *consumerRef, jobs *sync.WaitGroup) {
-	var held atomic.Int32 // jobs taken and not yet ended
-	freed := make(chan struct{}, 1)
 	backoff := time.Duration(0)
 	pause := func() {
 		backoff = min(max(2*backoff, 50*time.Millisecond), pullRetryMax)
@@ -493,13 +528,7 @@ func (a *Agent) pull(ctx context.Context, ref *consumerRef, jobs *sync.WaitGroup
 	defer close(quit)
 	runJob := func(msg jetstream.Msg) {
 		defer jobs.Done()
-		defer func() {
-			held.Add(-1)
-			select {
-			case freed <- struct{}{}:
-			default:
-			}
-		}()
+		defer a.slots.release()
 		a.handle(ctx, msg)
 	}
 	worker := func(msg jetstream.Msg) {
@@ -522,7 +551,9 @@ func (a *Agent) pull(ctx context.Context, ref *consumerRef, jobs *sync.WaitGroup
 			return
 		}
 		now := time.Now()
-		n := a.pullLimit(now) - int(held.Load())
+		freed := a.slots.freed() // before counting: a job ending meanwhile wakes the wait below
+		limit := a.pullLimit(now)
+		n := limit - a.slots.held()
 		if n <= 0 {
 			// Full: wait for a job to end, or for the ramp to make room.
 			var grow <-chan time.Time
@@ -533,6 +564,9 @@ func (a *Agent) pull(ctx context.Context, ref *consumerRef, jobs *sync.WaitGroup
 			}
 			select {
 			case <-freed:
+				if ref.yield > 0 {
+					time.Sleep(ref.yield)
+				}
 			case <-grow:
 			case <-ctx.Done():
 			}
@@ -558,7 +592,11 @@ func (a *Agent) pull(ctx context.Context, ref *consumerRef, jobs *sync.WaitGroup
 				_ = msg.Nak()
 				continue
 			}
-			held.Add(1)
+			if !a.slots.acquire(a.pullLimit(time.Now())) {
+				// The other queue's pull filled the room meanwhile.
+				_ = msg.Nak()
+				continue
+			}
 			jobs.Add(1)
 			select {
 			case work <- msg: // an idle worker takes it
@@ -1135,6 +1173,10 @@ func (a *Agent) Heartbeat() *wire.Heartbeat {
 		hb.EngineRunning = proto.Uint32(uint32(l.Running))
 		hb.EngineWaiting = proto.Uint32(uint32(l.Waiting))
 		hb.KvCacheUsage = proto.Float64(l.KVCacheUsage)
+		if l.HasPrefix {
+			hb.PrefixCacheQueries, hb.PrefixCacheHits = proto.Float64(l.PrefixQueries), proto.Float64(l.PrefixHits)
+		}
 	}
+	hb.KvEvents = a.cfg.KVEvents != ""
 	return hb
 }

@@ -88,6 +88,17 @@ type Config struct {
 	// for its decode leg: a decode job not taken within it is not run
 	// (zero takes DefaultKVHold).
 	KVHold time.Duration
+	// NoDirected turns off the agent's directed queue (prefix-cache
+	// affinity): it pulls only the pool's shared queue, and jobs a broker
+	// offers it first reach it, or another agent, through the shared queue
+	// once the broker's directed bound passes.
+	NoDirected bool
+	// KVEvents is the endpoint of the engine's KV-cache events (vLLM's
+	// --kv-events-config, "tcp://127.0.0.1:5557"); the agent forwards them,
+	// summarised, to the brokers. Empty: none.
+	KVEvents string
+	// KVEventsTopic is the events' topic prefix ("" takes all).
+	KVEventsTopic string
 }
 
 func (c *Config) setDefaults() {

@@ -39,6 +39,11 @@ type Request struct {
 type Load struct {
 	Running, Waiting int
 	KVCacheUsage     float64
+	// PrefixQueries and PrefixHits are the engine's prefix-cache counters
+	// (prompt tokens looked up and found cached since it started), when
+	// HasPrefix says it reports them.
+	PrefixQueries, PrefixHits float64
+	HasPrefix                 bool
 }
 
 // LoadReporter is implemented by engines that can report their load; the

@@ -16,7 +16,8 @@
 // saturation, added TTFT, with a profile per load shape), transition (regular to prefill/decode, count versus
 // capacity mode), dispatch (the dispatch benchmarks and broker memory at
 // 1,000 streams), rollout (issue 13's realistic rollout, its per-window
-// table also printed on stdout). nginx and HAProxy are installed with apt-get when
+// table also printed on stdout), affinity (issue 16: multi-turn chat with
+// prefix caching, affinity versus pure pull and nginx). nginx and HAProxy are installed with apt-get when
 // missing (Debian, as root). Every process the runner starts is stopped
 // when it ends, fails or is interrupted.
 package main
@@ -54,7 +55,7 @@ func main() {
 	}
 }
 
-var scenarios = []string{"overhead", "tokenpath", "scheduling", "transition", "dispatch", "rollout"}
+var scenarios = []string{"overhead", "tokenpath", "scheduling", "transition", "dispatch", "rollout", "affinity"}
 
 func run(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
@@ -104,7 +105,7 @@ func run(ctx context.Context, args []string) error {
 	if b, err := build.CombinedOutput(); err != nil {
 		return fmt.Errorf("go build: %w\n%s", err, b)
 	}
-	if want["overhead"] || want["scheduling"] || want["tokenpath"] {
+	if want["overhead"] || want["scheduling"] || want["tokenpath"] || want["affinity"] {
 		if err := e.ensureProxies(); err != nil {
 			return err
 		}
@@ -127,6 +128,7 @@ func run(ctx context.Context, args []string) error {
 			return e.memory(d)
 		}},
 		{"rollout", e.rollout},
+		{"affinity", e.affinityScenario},
 	}
 	for _, s := range steps {
 		if !want[s.name] {

@@ -65,6 +65,7 @@ type Broker struct {
 	depth       atomic.Pointer[depthReading]
 	stream      atomic.Pointer[jetstream.Stream] // the jobs stream, once EnsureStream made it
 	flight      inFlight                         // jobs dispatched and not yet ended, per queue
+	aff         affinityState                    // prefix-cache affinity (affinity.go)
 	// jobDeletes tracks deletions of abandoned jobs in the background.
 	jobDeletes sync.WaitGroup
 
@@ -232,6 +233,11 @@ func (b *Broker) Run(ctx context.Context) error {
 		return fmt.Errorf("broker: subscribe heartbeats: %w", err)
 	}
 	defer func() { _ = hbSub.Unsubscribe() }()
+	stopAffinity, err := b.startAffinity()
+	if err != nil {
+		return err
+	}
+	defer stopAffinity()
 	if err := b.nc.FlushTimeout(b.publishTimeout); err != nil {
 		// NATS went away again: the subscriptions are sent at reconnect.
 		b.log.Warn("broker: subscriptions not confirmed yet", "err", err)
@@ -513,7 +519,9 @@ func (b *Broker) rebuild() {
 		}
 	}
 	b.mu.Unlock()
-	b.table.Store(dispatch.NewFleet(byModel, now, b.cfg.Dispatch))
+	f := dispatch.NewFleet(byModel, now, b.cfg.Dispatch)
+	b.table.Store(f)
+	b.pruneAffinity(f)
 }
 
 // Fleet is the snapshot of the capacity table the fleet view shows; an

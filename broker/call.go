@@ -98,6 +98,7 @@ type Call struct {
 	deliveryChecked time.Time   // when deliveredUnaccepted last asked
 	handedOff       time.Time   // when the current attempt's prefill leg handed off
 	load            attemptLoad // what the current attempt counts in flight
+	aff             callAffinity
 	watch           *time.Ticker
 	migrations      int
 	repairs         int             // the migrations for chunks lost in transit (see transportRepairLimit)
@@ -216,6 +217,7 @@ func (c *Call) dispatch(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrUnknownModel, err)
 	}
+	subject = c.prefer(m, pool, d.Pair, subject)
 	// Each attempt has its own secret: chunks must bring it back, as the
 	// reply subject is shared by every request of the broker.
 	secret := newSecret()
@@ -261,6 +263,7 @@ func (c *Call) dispatch(ctx context.Context) error {
 	c.attemptStart = b.now()
 	c.jobSeq = ack.Sequence
 	c.load.dispatched(flight, route, c.pair)
+	c.offered(ack.Sequence, data)
 	b.countRoute(c.Model, route)
 	return nil
 }
@@ -522,6 +525,14 @@ func (c *Call) Next(ctx context.Context) (*wire.Chunk, error) {
 				return nil, ctx.Err()
 			case <-c.deadline.C:
 				return nil, fmt.Errorf("%w: request %s", ErrTimeout, c.ID)
+			case <-c.aff.move:
+				if err := c.moveOffer(ctx); err != nil {
+					if err := c.recover(ctx, err); err != nil {
+						return nil, err
+					}
+					c.restartStall()
+				}
+				continue
 			case <-c.stall.C:
 				if c.waitingForDecode() {
 					// Between the hand-off and the decode agent's accept no
@@ -587,8 +598,10 @@ func (c *Call) Next(ctx context.Context) (*wire.Chunk, error) {
 			if ch.GetStage() == wire.Chunk_STAGE_PREFILL {
 				c.prefillAgent = ch.GetAgentId()
 				c.load.prefillTaken()
+				c.accepted(c.prefillAgent, true)
 			} else {
 				c.agent = ch.GetAgentId()
+				c.accepted(c.agent, false)
 				if p := ch.GetPrefillAgent(); p != "" {
 					c.prefillAgent = p
 				}

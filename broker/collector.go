@@ -12,6 +12,7 @@ type fleetCollector struct {
 	b                                *Broker
 	weight, agents, slots, eff, free *prometheus.Desc
 	active, queue                    *prometheus.Desc
+	hitRate, treeBlocks              *prometheus.Desc
 }
 
 // Collector returns a Prometheus collector of the broker's fleet: route
@@ -27,11 +28,14 @@ func (b *Broker) Collector() prometheus.Collector {
 		free:   prometheus.NewDesc("switchyard_pool_free_slots", "Effective slots not in use.", mp, nil),
 		active: prometheus.NewDesc("switchyard_pool_active_jobs", "Jobs the pool's agents hold.", mp, nil),
 		queue:  prometheus.NewDesc("switchyard_queue_depth", "Jobs waiting in the pool's queue.", mp, nil),
+		hitRate: prometheus.NewDesc("switchyard_pool_prefix_cache_hit_ratio",
+			"Prompt tokens found in the engines' prefix caches over those looked up, as the pool's agents report their engines' counters (since the engines started).", mp, nil),
+		treeBlocks: prometheus.NewDesc("switchyard_affinity_tree_blocks", "(block, agent) entries in the pool's prefix-affinity tree.", mp, nil),
 	}
 }
 
 func (c *fleetCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.weight, c.agents, c.slots, c.eff, c.free, c.active, c.queue} {
+	for _, d := range []*prometheus.Desc{c.weight, c.agents, c.slots, c.eff, c.free, c.active, c.queue, c.hitRate, c.treeBlocks} {
 		ch <- d
 	}
 }
@@ -61,6 +65,28 @@ func (c *fleetCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		for k, n := range counts {
 			ch <- prometheus.MustNewConstMetric(c.agents, g, float64(n), name, k[0], k[1])
+		}
+	}
+	for _, k := range c.b.affinityPools() {
+		s := c.b.Affinity(k.model, k.pool)
+		ch <- prometheus.MustNewConstMetric(c.treeBlocks, g, float64(s.Blocks), k.model, k.pool)
+	}
+	type hits struct{ q, h float64 }
+	rates := map[[2]string]*hits{}
+	for _, hb := range c.b.Heartbeats() {
+		if hb.PrefixCacheQueries == nil {
+			continue
+		}
+		k := [2]string{hb.GetModel(), hb.GetPool()}
+		if rates[k] == nil {
+			rates[k] = &hits{}
+		}
+		rates[k].q += hb.GetPrefixCacheQueries()
+		rates[k].h += hb.GetPrefixCacheHits()
+	}
+	for k, r := range rates {
+		if r.q > 0 {
+			ch <- prometheus.MustNewConstMetric(c.hitRate, g, r.h/r.q, k[0], k[1])
 		}
 	}
 	for model, pools := range c.b.QueueDepth() {

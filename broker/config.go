@@ -93,6 +93,9 @@ type Config struct {
 	PublishWait time.Duration
 	// Dispatch configures the routing decision.
 	Dispatch dispatch.Config
+	// Affinity configures prefix-cache affinity within a pool (see
+	// affinity.go); its zero value is DefaultAffinity with defaults.
+	Affinity AffinityConfig
 }
 
 func (c *Config) setDefaults() {
@@ -144,6 +147,7 @@ func (c *Config) setDefaults() {
 	if c.PublishWait == 0 {
 		c.PublishWait = DefaultPublishWait
 	}
+	c.Affinity.setDefaults()
 }
 
 // Validate reports what is wrong with c after defaults are applied.
@@ -169,6 +173,9 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("chunk buffer %d: want at least 1", c.ChunkBuffer))
 	}
 	if err := c.Dispatch.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := c.Affinity.Validate(); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)

@@ -104,6 +104,40 @@ const (
 type attemptLoad struct {
 	pre, main *flightCount
 	stage     int
+	// offered is the agent a directed job waits for (prefix-cache
+	// affinity) until it is taken or moves; agent the agent of the
+	// attempt's affinity pool that holds it (see affinity.go).
+	offered, agent *agentLoad
+}
+
+// offer counts the attempt's job as offered to l.
+func (l *attemptLoad) offer(a *agentLoad) {
+	l.settleOffer()
+	a.offered.Add(1)
+	l.offered = a
+}
+
+// settleOffer ends the offer: taken, moved or abandoned.
+func (l *attemptLoad) settleOffer() {
+	if l.offered != nil {
+		l.offered.offered.Add(-1)
+		l.offered = nil
+	}
+}
+
+// holdAgent counts the attempt as held by a.
+func (l *attemptLoad) holdAgent(a *agentLoad) {
+	l.releaseAgent()
+	a.held.Add(1)
+	l.agent = a
+}
+
+// releaseAgent ends holdAgent.
+func (l *attemptLoad) releaseAgent() {
+	if l.agent != nil {
+		l.agent.held.Add(-1)
+		l.agent = nil
+	}
 }
 
 // dispatched counts a job just published on a queue.
@@ -147,6 +181,8 @@ func (l *attemptLoad) taken() {
 
 // release uncounts the attempt; it is idempotent.
 func (l *attemptLoad) release() {
+	l.settleOffer()
+	l.releaseAgent()
 	switch l.stage {
 	case loadPending:
 		if l.pre != nil {

@@ -23,6 +23,7 @@ type Metrics struct {
 	// droppedChunks counts reply chunks dropped before any request saw
 	// them: undecodable, or without their attempt's secret (forged).
 	droppedChunks *prometheus.CounterVec
+	affinity      *prometheus.CounterVec
 }
 
 // Latency buckets for LLM serving, in seconds: TTFT spans milliseconds
@@ -66,6 +67,10 @@ func NewMetrics() *Metrics {
 		droppedChunks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_dropped_chunks_total", Help: "Reply chunks dropped: undecodable, or without their attempt's secret (bad_secret: forged or misrouted).",
 		}, []string{"reason"}),
+		affinity: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_affinity_dispatches_total",
+			Help: "Prefix-cache affinity per pool: result affinity (offered to the agent caching the longest prefix) or the fallback to the shared queue (no_match, full, imbalanced); not_taken_in_time counts offers that moved to the shared queue.",
+		}, []string{"model", "pool", "result"}),
 		rejections: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_rejections_total", Help: "Requests refused before dispatch, by reason.",
 		}, []string{"reason"}),
@@ -74,7 +79,7 @@ func NewMetrics() *Metrics {
 
 // Register adds every collector to r.
 func (m *Metrics) Register(r prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.requests, m.inflight, m.ttft, m.itl, m.e2e, m.outputTokens, m.rejections, m.retries, m.migrations, m.publishRetries, m.droppedChunks} {
+	for _, c := range []prometheus.Collector{m.requests, m.inflight, m.ttft, m.itl, m.e2e, m.outputTokens, m.rejections, m.retries, m.migrations, m.publishRetries, m.droppedChunks, m.affinity} {
 		if err := r.Register(c); err != nil {
 			return err
 		}

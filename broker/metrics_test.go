@@ -7,10 +7,12 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/switchyard-ai/switchyard/dispatch"
 	"github.com/switchyard-ai/switchyard/internal/goldentest"
 	"github.com/switchyard-ai/switchyard/internal/natstest"
+	"github.com/switchyard-ai/switchyard/wire"
 )
 
 var update = flag.Bool("update", false, "rewrite golden files")
@@ -46,6 +48,10 @@ func TestMetricsGolden(t *testing.T) {
 	m.outputTokens.WithLabelValues("m", "pd").Add(42)
 	m.Reject("queue_full")
 	m.retries.WithLabelValues("agent_lost").Inc()
+	m.affinity.WithLabelValues("m", "regular", AffinityHit).Inc()
+	b.affPool("m", "regular").tree.Insert("r1", []uint64{1, 2})
+	b.agents[agentKey{"m", "r1"}] = &agentEntry{hb: &wire.Heartbeat{AgentId: "r1", Model: "m", Pool: "regular",
+		PrefixCacheQueries: proto.Float64(400), PrefixCacheHits: proto.Float64(300)}}
 
 	reg := prometheus.NewPedanticRegistry()
 	if err := m.Register(reg); err != nil {

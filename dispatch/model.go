@@ -657,6 +657,16 @@ func (m *Model) Pools() []PoolStats {
 // pairing key any prefill or decode agent reports, eligible or not.
 func (m *Model) Pairs() []PairStats { return slices.Clone(m.pairs) }
 
+// AgentsView returns the snapshot's agents without copying them, for hot
+// paths that only read (the broker's affinity choice). Callers must not
+// modify the slice.
+func (m *Model) AgentsView() []AgentView {
+	if m == nil {
+		return nil
+	}
+	return m.agents
+}
+
 // Agents returns a copy of the per-agent views, in the order given to
 // NewModel.
 func (m *Model) Agents() []AgentView {

@@ -29,7 +29,15 @@ const (
 	kindHB     = "hb"
 	kindReply  = "reply"
 	kindCancel = "cancel"
+	kindKV     = "kv"
+	kindLearn  = "learn"
 )
+
+// directedTok separates a queue's subject from the agent a directed job is
+// offered to: <queue>.to.<agent>. A shared queue is exactly two tokens
+// after "jobs" (regular) or three (PD), a directed one four or five, so
+// the literal never meets an escaped pairing in the same place.
+const directedTok = "to"
 
 // Builder builds and parses subjects under one prefix. The zero value is not
 // usable; call New.
@@ -112,6 +120,99 @@ func (b Builder) PDJobs(model, pool, pair string) (string, error) {
 	return base + "." + p, nil
 }
 
+// Directed returns the subject of the directed queue of one agent beside a
+// pool's shared queue: <queue>.to.<agent>, queue as Jobs (pair "") or
+// PDJobs build it, agent escaped. Only that agent pulls it (see
+// DirectedConsumerName); the shared queue's consumer filters on the exact
+// shared subject, so it never takes a directed job.
+func (b Builder) Directed(model, pool, pair, agent string) (string, error) {
+	var base string
+	var err error
+	if pair == "" {
+		base, err = b.Jobs(model, pool)
+	} else {
+		base, err = b.PDJobs(model, pool, pair)
+	}
+	if err != nil {
+		return "", err
+	}
+	a, err := Escape(agent)
+	if err != nil {
+		return "", fmt.Errorf("agent %q: %w", agent, err)
+	}
+	return base + "." + directedTok + "." + a, nil
+}
+
+// DirectedConsumerName returns the durable consumer of one agent's
+// directed queue (see Directed): the pool's consumer name and a short hash
+// of the agent id (and pairing), so any id gives a valid name.
+func DirectedConsumerName(model, pool, pair, agent string) (string, error) {
+	var name string
+	var err error
+	if pair == "" {
+		name, err = ConsumerName(model, pool)
+	} else {
+		name, err = PDConsumerName(model, pool, pair)
+	}
+	if err != nil {
+		return "", err
+	}
+	if agent == "" {
+		return "", ErrEmpty
+	}
+	sum := sha256.Sum256([]byte(agent))
+	return name + "-to-" + hex.EncodeToString(sum[:8]), nil
+}
+
+// KV returns the subject an agent forwards its engine's KV-cache events
+// on, summarised: <prefix>.kv.<model>.<pool>.<agent>.
+func (b Builder) KV(model, pool, agent string) (string, error) {
+	return b.modelPoolAgent(kindKV, model, pool, agent)
+}
+
+// KVAll matches every agent's KV-cache events.
+func (b Builder) KVAll() string { return b.dot + kindKV + ".>" }
+
+// Learn returns the subject a broker shares what it offered on:
+// <prefix>.learn.<model>.<pool>.<broker> carries (agent, block keys) of
+// the requests it sent, so its peers' prefix trees see them too. broker is
+// the broker's own subject-safe id.
+func (b Builder) Learn(model, pool, broker string) (string, error) {
+	if !validID(broker) {
+		return "", fmt.Errorf("%w: broker id %q", ErrBadToken, broker)
+	}
+	return b.modelPoolAgent(kindLearn, model, pool, broker)
+}
+
+// LearnAll matches every broker's shared offers.
+func (b Builder) LearnAll() string { return b.dot + kindLearn + ".>" }
+
+func (b Builder) modelPoolAgent(kind, model, pool, agent string) (string, error) {
+	if !validPool(pool) {
+		return "", fmt.Errorf("%w: pool %q", ErrNotMatch, pool)
+	}
+	m, err := Escape(model)
+	if err != nil {
+		return "", fmt.Errorf("model %q: %w", model, err)
+	}
+	a, err := Escape(agent)
+	if err != nil {
+		return "", fmt.Errorf("agent %q: %w", agent, err)
+	}
+	return b.dot + kind + "." + m + "." + pool + "." + a, nil
+}
+
+// ParseKV parses a subject built by KV; Heartbeat's fields name its
+// tokens.
+func (b Builder) ParseKV(subject string) (Heartbeat, error) {
+	return b.parseModelPoolAgent(subject, kindKV)
+}
+
+// ParseLearn parses a subject built by Learn; Agent is the broker's id.
+func (b Builder) ParseLearn(subject string) (Heartbeat, error) {
+	return b.parseModelPoolAgent(subject, kindLearn)
+}
+
 // JobsAll is the filter of the jobs stream: every model and pool.
 func (b Builder) JobsAll() string { return b.dot + kindJobs + ".>" }
 
@@ -191,17 +292,25 @@ func validID(id string) bool {
 	return true
 }
 
-// Jobs is a parsed jobs subject. Pair is set for PD queues (PDJobs).
-type Jobs struct{ Model, Pool, Pair string }
+// Jobs is a parsed jobs subject. Pair is set for PD queues (PDJobs), To
+// for directed queues (Directed).
+type Jobs struct{ Model, Pool, Pair, To string }
 
-// ParseJobs parses a subject built by Jobs or PDJobs.
+// ParseJobs parses a subject built by Jobs, PDJobs or Directed.
 func (b Builder) ParseJobs(subject string) (Jobs, error) {
-	toks, err := b.split(subject, kindJobs, 2)
+	toks, err := b.splitRange(subject, kindJobs, 2, 5)
 	if err != nil {
-		var err3 error
-		if toks, err3 = b.split(subject, kindJobs, 3); err3 != nil {
+		return Jobs{}, err
+	}
+	var to string
+	if n := len(toks); n >= 4 {
+		if toks[n-2] != directedTok {
+			return Jobs{}, fmt.Errorf("%w: %q is not a directed queue", ErrNotMatch, subject)
+		}
+		if to, err = Unescape(toks[n-1]); err != nil {
 			return Jobs{}, err
 		}
+		toks = toks[:n-2]
 	}
 	m, err := Unescape(toks[0])
 	if err != nil {
@@ -210,7 +319,7 @@ func (b Builder) ParseJobs(subject string) (Jobs, error) {
 	if !validPool(toks[1]) {
 		return Jobs{}, fmt.Errorf("%w: pool %q", ErrNotMatch, toks[1])
 	}
-	j := Jobs{Model: m, Pool: toks[1]}
+	j := Jobs{Model: m, Pool: toks[1], To: to}
 	if len(toks) == 3 {
 		if j.Pool == PoolRegular {
 			return Jobs{}, fmt.Errorf("%w: regular queue with a pairing %q", ErrNotMatch, subject)
@@ -227,7 +336,11 @@ type Heartbeat struct{ Model, Pool, Agent string }
 
 // ParseHeartbeat parses a subject built by Heartbeat.
 func (b Builder) ParseHeartbeat(subject string) (Heartbeat, error) {
-	toks, err := b.split(subject, kindHB, 3)
+	return b.parseModelPoolAgent(subject, kindHB)
+}
+
+func (b Builder) parseModelPoolAgent(subject, kind string) (Heartbeat, error) {
+	toks, err := b.split(subject, kind, 3)
 	if err != nil {
 		return Heartbeat{}, err
 	}
@@ -274,6 +387,12 @@ func (b Builder) ParseCancel(subject string) (string, error) {
 
 // split checks prefix and kind and returns exactly n remaining tokens.
 func (b Builder) split(subject, kind string, n int) ([]string, error) {
+	return b.splitRange(subject, kind, n, n)
+}
+
+// splitRange checks prefix and kind and returns the lo to hi remaining
+// tokens.
+func (b Builder) splitRange(subject, kind string, lo, hi int) ([]string, error) {
 	rest, ok := strings.CutPrefix(subject, b.dot)
 	if !ok {
 		return nil, fmt.Errorf("%w: %q lacks prefix %q", ErrNotMatch, subject, b.prefix)
@@ -283,8 +402,8 @@ func (b Builder) split(subject, kind string, n int) ([]string, error) {
 		return nil, fmt.Errorf("%w: %q is not a %s subject", ErrNotMatch, subject, kind)
 	}
 	toks := strings.Split(rest, ".")
-	if len(toks) != n {
-		return nil, fmt.Errorf("%w: %q has %d tokens after %s, want %d", ErrNotMatch, subject, len(toks), kind, n)
+	if len(toks) < lo || len(toks) > hi {
+		return nil, fmt.Errorf("%w: %q has %d tokens after %s, want %d to %d", ErrNotMatch, subject, len(toks), kind, lo, hi)
 	}
 	return toks, nil
 }

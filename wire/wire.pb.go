@@ -892,7 +892,15 @@ type Heartbeat struct {
 	// their pd_protocol and pd_labels are equal.
 	PdLabels string `protobuf:"bytes,21,opt,name=pd_labels,json=pdLabels,proto3" json:"pd_labels,omitempty"`
 	// The most jobs the agent holds now: its slow-start ramp (<= slots).
-	PullLimit     uint32 `protobuf:"varint,22,opt,name=pull_limit,json=pullLimit,proto3" json:"pull_limit,omitempty"`
+	PullLimit uint32 `protobuf:"varint,22,opt,name=pull_limit,json=pullLimit,proto3" json:"pull_limit,omitempty"`
+	// The engine's prefix-cache counters when it reports them (vLLM's
+	// vllm:prefix_cache_queries_total and _hits_total, in prompt tokens,
+	// since the engine started): the fleet view's hit rate.
+	PrefixCacheQueries *float64 `protobuf:"fixed64,23,opt,name=prefix_cache_queries,json=prefixCacheQueries,proto3,oneof" json:"prefix_cache_queries,omitempty"`
+	PrefixCacheHits    *float64 `protobuf:"fixed64,24,opt,name=prefix_cache_hits,json=prefixCacheHits,proto3,oneof" json:"prefix_cache_hits,omitempty"`
+	// Whether the agent forwards its engine's KV-cache events (the broker's
+	// precise prefix source) on sy.kv.<model>.<pool>.<agent>.
+	KvEvents      bool `protobuf:"varint,25,opt,name=kv_events,json=kvEvents,proto3" json:"kv_events,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1081,6 +1089,27 @@ func (x *Heartbeat) GetPullLimit() uint32 {
 	return 0
 }
 
+func (x *Heartbeat) GetPrefixCacheQueries() float64 {
+	if x != nil && x.PrefixCacheQueries != nil {
+		return *x.PrefixCacheQueries
+	}
+	return 0
+}
+
+func (x *Heartbeat) GetPrefixCacheHits() float64 {
+	if x != nil && x.PrefixCacheHits != nil {
+		return *x.PrefixCacheHits
+	}
+	return 0
+}
+
+func (x *Heartbeat) GetKvEvents() bool {
+	if x != nil {
+		return x.KvEvents
+	}
+	return false
+}
+
 var File_wire_proto protoreflect.FileDescriptor
 
 const file_wire_proto_rawDesc = "" +
@@ -1166,7 +1195,7 @@ const file_wire_proto_rawDesc = "" +
 	"\n" +
 	"STAGE_MAIN\x10\x00\x12\x11\n" +
 	"\rSTAGE_PREFILL\x10\x01J\x04\b\a\x10\bR\n" +
-	"delta_text\"\xa9\x06\n" +
+	"delta_text\"\xdd\a\n" +
 	"\tHeartbeat\x12\x19\n" +
 	"\bagent_id\x18\x01 \x01(\tR\aagentId\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x12\x12\n" +
@@ -1193,10 +1222,15 @@ const file_wire_proto_rawDesc = "" +
 	"\fstate_reason\x18\x14 \x01(\tR\vstateReason\x12\x1b\n" +
 	"\tpd_labels\x18\x15 \x01(\tR\bpdLabels\x12\x1d\n" +
 	"\n" +
-	"pull_limit\x18\x16 \x01(\rR\tpullLimitB\x11\n" +
+	"pull_limit\x18\x16 \x01(\rR\tpullLimit\x125\n" +
+	"\x14prefix_cache_queries\x18\x17 \x01(\x01H\x03R\x12prefixCacheQueries\x88\x01\x01\x12/\n" +
+	"\x11prefix_cache_hits\x18\x18 \x01(\x01H\x04R\x0fprefixCacheHits\x88\x01\x01\x12\x1b\n" +
+	"\tkv_events\x18\x19 \x01(\bR\bkvEventsB\x11\n" +
 	"\x0f_engine_runningB\x11\n" +
 	"\x0f_engine_waitingB\x11\n" +
-	"\x0f_kv_cache_usage*P\n" +
+	"\x0f_kv_cache_usageB\x17\n" +
+	"\x15_prefix_cache_queriesB\x14\n" +
+	"\x12_prefix_cache_hits*P\n" +
 	"\x03API\x12\x13\n" +
 	"\x0fAPI_UNSPECIFIED\x10\x00\x12\f\n" +
 	"\bAPI_CHAT\x10\x01\x12\x12\n" +

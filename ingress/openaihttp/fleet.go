@@ -54,6 +54,11 @@ type fleetModel struct {
 	Pairings  []fleetPair    `json:"pairings"`
 	Recent    fleetRecent    `json:"recent"`
 	Queue     map[string]int `json:"queue"`
+	// Affinity is prefix-cache affinity per pool where it applies
+	// (regular, prefill): the share of requests offered to the agent
+	// caching their prefix, the fallbacks by reason, and the hit rate the
+	// pool's engines report.
+	Affinity map[string]broker.AffinityStats `json:"affinity"`
 }
 
 // fleetPair is one PD pairing: the prefill and decode agents that can hand
@@ -116,8 +121,12 @@ func (s *Server) fleet(w http.ResponseWriter, r *http.Request) {
 		for pool, n := range depth[name] {
 			fm.Queue[pool] = n
 		}
+		fm.Affinity = map[string]broker.AffinityStats{}
 		for _, ps := range m.Pools() {
 			fm.Pools = append(fm.Pools, poolView(ps))
+			if p := ps.Pool.String(); p != "decode" && ps.Agents > 0 {
+				fm.Affinity[p] = s.backend.Affinity(name, p)
+			}
 		}
 		view.Models = append(view.Models, fm)
 		for _, a := range m.Agents() {

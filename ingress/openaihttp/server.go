@@ -24,6 +24,7 @@ type Backend interface {
 	RecentRoutes(model string, window time.Duration) broker.Recent
 	QueueDepth() map[string]map[string]int
 	InFlight(model string) broker.InFlight
+	Affinity(model, pool string) broker.AffinityStats
 }
 
 // DefaultMaxBody is the largest request body accepted. The broker's embedded

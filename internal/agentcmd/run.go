@@ -64,6 +64,9 @@ type options struct {
 	slowFloor    float64
 	keepalive    time.Duration
 	kvHold       time.Duration
+	kvEvents     string
+	kvTopic      string
+	noDirected   bool
 	log          *slog.Logger
 }
 
@@ -87,6 +90,9 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*o
 	fs.DurationVar(&o.slowStart, "slow-start", dispatch.DefaultSlowStart, "after the engine becomes ready, ramp the jobs held from the floor up to --slots over this long, as the broker's --slow-start weighs the agent (0: off)")
 	fs.Float64Var(&o.slowFloor, "slow-start-floor", dispatch.DefaultSlowStartFloor, "fraction of --slots held at the start of the slow-start ramp (at least one job)")
 	fs.DurationVar(&o.keepalive, "keepalive", agent.DefaultKeepalive, "while a job has no token yet (a long prefill, a busy engine, a decode waiting for its KV), tell the broker this often that the engine is working; keep it well under the broker's --stall-timeout (30s) (0: off)")
+	fs.StringVar(&o.kvEvents, "kv-events-endpoint", "", "forward the engine's KV-cache events (its vLLM --kv-events-config endpoint, e.g. tcp://127.0.0.1:5557) to the brokers for precise prefix-cache affinity; the events must carry the broker's block keys, as sim-engine's do (empty: off)")
+	fs.StringVar(&o.kvTopic, "kv-events-topic", "", "topic prefix of the engine's KV events (empty: all)")
+	fs.BoolVar(&o.noDirected, "no-directed", false, "pull only the pool's shared queue, not this agent's directed queue (prefix-cache affinity offers then reach it through the shared queue after the broker's --affinity-wait)")
 	fs.IntVar(&o.bsPort, "bootstrap-port", 0, "SGLang prefill: the engine's bootstrap port, its --disaggregation-bootstrap-port (0: read it from the engine's /server_info)")
 	fs.StringVar(&o.model, "model", "", "model id to serve (default: the engine's first model from /v1/models)")
 	fs.IntVar(&o.slots, "slots", agent.DefaultSlots, "jobs held at once (the engine's useful concurrency)")
@@ -188,6 +194,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		Prefix: o.prefix, Engine: o.engine, Transport: transport,
 		PDProtocol: o.pdProto, BootstrapHost: o.bsHost, BootstrapPort: o.bsPort, PDLabels: o.pdLabels,
 		SlowStart: o.slowStart, SlowStartFloor: o.slowFloor, Keepalive: keepalive, KVHold: o.kvHold,
+		KVEvents: o.kvEvents, KVEventsTopic: o.kvTopic, NoDirected: o.noDirected,
 	}, agent.WithLogger(log))
 	if err != nil {
 		return err

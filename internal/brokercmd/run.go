@@ -2,6 +2,7 @@
 package brokercmd
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -26,6 +27,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
+	"github.com/switchyard-ai/switchyard/affinity"
 	"github.com/switchyard-ai/switchyard/broker"
 	"github.com/switchyard-ai/switchyard/dispatch"
 	"github.com/switchyard-ai/switchyard/ingress/auth"
@@ -93,6 +95,15 @@ type options struct {
 	idleTimeout   time.Duration
 	writeTimeout  time.Duration
 	streamWrite   time.Duration
+	affinity      string
+	affWait       time.Duration
+	affMinBlocks  int
+	affBalAbs     int
+	affBalRel     float64
+	affBlockSize  int
+	affMaxBlocks  int
+	affQueue      int
+	affMode       broker.AffinityMode
 }
 
 func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*options, error) {
@@ -145,6 +156,15 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*o
 	fs.DurationVar(&o.capacityWait, "capacity-wait", 0, "a request for a model that no agent serves right now waits this long for one to become ready, then 503 with Retry-After (0: at once; a retry or migration waits --publish-wait)")
 	fs.IntVar(&o.migrationLim, "migration-limit", broker.DefaultMigrationLimit, "migrations of a stream to another agent after its first token (-1: none; the client then gets one error event)")
 	fs.IntVar(&o.retryLimit, "retry-limit", broker.DefaultRetryLimit, "retries of a request before its first token (another agent or route)")
+	fs.StringVar(&o.affinity, "affinity", broker.DefaultAffinity.String(), "prefix-cache affinity within a pool: off (pure pull), approx (remember which agent took which prompt, shared with the other brokers), or precise (also the KV events agents forward; approximate for agents without)")
+	fs.DurationVar(&o.affWait, "affinity-wait", broker.DefaultAffinityWait, "a job offered to the agent caching its prefix moves to the pool's shared queue if that agent has not taken it within this")
+	g := broker.DefaultAffinityGuard()
+	fs.IntVar(&o.affMinBlocks, "affinity-min-blocks", g.MinBlocks, "shortest cached prefix (in blocks) worth preferring an agent for")
+	fs.IntVar(&o.affBalAbs, "affinity-balance-abs", g.BalanceAbs, "prefer an agent only while its load exceeds the pool's least loaded agent by at most this many requests ...")
+	fs.Float64Var(&o.affBalRel, "affinity-balance-rel", g.BalanceRel, "... or by at most this factor")
+	fs.IntVar(&o.affBlockSize, "affinity-block-size", affinity.DefaultBlockSize, "words per prefix block; match the engines' block size for precise KV events")
+	fs.IntVar(&o.affQueue, "affinity-queue", broker.DefaultAffinityQueue, "offers an agent may have waiting beyond its free slots: a job waits up to --affinity-wait for the agent caching its prefix rather than prefill it elsewhere (0: prefer only agents with a free slot)")
+	fs.IntVar(&o.affMaxBlocks, "affinity-max-blocks", affinity.DefaultMaxBlocks, "bound of (block, agent) entries remembered per model and pool")
 	fs.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	cli.SetUsage(fs, `broker: Switchyard's entry point. OpenAI-compatible HTTP and gRPC in front, NATS
@@ -174,6 +194,11 @@ Usage:
 	if o.jobsStorage != "memory" && o.jobsStorage != "file" {
 		return nil, fmt.Errorf("--jobs-storage %q: want memory or file", o.jobsStorage)
 	}
+	m, err := broker.ParseAffinityMode(o.affinity)
+	if err != nil {
+		return nil, fmt.Errorf("--affinity: %w", err)
+	}
+	o.affMode = m
 	return o, nil
 }
 
@@ -294,6 +319,10 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		CapacityWait:      o.capacityWait,
 		PublishWait:       o.publishWait,
 		Dispatch:          dcfg,
+		Affinity: broker.AffinityConfig{
+			Mode: o.affMode, Wait: o.affWait, Queue: cmp.Or(o.affQueue, -1), // flag 0: none BlockSize: o.affBlockSize, MaxBlocks: o.affMaxBlocks,
+			Guard: affinity.Guard{MinBlocks: o.affMinBlocks, BalanceAbs: o.affBalAbs, BalanceRel: o.affBalRel},
+		},
 	}, broker.WithLogger(log), broker.WithMetrics(metrics))
 	if err != nil {
 		return err

@@ -408,6 +408,12 @@ func ParseLoad(r io.Reader) (agent.Load, error) {
 		case "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage":
 			l.KVCacheUsage = max(l.KVCacheUsage, v)
 			found = true
+		case "vllm:prefix_cache_queries_total", "vllm:prefix_cache_queries":
+			l.PrefixQueries += v
+			l.HasPrefix = true
+		case "vllm:prefix_cache_hits_total", "vllm:prefix_cache_hits":
+			l.PrefixHits += v
+			l.HasPrefix = true
 		}
 	}
 	if err := sc.Err(); err != nil {

@@ -270,6 +270,24 @@
     return `<div class="splitbar" data-split="${kind}" data-regular="${a}" data-pd="${b}">${seg('regular', a, pa)}${seg('pd', b, pb)}</div>`;
   }
 
+  // Prefix-cache affinity per pool: the share of requests offered to the
+  // agent caching their prefix, fallbacks by reason, the engines' hit rate.
+  function affinityHTML(aff) {
+    const pools = Object.keys(aff || {}).sort();
+    if (pools.length === 0) return '';
+    return '<div class="affinity">' + pools.map((p) => {
+      const a = aff[p];
+      const fb = Object.keys(a.fallbacks || {}).sort()
+        .map((r) => `<span class="fb" data-fallback="${esc(r)}">${esc(r.replace(/_/g, ' '))} <b>${num(a.fallbacks[r])}</b></span>`).join('');
+      const hit = a.engine_hit_rate === undefined || a.engine_hit_rate === null ? '–' : (100 * num(a.engine_hit_rate)).toFixed(0) + '%';
+      return `<div class="aff" data-affinity-pool="${esc(p)}" data-share="${num(a.share)}">` +
+        `<span class="pool-tag ${esc(p)}">${esc(p)}</span> <span class="lbl" title="prefix-cache affinity mode">affinity ${esc(a.mode)}</span>` +
+        `<span title="requests offered to the agent caching their prefix">by affinity <b>${(100 * num(a.share)).toFixed(0)}%</b> of ${num(a.dispatched)}</span>` +
+        `<span class="fbs" title="fallbacks to the shared queue">${fb}</span>` +
+        `<span title="prompt tokens found in the engines' prefix caches">engine hit rate <b>${hit}</b></span></div>`;
+    }).join('') + '</div>';
+  }
+
   function modelHTML(m) {
     const wr = num(m.weights && m.weights.regular), wp = num(m.weights && m.weights.pd);
     let queue = '';
@@ -299,7 +317,7 @@
     }).join('');
     return `<div class="model-head"><span class="model-name">${esc(m.model)}</span>` +
       `<span class="mode" title="dispatch weight mode">${esc(m.mode)}</span>${queue}</div>` +
-      `<div class="split">${split}</div>` +
+      `<div class="split">${split}</div>` + affinityHTML(m.affinity) +
       `<table class="pools"><thead><tr><th>Pool</th><th class="num">Agents</th><th class="num">Eligible</th>` +
       `<th class="num">Slots</th><th class="num">Effective</th><th class="num">Active</th><th class="num">Free</th><th>Utilisation</th></tr></thead>` +
       `<tbody>${rows}</tbody></table>`;

@@ -1,0 +1,97 @@
+package subjects
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestDirected(t *testing.T) {
+	b := Must("sy")
+	for _, tc := range []struct {
+		name, model, pool, pair, agent, want string
+	}{
+		{"regular", "m", PoolRegular, "", "a1", "sy.jobs.m.regular.to.a1"},
+		{"escaped agent", "org/m", PoolRegular, "", "node.1", "sy.jobs.org_2Fm.regular.to.node_2E1"},
+		{"prefill pairing", "m", PoolPrefill, "vllm", "p-1", "sy.jobs.m.prefill.vllm.to.p-1"},
+		{"agent named to", "m", PoolRegular, "", "to", "sy.jobs.m.regular.to.to"},
+		{"pairing named to", "m", PoolPrefill, "to", "to", "sy.jobs.m.prefill.to.to.to"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := b.Directed(tc.model, tc.pool, tc.pair, tc.agent)
+			if err != nil || got != tc.want {
+				t.Fatalf("Directed = %q, %v; want %q", got, err, tc.want)
+			}
+			pj, err := b.ParseJobs(got)
+			if err != nil || pj != (Jobs{Model: tc.model, Pool: tc.pool, Pair: tc.pair, To: tc.agent}) {
+				t.Fatalf("ParseJobs = %+v, %v", pj, err)
+			}
+			// The shared queue's consumer filters on its exact subject: a
+			// directed subject has more tokens, so it never matches.
+			var shared string
+			if tc.pair == "" {
+				shared, _ = b.Jobs(tc.model, tc.pool)
+			} else {
+				shared, _ = b.PDJobs(tc.model, tc.pool, tc.pair)
+			}
+			if got == shared || strings.Count(got, ".") <= strings.Count(shared, ".") {
+				t.Fatalf("directed %q could match shared filter %q", got, shared)
+			}
+			n1, _ := DirectedConsumerName(tc.model, tc.pool, tc.pair, tc.agent)
+			n2, _ := DirectedConsumerName(tc.model, tc.pool, tc.pair, tc.agent+"x")
+			if n1 == "" || n1 == n2 || strings.ContainsAny(n1, ".*> ") {
+				t.Fatalf("consumer names %q %q", n1, n2)
+			}
+		})
+	}
+	for _, bad := range []string{"sy.jobs.m.regular.at.a", "sy.jobs.m.regular.x.to.a.b", "sy.jobs.m.prefill.p.tx.a"} {
+		if _, err := b.ParseJobs(bad); err == nil {
+			t.Errorf("ParseJobs(%q) accepted", bad)
+		}
+	}
+	if _, err := b.Directed("m", PoolRegular, "", ""); err == nil {
+		t.Error("empty agent accepted")
+	}
+}
+
+func TestKVAndLearn(t *testing.T) {
+	b := Must("sy")
+	kv, err := b.KV("org/m", PoolPrefill, "a.1")
+	if err != nil || kv != "sy.kv.org_2Fm.prefill.a_2E1" {
+		t.Fatalf("KV = %q, %v", kv, err)
+	}
+	if p, err := b.ParseKV(kv); err != nil || p != (Heartbeat{"org/m", PoolPrefill, "a.1"}) {
+		t.Fatalf("ParseKV = %+v, %v", p, err)
+	}
+	l, err := b.Learn("m", PoolRegular, "b1")
+	if err != nil || l != "sy.learn.m.regular.b1" {
+		t.Fatalf("Learn = %q, %v", l, err)
+	}
+	if p, err := b.ParseLearn(l); err != nil || p.Agent != "b1" {
+		t.Fatalf("ParseLearn = %+v, %v", p, err)
+	}
+	if _, err := b.Learn("m", PoolRegular, "b.1"); err == nil {
+		t.Fatal("unsafe broker id accepted")
+	}
+	if b.KVAll() != "sy.kv.>" || b.LearnAll() != "sy.learn.>" {
+		t.Fatal("wildcards")
+	}
+	if _, err := b.ParseKV(l); err == nil {
+		t.Fatal("learn subject parsed as kv")
+	}
+}
+
+func FuzzDirected(f *testing.F) {
+	f.Add("m", "a")
+	f.Add("meta-llama/Llama-3.1-8B", "to")
+	f.Fuzz(func(t *testing.T, model, agent string) {
+		b := Must("sy")
+		s, err := b.Directed(model, PoolPrefill, "vllm", agent)
+		if err != nil {
+			return
+		}
+		pj, err := b.ParseJobs(s)
+		if err != nil || pj != (Jobs{Model: model, Pool: PoolPrefill, Pair: "vllm", To: agent}) {
+			t.Fatalf("ParseJobs(%q) = %+v, %v", s, pj, err)
+		}
+	})
+}
