@@ -336,7 +336,14 @@ const orphanCancels = 4096
 // cancelOrphan cancels every attempt of a request that is no longer in
 // flight but whose chunks still arrive, at most once a second per
 // request.
+//
+// Only ids this broker issued: its reply subject is shared by all its
+// requests and any agent can publish to it, so a chunk naming another
+// broker's request must not make this one cancel it.
 func (b *Broker) cancelOrphan(id string) {
+	if !strings.HasPrefix(id, b.cfg.ID+"-") {
+		return
+	}
 	now := time.Now()
 	b.orphanMu.Lock()
 	if last, ok := b.orphans[id]; ok && now.Sub(last) < time.Second {

@@ -753,3 +753,42 @@ func TestForgedChunkDropped(t *testing.T) {
 		t.Fatalf("dropped %v forged chunks, want 2", n)
 	}
 }
+
+// A chunk for a request this broker no longer holds makes it cancel that
+// request again (an agent still running it for nobody), but only for ids
+// it issued: its reply subject takes chunks from any agent, and a chunk
+// naming another broker's request must not cancel it.
+func TestOrphanCancelOnlyOwnRequests(t *testing.T) {
+	r := newRig(t, Config{})
+	cancels := make(chan *nats.Msg, 8)
+	sub, err := r.nc.ChanSubscribe(subjects.Must(subjects.DefaultPrefix).CancelAll(), cancels)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	send := func(id string) {
+		data, err := wire.AppendFrame([]byte{wire.FrameMarker}, &wire.Chunk{RequestId: id, Kind: wire.Chunk_KIND_FINAL, Secret: 7})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.nc.Publish(r.b.replyChunks, data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	send("another-broker-1x")
+	own := r.b.cfg.ID + "-zz"
+	send(own)
+	select {
+	case m := <-cancels:
+		if id, err := subjects.Must(subjects.DefaultPrefix).ParseCancel(m.Subject); err != nil || id != own {
+			t.Fatalf("cancel of %q (%v), want only %q", id, err, own)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no cancel for the broker's own finished request")
+	}
+	select {
+	case m := <-cancels:
+		t.Fatalf("a second cancel: %s", m.Subject)
+	case <-time.After(200 * time.Millisecond):
+	}
+}
