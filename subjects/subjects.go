@@ -218,18 +218,7 @@ func (b Builder) JobsAll() string { return b.dot + kindJobs + ".>" }
 
 // Heartbeat returns the subject an agent heartbeats on.
 func (b Builder) Heartbeat(model, pool, agent string) (string, error) {
-	if !validPool(pool) {
-		return "", fmt.Errorf("%w: pool %q", ErrNotMatch, pool)
-	}
-	m, err := Escape(model)
-	if err != nil {
-		return "", fmt.Errorf("model %q: %w", model, err)
-	}
-	a, err := Escape(agent)
-	if err != nil {
-		return "", fmt.Errorf("agent %q: %w", agent, err)
-	}
-	return b.dot + kindHB + "." + m + "." + pool + "." + a, nil
+	return b.modelPoolAgent(kindHB, model, pool, agent)
 }
 
 // HeartbeatsAll matches every heartbeat.
