@@ -320,7 +320,8 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		PublishWait:       o.publishWait,
 		Dispatch:          dcfg,
 		Affinity: broker.AffinityConfig{
-			Mode: o.affMode, Wait: o.affWait, Queue: cmp.Or(o.affQueue, -1), // flag 0: none BlockSize: o.affBlockSize, MaxBlocks: o.affMaxBlocks,
+			Mode: o.affMode, Wait: o.affWait, BlockSize: o.affBlockSize, MaxBlocks: o.affMaxBlocks,
+			Queue: cmp.Or(o.affQueue, -1), // flag 0: none
 			Guard: affinity.Guard{MinBlocks: o.affMinBlocks, BalanceAbs: o.affBalAbs, BalanceRel: o.affBalRel},
 		},
 	}, broker.WithLogger(log), broker.WithMetrics(metrics))
