@@ -32,6 +32,25 @@ type affinityWorkload struct {
 	userWords            int
 	outTokens            int
 	load                 float64
+	// hot conversations (the first hot of convs) have hotTurns turns and
+	// are hotWeight times as likely as the others to take the next
+	// arrival while idle: agent loops and busy users, nearly always in
+	// flight, that a hash pins to one engine.
+	hot, hotTurns, hotWeight int
+	name                     string
+}
+
+// turnsOf is conversation i's number of turns.
+func (w affinityWorkload) turnsOf(i int) int {
+	if i < w.hot {
+		return w.hotTurns
+	}
+	return w.turns
+}
+
+// total is the workload's number of turns.
+func (w affinityWorkload) total() int {
+	return w.hot*w.hotTurns + (w.convs-w.hot)*w.turns
 }
 
 var affinitySpec = engineSpec{Slots: 4, TTFT: 10 * time.Millisecond, ITL: 4 * time.Millisecond, PrefillPerToken: 250 * time.Microsecond}
@@ -52,15 +71,46 @@ type affinityFront struct {
 
 // affinityResult is one front end's measurement.
 type affinityResult struct {
-	ttft          []float64 // ms, of every turn (timeouts and errors as the timeout)
-	goodput       float64   // turns/s meeting the SLO
-	rate          float64   // offered turns/s
-	errors        int
-	hitRate       float64 // the engines' prefix_cache_hits / queries over the run
-	oracle        float64 // the best achievable hit rate of the same turns
-	peakWaiting   []float64
-	dur           time.Duration
-	fleetAffinity string
+	ttft    []float64 // ms, of every turn (timeouts and errors as the timeout)
+	goodput float64   // turns/s meeting the SLO
+	rate    float64   // offered turns/s
+	errors  int
+	hitRate float64 // the engines' prefix_cache_hits / queries over the run
+	oracle  float64 // the best achievable hit rate of the same turns
+	// The counts behind the rates, to pool rounds.
+	good, turns                    int
+	queries, hits, oracleHit, oAll float64
+	p99s                           []float64 // each round's p99, ms
+	peakWaiting                    []float64
+	dur                            time.Duration
+	fleetAffinity                  string
+}
+
+// add pools round r into res.
+func (res *affinityResult) add(r *affinityResult) {
+	res.ttft = append(res.ttft, r.ttft...)
+	slices.Sort(res.ttft)
+	res.good += r.good
+	res.turns += r.turns
+	res.dur += r.dur
+	res.errors += r.errors
+	res.queries += r.queries
+	res.hits += r.hits
+	res.oracleHit += r.oracleHit
+	res.oAll += r.oAll
+	res.peakWaiting = append(res.peakWaiting, r.peakWaiting...)
+	res.p99s = append(res.p99s, percentile(r.ttft, 99))
+	res.fleetAffinity = r.fleetAffinity
+	if res.dur > 0 {
+		res.goodput = float64(res.good) / res.dur.Seconds()
+		res.rate = float64(res.turns) / res.dur.Seconds()
+	}
+	if res.queries > 0 {
+		res.hitRate = res.hits / res.queries
+	}
+	if res.oAll > 0 {
+		res.oracle = res.oracleHit / res.oAll
+	}
 }
 
 func (e *env) affinityScenario(d *doc) error {
@@ -90,10 +140,26 @@ func (e *env) affinityScenario(d *doc) error {
 		engines = append(engines, m[1])
 		kvEndpoints = append(kvEndpoints, ep)
 	}
+	if err := e.affinityCompare(d, w, engines, kvEndpoints, true); err != nil {
+		return err
+	}
+	// The same fleet and load with hot conversations: what the issue says
+	// hashing does badly.
+	hot := w
+	hot.name, hot.hot, hot.hotTurns, hot.hotWeight, hot.turns = "hot", 8, 24, 8, 6
+	if e.quick {
+		hot.hot, hot.hotTurns, hot.turns = 4, 12, 4
+	}
+	return e.affinityCompare(d, hot, engines, kvEndpoints, false)
+}
+
+// affinityCompare runs workload w against every front end and writes its
+// table; main is the issue's workload, whose figures are the targets.
+func (e *env) affinityCompare(d *doc, w affinityWorkload, engines, kvEndpoints []string, main bool) error {
 	// Capacity with every conversation's earlier turns cached: the mean
 	// turn prefills its new user message and the previous answer (and the
 	// first turn of a group its system prompt).
-	newTokens := float64(w.userWords+w.outTokens+4) + float64(w.systemWords)*float64(w.groups)/float64(w.convs*w.turns)
+	newTokens := float64(w.userWords+w.outTokens+4) + float64(w.systemWords)*float64(w.groups)/float64(w.total())
 	svc := affinitySpec.TTFT + time.Duration(newTokens*float64(affinitySpec.PrefillPerToken)) + time.Duration(w.outTokens-1)*affinitySpec.ITL
 	capacity := float64(affinityEngines*affinitySpec.Slots) / svc.Seconds()
 	rate := w.load * capacity
@@ -146,76 +212,116 @@ func (e *env) affinityScenario(d *doc) error {
 	}
 	if e.nginx != "" {
 		var err error
-		if nginxRR, nginxHash, err = e.startNginxHash("aff", engines); err != nil {
+		if nginxRR, nginxHash, err = e.startNginxHash("aff"+w.name, engines); err != nil {
 			return err
 		}
 	} else {
 		setups = setups[:3]
 	}
 	slo := 300 * time.Millisecond
+	// Rounds interleave the front ends, each round with its own
+	// conversations and arrivals, and pool each front end's turns: the p99
+	// of one round's 512 turns is its fifth-worst turn, which one stall of
+	// this shared machine decides.
+	rounds := 3
+	if e.quick {
+		rounds = 1
+	}
 	res := map[string]*affinityResult{}
-	var order []string
-	var cdf []series
+	order := make([]string, len(setups))
 	for i, s := range setups {
-		fe, stop, err := s.start()
-		if err != nil {
-			return fmt.Errorf("affinity %s: %w", s.name, err)
-		}
-		if err := e.waitIdle(engines); err != nil {
+		order[i] = s.name
+	}
+	for round := range rounds {
+		for k := range setups {
+			// Each round starts with the next front end, so none is always
+			// the first after the engines' start or a nginx reload.
+			i := (k + round) % len(setups)
+			s := setups[i]
+			fe, stop, err := s.start()
+			if err != nil {
+				return fmt.Errorf("affinity %s: %w", s.name, err)
+			}
+			if err := e.waitIdle(engines); err != nil {
+				stop()
+				return err
+			}
+			e.logf("affinity: round %d/%d: %s at %.1f turns/s", round+1, rounds, s.name, rate)
+			r, err := e.affinityRun(fe, engines, w, rate, slo, fmt.Sprintf("%srun%d.%d", w.name, i, round), round)
+			if err == nil && s.isSwitch {
+				r.fleetAffinity = fleetAffinityLine(e.ctx, fe.sy)
+			}
 			stop()
-			return err
+			if err != nil {
+				return fmt.Errorf("affinity %s: %w", s.name, err)
+			}
+			if res[s.name] == nil {
+				res[s.name] = &affinityResult{}
+			}
+			res[s.name].add(r)
 		}
-		e.logf("affinity: %s at %.1f turns/s", s.name, rate)
-		r, err := e.affinityRun(fe, engines, w, rate, slo, fmt.Sprintf("run%d", i))
-		if err == nil && s.isSwitch {
-			r.fleetAffinity = fleetAffinityLine(e.ctx, fe.sy)
-		}
-		stop()
-		if err != nil {
-			return fmt.Errorf("affinity %s: %w", s.name, err)
-		}
-		res[s.name] = r
-		order = append(order, s.name)
-		cdf = append(cdf, series{name: s.name, values: r.ttft})
+	}
+	var cdf []series
+	for _, name := range order {
+		cdf = append(cdf, series{name: name, values: res[name].ttft})
 	}
 
 	var b strings.Builder
-	fmt.Fprintf(&b, "## Prefix-cache affinity: multi-turn chat at %.0f%% of capacity\n\n", 100*w.load)
-	fmt.Fprintf(&b, "Four sim-engines with vLLM-like prefix caching (`--enable-prefix-caching --prefix-cache-blocks %d --block-size %d`, LRU; KV events on ZMQ), "+
-		"each %s: the first token costs TTFT plus the prefill of the *uncached* prompt tokens only. "+
-		"Workload: %d conversations of %d turns in %d groups sharing a %d-word system prompt; each turn adds a %d-word user message and re-sends the whole conversation with the previous answers (up to %d tokens each). "+
-		"Turns arrive as a Poisson process (seed 7), each taking the next idle conversation, at %.0f%% of the capacity with every earlier turn cached "+
-		"(mean service %s: %.0f new prompt tokens, %d output tokens; %d slots → %.1f turns/s): **%.1f turns/s**. "+
-		"Each front end gets its own conversations (their system prompts differ), so no run finds another's cache. "+
-		"The engines' cache of %d blocks holds about a quarter of all conversations: an engine that sees every conversation (pull, round robin) evicts.\n\n",
-		affinityCacheBlocks, affinityBlockSize, affinitySpec, w.convs, w.turns, w.groups, w.systemWords, w.userWords, w.outTokens,
-		100*w.load, fmtDur(svc), newTokens, w.outTokens, affinityEngines*affinitySpec.Slots, capacity, rate, affinityCacheBlocks)
-	fmt.Fprintf(&b, "| front end | TTFT p50 | TTFT p90 | TTFT p99 | goodput (TTFT ≤ %s) | engines' prefix hit rate | best achievable | errors | peak queued in an engine | affinity (from /v1/fleet) |\n|---|---|---|---|---|---|---|---|---|---|\n", slo)
+	if main {
+		fmt.Fprintf(&b, "## Prefix-cache affinity: multi-turn chat at %.0f%% of capacity\n\n", 100*w.load)
+		fmt.Fprintf(&b, "Four sim-engines with vLLM-like prefix caching (`--enable-prefix-caching --prefix-cache-blocks %d --block-size %d`, LRU; KV events on ZMQ), "+
+			"each %s: the first token costs TTFT plus the prefill of the *uncached* prompt tokens only. "+
+			"Workload: %d conversations of %d turns in %d groups sharing a %d-word system prompt; each turn adds a %d-word user message and re-sends the whole conversation with the previous answers (up to %d tokens each). "+
+			"Turns arrive as a Poisson process, each taking the next idle conversation, at %.0f%% of the capacity with every earlier turn cached "+
+			"(mean service %s: %.0f new prompt tokens, %d output tokens; %d slots → %.1f turns/s): **%.1f turns/s**. "+
+			"Each front end gets its own conversations (their system prompts differ), so no run finds another's cache. "+
+			"%d rounds interleave the front ends, each round with its own conversations and arrivals (seeds 7 on); a front end's turns of every round are pooled. "+
+			"The engines' cache of %d blocks holds about a quarter of all conversations: an engine that sees every conversation (pull, round robin) evicts.\n\n",
+			affinityCacheBlocks, affinityBlockSize, affinitySpec, w.convs, w.turns, w.groups, w.systemWords, w.userWords, w.outTokens,
+			100*w.load, fmtDur(svc), newTokens, w.outTokens, affinityEngines*affinitySpec.Slots, capacity, rate, rounds, affinityCacheBlocks)
+	} else {
+		fmt.Fprintf(&b, "### The same with hot conversations\n\n")
+		fmt.Fprintf(&b, "The same engines, groups and load (**%.1f turns/s**), but %d of the %d conversations are hot: %d turns each against %d for the others, "+
+			"and %d times as likely to take the next arrival while idle (agent loops, busy users), so they are nearly always in flight and their prompts grow longest. "+
+			"A hash pins each to one engine whatever that engine's load; pull and affinity's guard do not. %d rounds, pooled as above.\n\n",
+			rate, w.hot, w.convs, w.hotTurns, w.turns, w.hotWeight, rounds)
+	}
+	fmt.Fprintf(&b, "| front end | TTFT p50 | TTFT p90 | TTFT p99 | p99 of each round | goodput (TTFT ≤ %s) | engines' prefix hit rate | best achievable | errors | peak queued in an engine | affinity (from /v1/fleet, last round) |\n|---|---|---|---|---|---|---|---|---|---|---|\n", slo)
 	for _, name := range order {
 		r := res[name]
 		pk := slices.Max(append(r.peakWaiting, 0))
-		fmt.Fprintf(&b, "| %s | %s | %s | %s | %.1f turns/s (%.0f%%) | %.0f%% | %.0f%% | %d | %d | %s |\n", name,
-			fmtMS(percentile(r.ttft, 50)), fmtMS(percentile(r.ttft, 90)), fmtMS(percentile(r.ttft, 99)),
+		var p99s []string
+		for _, v := range r.p99s {
+			p99s = append(p99s, fmtMS(v))
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %.1f turns/s (%.0f%%) | %.0f%% | %.0f%% | %d | %d | %s |\n", name,
+			fmtMS(percentile(r.ttft, 50)), fmtMS(percentile(r.ttft, 90)), fmtMS(percentile(r.ttft, 99)), strings.Join(p99s, " / "),
 			r.goodput, 100*r.goodput/r.rate, 100*r.hitRate, 100*r.oracle, r.errors, int(pk), r.fleetAffinity)
 	}
 	fmt.Fprintf(&b, "\nBest achievable is the share of prompt blocks some earlier turn of the same run had sent (an engine with an infinite cache shared by all). "+
 		"Peak queued is the engines' own `vllm:num_requests_waiting` sampled every 100 ms: an agent never sends its engine more than its slots, so under Switchyard it stays 0.\n\n")
-	img := "img/bench-affinity-ttft-cdf.svg"
-	if err := writeCDF(filepath.Join(d.out, img), "TTFT, multi-turn chat at 80% load (CDF, log scale)", cdf, true); err != nil {
+	img, title := "img/bench-affinity-ttft-cdf.svg", "TTFT, multi-turn chat at 80% load (CDF, log scale)"
+	if !main {
+		img, title = "img/bench-affinity-hot-ttft-cdf.svg", "TTFT, multi-turn chat with hot conversations at 80% load (CDF, log scale)"
+	}
+	if err := writeCDF(filepath.Join(d.out, img), title, cdf, true); err != nil {
 		return err
 	}
 	fmt.Fprintf(&b, "![TTFT CDF of multi-turn chat per front end](%s)\n\n", img)
 	d.add(b.String())
 
-	pull, approx, precise := res["Switchyard pure pull"], res["Switchyard affinity approx"], res["Switchyard affinity precise"]
-	best := approx
-	if percentile(precise.ttft, 50) < percentile(approx.ttft, 50) {
-		best = precise
+	// The targets are the default mode's (precise).
+	pull, precise := res["Switchyard pure pull"], res["Switchyard affinity precise"]
+	what := "affinity"
+	if !main {
+		what = "affinity (hot conversations)"
 	}
-	d.target("affinity TTFT p50 vs pure pull", "<= half ("+fmtMS(percentile(pull.ttft, 50)/2)+")", fmtMS(percentile(best.ttft, 50)), percentile(best.ttft, 50) <= percentile(pull.ttft, 50)/2)
-	d.target("affinity engines' hit rate vs best achievable", fmt.Sprintf(">= %.0f%% - 10", 100*best.oracle), fmt.Sprintf("%.0f%%", 100*best.hitRate), best.hitRate >= best.oracle-0.10)
+	if main {
+		d.target(what+" TTFT p50 vs pure pull", "<= half ("+fmtMS(percentile(pull.ttft, 50)/2)+")", fmtMS(percentile(precise.ttft, 50)), percentile(precise.ttft, 50) <= percentile(pull.ttft, 50)/2)
+		d.target(what+" engines' hit rate vs best achievable", fmt.Sprintf(">= %.0f%% - 10", 100*precise.oracle), fmt.Sprintf("%.0f%%", 100*precise.hitRate), precise.hitRate >= precise.oracle-0.10)
+	}
 	if h, ok := res["nginx hash on conversation"]; ok {
-		d.target("affinity TTFT p99 vs nginx hash", "< "+fmtMS(percentile(h.ttft, 99)), fmtMS(percentile(best.ttft, 99)), percentile(best.ttft, 99) < percentile(h.ttft, 99))
+		d.target(what+" TTFT p99 vs nginx hash", "< "+fmtMS(percentile(h.ttft, 99)), fmtMS(percentile(precise.ttft, 99)), percentile(precise.ttft, 99) < percentile(h.ttft, 99))
 	}
 	worst := 0.0
 	for _, n := range []string{"Switchyard pure pull", "Switchyard affinity approx", "Switchyard affinity precise"} {
@@ -231,13 +337,15 @@ type affinityConv struct {
 	system   string
 	msgs     []map[string]string
 	turn     int
+	turns    int
+	weight   int      // its odds of taking an arrival against the others'
 	user     []string // the user messages of each turn
 	inFlight bool
 }
 
 // affinityRun drives the conversations against fe and measures.
-func (e *env) affinityRun(fe affinityFront, engines []string, w affinityWorkload, rate float64, slo time.Duration, tag string) (*affinityResult, error) {
-	rng := rand.New(rand.NewPCG(7, 16))
+func (e *env) affinityRun(fe affinityFront, engines []string, w affinityWorkload, rate float64, slo time.Duration, tag string, round int) (*affinityResult, error) {
+	rng := rand.New(rand.NewPCG(7+uint64(round), 16))
 	words := strings.Fields(strings.Repeat("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa quebec romeo sierra tango uniform victor whiskey xray yankee zulu ", 8))
 	text := func(n int) string {
 		out := make([]string, n)
@@ -252,8 +360,11 @@ func (e *env) affinityRun(fe affinityFront, engines []string, w affinityWorkload
 	}
 	convs := make([]*affinityConv, w.convs)
 	for i := range convs {
-		c := &affinityConv{id: fmt.Sprintf("%s-c%d", tag, i), system: systems[i%w.groups]}
-		for range w.turns {
+		c := &affinityConv{id: fmt.Sprintf("%s-c%d", tag, i), system: systems[i%w.groups], turns: w.turnsOf(i), weight: 1}
+		if i < w.hot {
+			c.weight = w.hotWeight
+		}
+		for range c.turns {
 			c.user = append(c.user, text(w.userWords))
 		}
 		c.msgs = []map[string]string{{"role": "system", "content": c.system}}
@@ -265,13 +376,13 @@ func (e *env) affinityRun(fe affinityFront, engines []string, w affinityWorkload
 	}
 	client := &http.Client{Transport: newTransport(256)}
 	timeout := 20 * time.Second
-	total := w.convs * w.turns
+	total := w.total()
 	var mu sync.Mutex
 	cond := sync.NewCond(&mu)
 	idle := func() []*affinityConv {
 		var out []*affinityConv
 		for _, c := range convs {
-			if !c.inFlight && c.turn < w.turns {
+			if !c.inFlight && c.turn < c.turns {
 				out = append(out, c)
 			}
 		}
@@ -298,7 +409,7 @@ func (e *env) affinityRun(fe affinityFront, engines []string, w affinityWorkload
 		for ready = idle(); len(ready) == 0; ready = idle() {
 			cond.Wait()
 		}
-		c := ready[rng.IntN(len(ready))]
+		c := pickWeighted(rng, ready)
 		c.inFlight = true
 		c.msgs = append(c.msgs, map[string]string{"role": "user", "content": c.user[c.turn]})
 		msgs := slices.Clone(c.msgs)
@@ -345,6 +456,7 @@ func (e *env) affinityRun(fe affinityFront, engines []string, w affinityWorkload
 	slices.Sort(res.ttft)
 	res.goodput = float64(good) / res.dur.Seconds()
 	res.rate = float64(total) / res.dur.Seconds()
+	res.good, res.turns, res.oracleHit, res.oAll = good, total, oracleHit, oracleAll
 	if oracleAll > 0 {
 		res.oracle = oracleHit / oracleAll
 	}
@@ -352,6 +464,7 @@ func (e *env) affinityRun(fe affinityFront, engines []string, w affinityWorkload
 	if err != nil {
 		return nil, err
 	}
+	res.queries, res.hits = q1-q0, h1-h0
 	if q1 > q0 {
 		res.hitRate = (h1 - h0) / (q1 - q0)
 	}
@@ -541,4 +654,19 @@ http {
 		}
 	}
 	return rr, hash, nil
+}
+
+// pickWeighted picks one of convs with odds by their weight.
+func pickWeighted(rng *rand.Rand, convs []*affinityConv) *affinityConv {
+	sum := 0
+	for _, c := range convs {
+		sum += c.weight
+	}
+	n := rng.IntN(sum)
+	for _, c := range convs {
+		if n -= c.weight; n < 0 {
+			return c
+		}
+	}
+	return convs[len(convs)-1]
 }
