@@ -18,17 +18,17 @@ const (
 
 // request is a validated OpenAI request reduced to what the simulator uses.
 type request struct {
-	api          API
-	model        string
-	prompt       string // rendered chat prompt, or the completion prompt
+	api    API
+	model  string
+	prompt string // rendered chat prompt, or the completion prompt
 	// chat holds a chat's messages (role, text content) for the ChatML
 	// rendering of KVHashTokens; nil for a completion.
 	chat          []chatText
 	continueFinal bool
-	maxTokens    int
-	stops        []string
-	stream       bool
-	includeUsage bool
+	maxTokens     int
+	stops         []string
+	stream        bool
+	includeUsage  bool
 
 	// pdRaw is kept undecoded so that a regular engine ignores it as it
 	// ignores any unknown field; PD engines decode it in checkPD.
