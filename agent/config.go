@@ -107,6 +107,10 @@ type Config struct {
 	// KVBlockSize is the engine's block size in tokens until its first
 	// event tells it (default 16, vLLM's).
 	KVBlockSize int
+	// AffinityBlockSize is the brokers' words per prefix block (their
+	// --affinity-block-size, default 16): KVHashVLLM translates to the
+	// keys they compute.
+	AffinityBlockSize int
 }
 
 func (c *Config) setDefaults() {
@@ -201,8 +205,8 @@ func (c Config) Validate() error {
 	if c.KVEventsHash != KVHashBroker && c.KVEventsHash != KVHashVLLM {
 		errs = append(errs, fmt.Errorf("kv events hash %q: want %s or %s", c.KVEventsHash, KVHashBroker, KVHashVLLM))
 	}
-	if c.KVBlockSize < 0 {
-		errs = append(errs, fmt.Errorf("kv block size %d: want a positive size", c.KVBlockSize))
+	if c.KVBlockSize < 0 || c.AffinityBlockSize < 0 {
+		errs = append(errs, fmt.Errorf("kv block size %d, affinity block size %d: want positive sizes", c.KVBlockSize, c.AffinityBlockSize))
 	}
 	if c.KVHold < 0 {
 		errs = append(errs, fmt.Errorf("kv hold %s: want a positive duration", c.KVHold))

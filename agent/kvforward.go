@@ -48,7 +48,7 @@ func (a *Agent) setupKVTranslation() error {
 	if a.tokenizer == nil {
 		return errors.New("agent: kv events hash vllm needs a tokenizer (an HTTP engine with vLLM's /tokenize)")
 	}
-	a.kvt = newKVTranslator(a.cfg.KVBlockSize, DefaultKVTranslateBlocks, DefaultKVTranslatePrefixes, func(outcome string, n int) {
+	a.kvt = newKVTranslator(a.cfg.KVBlockSize, a.cfg.AffinityBlockSize, DefaultKVTranslateBlocks, DefaultKVTranslatePrefixes, func(outcome string, n int) {
 		a.metrics.kvBlocks.WithLabelValues(outcome).Add(float64(n))
 	})
 	a.tokSem = make(chan struct{}, max(2, a.cfg.Slots))
@@ -136,7 +136,7 @@ func (a *Agent) learn(ctx context.Context, api wire.API, body []byte, p oaiforma
 	a.kvt.mu.Lock()
 	bs := a.kvt.blockSize
 	a.kvt.mu.Unlock()
-	plan, aligned := planPrompt(&pt, bs) // outside the lock: the costly part
+	plan, aligned := planPrompt(&pt, bs, a.kvt.keyBlock) // outside the lock: the costly part
 	if !aligned {
 		return KVTokenizeUnaligned
 	}

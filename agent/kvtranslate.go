@@ -58,7 +58,8 @@ const (
 // engine block standing for it is held, removed when the last goes.
 type kvTranslator struct {
 	mu         sync.Mutex
-	blockSize  int
+	blockSize  int // the engine's, in tokens
+	keyBlock   int // the brokers', in words
 	maxBlocks  int
 	maxPrefix  int
 	blocks     map[uint64]*engineBlock // engine hash →
@@ -79,15 +80,19 @@ type engineBlock struct {
 	prev, next   *engineBlock
 }
 
-func newKVTranslator(blockSize, maxBlocks, maxPrefixes int, count func(string, int)) *kvTranslator {
+func newKVTranslator(blockSize, keyBlock, maxBlocks, maxPrefixes int, count func(string, int)) *kvTranslator {
 	if blockSize <= 0 {
 		blockSize = affinity.DefaultBlockSize
+	}
+	if keyBlock <= 0 {
+		keyBlock = affinity.DefaultBlockSize
 	}
 	if count == nil {
 		count = func(string, int) {}
 	}
 	t := &kvTranslator{
 		blockSize: blockSize,
+		keyBlock:  keyBlock,
 		maxBlocks: max(1, maxBlocks),
 		maxPrefix: max(1, maxPrefixes),
 		count:     count,
@@ -162,21 +167,21 @@ type promptPlan struct {
 // of a role, the start of that message's content; for the closing
 // "assistant:", the end of the prompt. aligned is false when no content
 // was found (nothing can be translated).
-func planPrompt(p *promptTokens, blockSize int) (plan promptPlan, aligned bool) {
+func planPrompt(p *promptTokens, blockSize, keyBlock int) (plan promptPlan, aligned bool) {
 	text := string(p.Text) // one copy, for strings.Index
 	var keys []uint64
 	var ends []affinity.BlockEnd
 	var contents []string
 	if p.Prompt.Chat {
-		keys = affinity.AppendChatKeys(nil, affinity.DefaultBlockSize, p.Prompt.Messages)
-		ends = affinity.ChatBlockEnds(nil, affinity.DefaultBlockSize, p.Prompt.Messages)
+		keys = affinity.AppendChatKeys(nil, keyBlock, p.Prompt.Messages)
+		ends = affinity.ChatBlockEnds(nil, keyBlock, p.Prompt.Messages)
 		contents = make([]string, len(p.Prompt.Messages))
 		for i, m := range p.Prompt.Messages {
 			contents[i] = m.Content
 		}
 	} else {
-		keys = affinity.AppendKeys(nil, affinity.DefaultBlockSize, p.Prompt.Text)
-		ends = affinity.PromptBlockEnds(nil, affinity.DefaultBlockSize, p.Prompt.Text)
+		keys = affinity.AppendKeys(nil, keyBlock, p.Prompt.Text)
+		ends = affinity.PromptBlockEnds(nil, keyBlock, p.Prompt.Text)
 		contents = []string{p.Prompt.Text}
 	}
 	// starts[i]: where content i begins in the engine's text; MaxInt once

@@ -30,7 +30,7 @@ func BenchmarkKVTranslateLearn(b *testing.B) {
 				}
 				pt := promptTokens{Prompt: p, IDs: r.Tokens}
 				pt.Text, pt.Ends = oaiformat.TokenText(nil, make([]int, 0, len(r.TokenStrs)), r.TokenStrs)
-				plan, _ := planPrompt(&pt, tr.blockSize)
+				plan, _ := planPrompt(&pt, tr.blockSize, tr.keyBlock)
 				tr.mu.Lock()
 				tr.learn(plan)
 				tr.mu.Unlock()

@@ -87,7 +87,7 @@ type kvCounts map[string]int
 
 func newTestTranslator(maxBlocks, maxPrefixes int) (*kvTranslator, kvCounts) {
 	c := kvCounts{}
-	return newKVTranslator(16, maxBlocks, maxPrefixes, func(o string, n int) { c[o] += n }), c
+	return newKVTranslator(16, 16, maxBlocks, maxPrefixes, func(o string, n int) { c[o] += n }), c
 }
 
 // learnMsgs tokenizes msgs with v and teaches tr.
@@ -96,7 +96,7 @@ func learnMsgs(t testing.TB, tr *kvTranslator, v *vllmLike, msgs []affinity.Mess
 	resp := v.tokenize(t, msgs)
 	pt := promptTokens{Prompt: oaiformat.Prompt{Chat: true, Messages: msgs}, IDs: resp.Tokens}
 	pt.Text, pt.Ends = oaiformat.TokenText(nil, nil, resp.TokenStrs)
-	plan, aligned := planPrompt(&pt, tr.blockSize)
+	plan, aligned := planPrompt(&pt, tr.blockSize, tr.keyBlock)
 	if !aligned {
 		t.Fatal("prompt not aligned")
 	}
