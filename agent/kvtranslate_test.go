@@ -385,3 +385,34 @@ func TestKVTranslateCoversOnlyCachedText(t *testing.T) {
 		})
 	}
 }
+
+// FuzzKVTranslatePlan: whatever an engine answers to /tokenize, planning
+// never panics and names only keys of the prompt, in order.
+func FuzzKVTranslatePlan(f *testing.F) {
+	f.Add("system", "you are kind", "user", "hi there", "<|im_start|>system\nyou are kind<|im_end|>\n<|im_start|>user\nhi there", uint8(3))
+	f.Add("a", "", "b", "x", "ĠxĠyĊ", uint8(1))
+	f.Fuzz(func(t *testing.T, r1, c1, r2, c2, engineText string, tokLen uint8) {
+		msgs := []affinity.Message{{Role: r1, Content: c1}, {Role: r2, Content: c2}}
+		n := int(tokLen%7) + 1
+		var strs []string
+		var ids []uint32
+		for i := 0; i < len(engineText); i += n {
+			strs = append(strs, engineText[i:min(i+n, len(engineText))])
+			ids = append(ids, uint32(i))
+		}
+		pt := promptTokens{Prompt: oaiformat.Prompt{Chat: true, Messages: msgs}, IDs: ids}
+		pt.Text, pt.Ends = oaiformat.TokenText(nil, nil, strs)
+		if len(pt.Ends) != len(strs) {
+			t.Fatalf("%d ends for %d tokens", len(pt.Ends), len(strs))
+		}
+		plan, _ := planPrompt(&pt, 2, 2)
+		keys := affinity.AppendChatKeys(nil, 2, msgs)
+		var named []uint64
+		for _, ks := range plan.keys {
+			named = append(named, ks...)
+		}
+		if len(named) > len(keys) || !slices.Equal(named, keys[:len(named)]) {
+			t.Fatalf("named %x of keys %x", named, keys)
+		}
+	})
+}
