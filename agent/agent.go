@@ -874,8 +874,9 @@ func (a *Agent) handle(ctx context.Context, msg jetstream.Msg) {
 	}
 	req := &Request{RequestID: id, API: job.GetApi(), Body: body, Job: job}
 	if a.cfg.Pool != subjects.PoolDecode {
-		// Beside the engine call, never before it: a prompt's engine
-		// blocks are translated whichever comes first.
+		// In a goroutine of its own, beside the engine call: nothing on
+		// the job's path waits for it (a prompt's engine blocks are
+		// translated whichever of the events and the tokens comes first).
 		a.learnPrompt(job)
 	}
 	if prefill {

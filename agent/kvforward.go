@@ -99,10 +99,6 @@ func (a *Agent) learnPrompt(job *wire.Job) {
 	if a.kvt == nil {
 		return
 	}
-	p, ok := oaiformat.PromptOf(job.GetApi(), job.GetBody())
-	if !ok {
-		return
-	}
 	select {
 	case a.tokSem <- struct{}{}:
 	default:
@@ -113,6 +109,10 @@ func (a *Agent) learnPrompt(job *wire.Job) {
 	go func() {
 		defer a.tokWG.Done()
 		defer func() { <-a.tokSem }()
+		p, ok := oaiformat.PromptOf(job.GetApi(), job.GetBody())
+		if !ok {
+			return // embeddings, token-id prompts: no broker keys
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), tokenizeTimeout)
 		defer cancel()
 		outcome := a.learn(ctx, job.GetApi(), job.GetBody(), p)
