@@ -43,6 +43,20 @@ type Hasher struct {
 	total    int    // complete pieces in all
 	keys     []uint64
 	pieceIDs []uint32
+
+	// Block ends (RecordBlockEnds): where the piece in progress last grew.
+	ends      bool
+	tag       int
+	pos       int // bytes of the current write consumed
+	lastTag   int
+	lastEnd   int
+	blockEnds []BlockEnd
+}
+
+// BlockEnd tells where a block's last piece ends: after byte Off of the
+// text written since Mark(Tag).
+type BlockEnd struct {
+	Tag, Off int
 }
 
 // NewHasher returns a Hasher for blocks of blockSize pieces (at least 1;
@@ -72,7 +86,22 @@ func (h *Hasher) Reset(dst []uint64) {
 	h.idh = fnvOffset32
 	h.keys = dst
 	h.pieceIDs = h.pieceIDs[:0]
+	h.tag, h.pos, h.lastTag, h.lastEnd = 0, 0, 0, 0
+	h.blockEnds = h.blockEnds[:0]
 }
+
+// RecordBlockEnds makes the Hasher record, per block, where its last
+// piece ends ([Hasher.BlockEnds]), so that a caller can tell which text a
+// block key stands for.
+func (h *Hasher) RecordBlockEnds(on bool) { h.ends = on }
+
+// Mark starts a new part of the text: offsets of block ends are counted
+// from here, under tag.
+func (h *Hasher) Mark(tag int) { h.tag, h.pos = tag, 0 }
+
+// BlockEnds returns the recorded block ends, one per key so far; the
+// slice is reused by Reset.
+func (h *Hasher) BlockEnds() []BlockEnd { return h.blockEnds }
 
 // BlockSize returns the pieces per block.
 func (h *Hasher) BlockSize() int { return h.blockSize }
@@ -95,6 +124,9 @@ func (h *Hasher) WriteString(s string) (int, error) {
 				h.endPiece()
 			} else {
 				h.addByte(c)
+				if h.ends {
+					h.lastTag, h.lastEnd = h.tag, h.pos+i+1
+				}
 			}
 			i++
 			continue
@@ -105,10 +137,14 @@ func (h *Hasher) WriteString(s string) (int, error) {
 		} else {
 			for j := range n {
 				h.addByte(s[i+j])
+				if h.ends {
+					h.lastTag, h.lastEnd = h.tag, h.pos+i+j+1
+				}
 			}
 		}
 		i += n
 	}
+	h.pos += len(s)
 	return len(s), nil
 }
 
@@ -140,6 +176,9 @@ func (h *Hasher) endPiece() {
 	}
 	h.idh = fnvOffset32
 	if h.pieces == h.blockSize {
+		if h.ends {
+			h.blockEnds = append(h.blockEnds, BlockEnd{Tag: h.lastTag, Off: h.lastEnd})
+		}
 		k := mix(h.h)
 		h.keys = append(h.keys, k)
 		h.h = seeded(k)
@@ -184,6 +223,7 @@ func AppendKeys(dst []uint64, blockSize int, text string) []uint64 {
 		h.blockSize = DefaultBlockSize
 	}
 	h.Reset(dst)
+	h.Mark(ChatContent(0))
 	_, _ = h.WriteString(text)
 	return h.Keys()
 }
@@ -206,12 +246,54 @@ func AppendChatKeys(dst []uint64, blockSize int, msgs []Message) []uint64 {
 		h.blockSize = DefaultBlockSize
 	}
 	h.Reset(dst)
-	for _, m := range msgs {
+	h.writeChat(msgs)
+	return h.Keys()
+}
+
+// writeChat writes the chat rendering of AppendChatKeys, marked with the
+// tags of [ChatRole], [ChatContent] and [ChatTail].
+func (h *Hasher) writeChat(msgs []Message) {
+	for i, m := range msgs {
+		h.Mark(ChatRole(i))
 		_, _ = h.WriteString(m.Role)
 		_, _ = h.WriteString(": ")
+		h.Mark(ChatContent(i))
 		_, _ = h.WriteString(m.Content)
 		_, _ = h.WriteString("\n")
 	}
+	h.Mark(ChatTail(len(msgs)))
 	_, _ = h.WriteString("assistant:")
-	return h.Keys()
+}
+
+// Tags of the parts of a chat prompt in [ChatBlockEnds]: message i's role
+// (with its ": "), its content, and the closing "assistant:" after n
+// messages. A completion prompt is ChatContent(0).
+func ChatRole(i int) int    { return 2 * i }
+func ChatContent(i int) int { return 2*i + 1 }
+func ChatTail(n int) int    { return 2 * n }
+
+// ChatBlockEnds appends to dst, per block key of AppendChatKeys(msgs),
+// where the block's last piece ends: in message i's role, in its content
+// (Off is then the byte offset in Content just past the piece), or in the
+// closing "assistant:". An engine that has cached a prompt up to that
+// point holds what the key stands for (see docs/affinity.md).
+func ChatBlockEnds(dst []BlockEnd, blockSize int, msgs []Message) []BlockEnd {
+	h := NewHasher(blockSize)
+	h.RecordBlockEnds(true)
+	h.blockEnds = dst
+	h.writeChat(msgs)
+	h.Keys()
+	return h.blockEnds
+}
+
+// PromptBlockEnds is ChatBlockEnds for a completion prompt, one part
+// tagged ChatContent(0).
+func PromptBlockEnds(dst []BlockEnd, blockSize int, text string) []BlockEnd {
+	h := NewHasher(blockSize)
+	h.RecordBlockEnds(true)
+	h.blockEnds = dst
+	h.Mark(ChatContent(0))
+	_, _ = h.WriteString(text)
+	h.Keys()
+	return h.blockEnds
 }

@@ -139,3 +139,42 @@ func TestAppendKeysAllocs(t *testing.T) {
 		t.Errorf("AppendKeys allocates %v times", n)
 	}
 }
+
+func TestChatBlockEnds(t *testing.T) {
+	msgs := []Message{
+		{Role: "system", Content: strings.Repeat("you are a careful assistant ", 9)},
+		{Role: "user", Content: "a question with averyveryverylongwordthatsplitsintopieces in it"},
+		{Role: "assistant", Content: strings.Repeat("an answer ", 12)},
+		{Role: "user", Content: "and more"},
+	}
+	keys := AppendChatKeys(nil, 4, msgs)
+	ends := ChatBlockEnds(nil, 4, msgs)
+	if len(ends) != len(keys) {
+		t.Fatalf("%d ends for %d keys", len(ends), len(keys))
+	}
+	// The text up to each block end, rendered, keys to exactly the
+	// blocks up to that one.
+	for b, e := range ends {
+		var text string
+		i := e.Tag / 2
+		for _, m := range msgs[:min(i, len(msgs))] {
+			text += m.Role + ": " + m.Content + "\n"
+		}
+		switch {
+		case e.Tag == ChatTail(len(msgs)):
+			text += "assistant:"
+		case e.Tag%2 == 1:
+			text += msgs[i].Role + ": " + msgs[i].Content[:e.Off]
+		default:
+			text += (msgs[i].Role + ": ")[:e.Off]
+		}
+		got := AppendKeys(nil, 4, text)
+		if len(got) != b+1 || got[b] != keys[b] {
+			t.Fatalf("block %d ends at %+v: the text up to it (%q) makes %d keys", b, e, text, len(got))
+		}
+	}
+	pe := PromptBlockEnds(nil, 4, msgs[1].Content)
+	if len(pe) != len(AppendKeys(nil, 4, msgs[1].Content)) {
+		t.Fatalf("prompt ends %v", pe)
+	}
+}

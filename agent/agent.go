@@ -55,6 +55,14 @@ type Agent struct {
 	metrics *Metrics
 	out     *outbox // chunks to brokers, gathered per broker
 
+	// KV-event translation (Config.KVEventsHash vllm; kvforward.go): nil
+	// kvt means the events are forwarded as they are.
+	kvt       *kvTranslator
+	tokenizer PromptTokenizer
+	kvSubj    string
+	tokSem    chan struct{} // bounds the tokenize calls in flight
+	tokWG     sync.WaitGroup
+
 	mu           sync.Mutex           // guards jobs, ended, cancelled and drainExpired
 	jobs         map[string][]heldJob // by request: a migrated request may have two attempts here a moment
 	ended        []endedStream        // streams that ended within resendWindow, oldest first
@@ -165,6 +173,9 @@ func New(nc *nats.Conn, engine Engine, cfg Config, opts ...Option) (*Agent, erro
 		o(a)
 	}
 	a.log = a.log.With("agent", cfg.ID, "model", cfg.Model, "pool", cfg.Pool)
+	if err := a.setupKVTranslation(); err != nil {
+		return nil, err
+	}
 	return a, nil
 }
 
@@ -257,6 +268,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		<-resendDone
 	}()
 
+	defer a.tokWG.Wait() // tokenize calls are bounded by their timeout
 	if a.cfg.KVEvents != "" {
 		kvDone := make(chan struct{})
 		kvCtx, stopKV := context.WithCancel(ctx)
@@ -861,6 +873,12 @@ func (a *Agent) handle(ctx context.Context, msg jetstream.Msg) {
 		}
 	}
 	req := &Request{RequestID: id, API: job.GetApi(), Body: body, Job: job}
+	if a.cfg.Pool != subjects.PoolDecode {
+		// In a goroutine of its own, beside the engine call: nothing on
+		// the job's path waits for it (a prompt's engine blocks are
+		// translated whichever of the events and the tokens comes first).
+		a.learnPrompt(job)
+	}
 	if prefill {
 		a.prefill(actx, req, out, pf)
 		return

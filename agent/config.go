@@ -99,6 +99,18 @@ type Config struct {
 	KVEvents string
 	// KVEventsTopic is the events' topic prefix ("" takes all).
 	KVEventsTopic string
+	// KVEventsHash says what the engine's block hashes are: KVHashBroker
+	// (the default: the broker's keys, as sim-engine's are) or KVHashVLLM
+	// (hashes of token ids, which the agent translates to broker keys by
+	// tokenizing each prompt with the engine: it needs WithTokenizer).
+	KVEventsHash string
+	// KVBlockSize is the engine's block size in tokens until its first
+	// event tells it (default 16, vLLM's).
+	KVBlockSize int
+	// AffinityBlockSize is the brokers' words per prefix block (their
+	// --affinity-block-size, default 16): KVHashVLLM translates to the
+	// keys they compute.
+	AffinityBlockSize int
 }
 
 func (c *Config) setDefaults() {
@@ -141,6 +153,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.KVHold == 0 {
 		c.KVHold = DefaultKVHold
+	}
+	if c.KVEventsHash == "" {
+		c.KVEventsHash = KVHashBroker
 	}
 	if l, err := subjects.CanonicalLabels(c.PDLabels); err == nil {
 		c.PDLabels = l // a bad value stays for Validate to refuse
@@ -187,6 +202,12 @@ func (c Config) Validate() error {
 	if err := c.ramp().Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("slow start: %w", err))
 	}
+	if c.KVEventsHash != KVHashBroker && c.KVEventsHash != KVHashVLLM {
+		errs = append(errs, fmt.Errorf("kv events hash %q: want %s or %s", c.KVEventsHash, KVHashBroker, KVHashVLLM))
+	}
+	if c.KVBlockSize < 0 || c.AffinityBlockSize < 0 {
+		errs = append(errs, fmt.Errorf("kv block size %d, affinity block size %d: want positive sizes", c.KVBlockSize, c.AffinityBlockSize))
+	}
 	if c.KVHold < 0 {
 		errs = append(errs, fmt.Errorf("kv hold %s: want a positive duration", c.KVHold))
 	}
@@ -198,6 +219,10 @@ func (c Config) Validate() error {
 
 // Option sets a rarely needed knob.
 type Option func(*Agent)
+
+// WithTokenizer sets what tokenizes prompts with the engine for
+// Config.KVEventsHash KVHashVLLM.
+func WithTokenizer(t PromptTokenizer) Option { return func(a *Agent) { a.tokenizer = t } }
 
 // WithLogger sets the logger (default slog.Default()).
 func WithLogger(l *slog.Logger) Option { return func(a *Agent) { a.log = l } }

@@ -16,7 +16,10 @@ type Metrics struct {
 	// agent published and the chunks in them: their ratio is how well the
 	// outbox gathers.
 	replyMsgs, replyChunks prometheus.Counter
-	a                      *Agent
+	// kvBlocks counts the engine blocks of KV events by translation
+	// outcome, kvTokenize the prompts tokenized for it (kvforward.go).
+	kvBlocks, kvTokenize *prometheus.CounterVec
+	a                    *Agent
 }
 
 // Job outcomes.
@@ -55,6 +58,12 @@ func newMetrics(a *Agent) *Metrics {
 		replyMsgs: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "switchyard_agent_reply_messages_total", Help: "Framed reply messages published to brokers (each holds one or more chunks).",
 		}),
+		kvBlocks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_agent_kv_blocks_total", Help: "Engine blocks of BlockStored events with --kv-events-hash vllm, by outcome: translated (to broker keys as it arrived), unmatched (no recent prompt had its tokens when it arrived), unknown_parent (not translated); late counts unmatched ones translated once their prompt was tokenized.",
+		}, []string{"outcome"}),
+		kvTokenize: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_agent_kv_tokenize_total", Help: "Prompts tokenized with the engine for --kv-events-hash vllm, by outcome: ok, error, skipped (too many in flight), unaligned (no message content found in the engine's text).",
+		}, []string{"outcome"}),
 		replyChunks: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "switchyard_agent_reply_chunks_total", Help: "Chunks sent to brokers in framed reply messages.",
 		}),
@@ -63,7 +72,7 @@ func newMetrics(a *Agent) *Metrics {
 
 // Register adds the agent's collectors to r.
 func (m *Metrics) Register(r prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.jobs, m.ttft, m.duration, m.active, m.hbErrors, m.publishRetries, m.replyMsgs, m.replyChunks} {
+	for _, c := range []prometheus.Collector{m.jobs, m.ttft, m.duration, m.active, m.hbErrors, m.publishRetries, m.replyMsgs, m.replyChunks, m.kvBlocks, m.kvTokenize} {
 		if err := r.Register(c); err != nil {
 			return err
 		}

@@ -20,6 +20,9 @@ func TestMetricsGolden(t *testing.T) {
 	m.ttft.Observe(0.02)
 	m.duration.Observe(1.2)
 	m.hbErrors.Inc()
+	m.kvBlocks.WithLabelValues(KVBlockTranslated).Add(5)
+	m.kvBlocks.WithLabelValues(KVBlockUnknownParent).Inc()
+	m.kvTokenize.WithLabelValues(KVTokenizeOK).Inc()
 	reg := prometheus.NewPedanticRegistry()
 	if err := m.Register(reg); err != nil {
 		t.Fatal(err)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/switchyard-ai/switchyard/internal/testwait"
 	"github.com/switchyard-ai/switchyard/kvevents"
+	"github.com/switchyard-ai/switchyard/simengine"
 	"github.com/switchyard-ai/switchyard/subjects"
 	"github.com/switchyard-ai/switchyard/wire"
 )
@@ -308,6 +309,75 @@ func TestAffinityPreciseFromEngineEvents(t *testing.T) {
 			t.Fatalf("conversation %d: first turn on engine %d (broker 1, pure pull), next turn on engine %d (broker 2, precise); dispatched %d, offered %d, fallbacks %v",
 				c, first, next, d, o, fb)
 		}
+	}
+}
+
+// TestAffinityPreciseTranslatedFromVLLMHashes: the engines name their
+// blocks as real vLLM does (token ids over their own ChatML template,
+// seeded hashes), so their KV events mean nothing to the broker as they
+// are. Agents with --kv-events-hash vllm tokenize each prompt with the
+// engine and translate; the precise broker then sends each next turn to
+// the engine that cached the conversation. Forwarded untranslated
+// (--kv-events-hash broker), the same events match nothing.
+func TestAffinityPreciseTranslatedFromVLLMHashes(t *testing.T) {
+	for _, tc := range []struct {
+		hash      string
+		translate bool
+	}{{"vllm", true}, {"broker", false}} {
+		t.Run(tc.hash, func(t *testing.T) {
+			b1 := startBroker(t, "--affinity", "off")
+			b2 := startBroker(t, "--affinity", "precise", "--affinity-wait", "3s", "--nats-url", b1.NATS)
+			var engines []*engine
+			var ids []string
+			for i := range 3 {
+				cfg := simengineConfig("m")
+				cfg.PrefixCacheBlocks = 4096
+				cfg.PrefillPerToken = 10 * time.Microsecond
+				cfg.KVHash = simengine.KVHashTokens
+				cfg.KVEvents = kvevents.Config{Enabled: true, Publisher: "zmq", Endpoint: "tcp://127.0.0.1:0"}
+				e := startEngine(t, cfg)
+				engines = append(engines, e)
+				id := fmt.Sprintf("%s%d", tc.hash, i)
+				ids = append(ids, id)
+				startAgent(t, b1.NATS, id, e, 2, "--kv-events-endpoint", e.KVEventsEndpoint(), "--kv-events-hash", tc.hash)
+			}
+			waitEligible(t, b2.HTTP, ids...)
+			known := 0
+			const conversations = 4
+			for c := range conversations {
+				sys := longSystem(fmt.Sprintf("vllm-hash-%d", c))
+				first := servedBy(t, b1.HTTP, chatTurn(sys, "first question"), engines...)
+				// Translated or not, the events reach broker 2's tree.
+				testwait.For(t, 10*time.Second, 20*time.Millisecond, func() error {
+					n := affinityBlocks(t, b2.HTTP)
+					if n <= known {
+						return fmt.Errorf("broker 2 holds %d blocks, had %d", n, known)
+					}
+					known = n
+					return nil
+				})
+				_, hitsBefore, _ := engines[first].PrefixCache()
+				next := servedBy(t, b2.HTTP, chatTurn(sys, "first question", "an answer", "second question"), engines...)
+				if !tc.translate {
+					continue
+				}
+				if next != first {
+					d, o, fb := getAffinity(t, b2.HTTP)
+					t.Fatalf("conversation %d: first turn on engine %d (broker 1, pure pull), next turn on engine %d (broker 2, precise); dispatched %d, offered %d, fallbacks %v",
+						c, first, next, d, o, fb)
+				}
+				if _, hits, _ := engines[first].PrefixCache(); hits <= hitsBefore {
+					t.Fatalf("conversation %d: engine %d reports no prefix-cache hit for the next turn (%d -> %d)", c, first, hitsBefore, hits)
+				}
+			}
+			_, offered, fallbacks := getAffinity(t, b2.HTTP)
+			switch {
+			case tc.translate && offered < conversations:
+				t.Fatalf("broker 2 offered %d turns by affinity, want %d (fallbacks %v)", offered, conversations, fallbacks)
+			case !tc.translate && offered != 0:
+				t.Fatalf("untranslated engine hashes matched: broker 2 offered %d turns by affinity", offered)
+			}
+		})
 	}
 }
 

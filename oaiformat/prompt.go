@@ -24,31 +24,53 @@ type promptBody struct {
 // (embeddings, token-id prompts): such a request simply has no prefix to
 // match.
 func PromptKeys(dst []uint64, blockSize int, api wire.API, body []byte) []uint64 {
+	p, ok := PromptOf(api, body)
+	switch {
+	case !ok:
+		return dst
+	case p.Chat:
+		return affinity.AppendChatKeys(dst, blockSize, p.Messages)
+	default:
+		return affinity.AppendKeys(dst, blockSize, p.Text)
+	}
+}
+
+// Prompt is what the broker keys of a request's prompt are made of.
+type Prompt struct {
+	// Chat tells a chat prompt (Messages) from a completion one (Text).
+	Chat     bool
+	Messages []affinity.Message
+	Text     string
+}
+
+// PromptOf returns the prompt PromptKeys keys, false for a body without
+// one.
+func PromptOf(api wire.API, body []byte) (Prompt, bool) {
 	var b promptBody
 	if json.Unmarshal(body, &b) != nil {
-		return dst
+		return Prompt{}, false
 	}
 	switch api {
 	case wire.API_API_CHAT:
 		if len(b.Messages) == 0 {
-			return dst
+			return Prompt{}, false
 		}
 		msgs := make([]affinity.Message, len(b.Messages))
 		for i, m := range b.Messages {
 			msgs[i] = affinity.Message{Role: m.Role, Content: textContent(m.Content)}
 		}
-		return affinity.AppendChatKeys(dst, blockSize, msgs)
+		return Prompt{Chat: true, Messages: msgs}, true
 	case wire.API_API_COMPLETION:
 		var s string
 		if json.Unmarshal(b.Prompt, &s) == nil {
-			return affinity.AppendKeys(dst, blockSize, s)
+			return Prompt{Text: s}, true
 		}
 		var list []string
 		if json.Unmarshal(b.Prompt, &list) == nil && len(list) == 1 {
-			return affinity.AppendKeys(dst, blockSize, list[0])
+			return Prompt{Text: list[0]}, true
 		}
 	}
-	return dst
+	return Prompt{}, false
 }
 
 // textContent is a message's text: a string, or its text parts joined.

@@ -68,6 +68,14 @@
 // BlockStored per run of new blocks (parent hash, one token id per word),
 // BlockRemoved for evictions. A decode engine does not use the cache.
 //
+// With [Config.KVHash] [KVHashTokens] the cache behaves as real vLLM's
+// instead: blocks are token ids of the simulator's tokenizer over a
+// ChatML rendering of the chat (a different template from the broker's),
+// named by hashes of (parent hash, token ids) chained from a per-process
+// seed, and the counters count those tokens. Only an agent that
+// tokenizes each prompt with the engine (POST /tokenize, vLLM's shape,
+// byte-level token strings) can translate its events to broker keys.
+//
 // # Prefill/decode disaggregation
 //
 // [Config.Role] makes an engine a prefill or a decode engine of

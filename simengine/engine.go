@@ -3,6 +3,7 @@ package simengine
 import (
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -77,7 +78,27 @@ type Config struct {
 	// KVEvents publishes the prefix cache's stores and evictions as vLLM's
 	// --kv-events-config does; it needs the prefix cache.
 	KVEvents kvevents.Config
+	// KVHash is how the prefix cache names its blocks: [KVHashBroker] (the
+	// default) or [KVHashTokens]. See the package comment, "Prefix cache".
+	KVHash string
+	// KVHashSeed seeds KVHashTokens' chain, vLLM's NONE_HASH; 0 draws a
+	// random one per process, as vLLM does unless PYTHONHASHSEED is set.
+	KVHashSeed uint64
 }
+
+// Prefix cache block naming, Config.KVHash.
+const (
+	// KVHashBroker: blocks are prompt words, named by the broker's block
+	// keys (affinity.AppendKeys over the sim template's rendering), so
+	// KV events name what the broker looks up.
+	KVHashBroker = "broker"
+	// KVHashTokens: as real vLLM, blocks are token ids of the simulator's
+	// tokenizer over a ChatML rendering (<|im_start|>role\n...<|im_end|>),
+	// named by a seeded chain of hashes of token ids, which only an
+	// agent that tokenizes the prompt with the engine (/tokenize) can
+	// translate to broker keys.
+	KVHashTokens = "tokens"
+)
 
 // LoadNever as [Config.LoadTime] makes an engine that never becomes
 // healthy, like one whose weights fail to load.
@@ -139,6 +160,11 @@ func (c Config) Validate() error {
 	}
 	if c.PrefixCacheBlocks < 0 || c.PrefixBlockSize < 0 {
 		errs = append(errs, fmt.Errorf("%w: prefix cache blocks and block size must not be negative", ErrInvalidConfig))
+	}
+	switch c.KVHash {
+	case "", KVHashBroker, KVHashTokens:
+	default:
+		errs = append(errs, fmt.Errorf("%w: kv hash %q: want %s or %s", ErrInvalidConfig, c.KVHash, KVHashBroker, KVHashTokens))
 	}
 	if c.KVEvents.Enabled && c.PrefixCacheBlocks == 0 {
 		errs = append(errs, fmt.Errorf("%w: kv events need the prefix cache", ErrInvalidConfig))
@@ -252,6 +278,15 @@ func New(cfg Config, opts ...Option) (*Engine, error) {
 			e.kvpub = p
 		}
 		e.cache = newPrefixCache(cfg.PrefixCacheBlocks, cfg.PrefixBlockSize, e.kvpub)
+		if cfg.KVHash == KVHashTokens {
+			seed := cfg.KVHashSeed
+			for seed == 0 {
+				var b [8]byte
+				_, _ = rand.Read(b[:])
+				seed = binary.LittleEndian.Uint64(b[:])
+			}
+			e.cache.tokens, e.cache.seed = simTokenizer(), seed
+		}
 	}
 	switch cfg.Role {
 	case RolePrefill:
@@ -565,7 +600,7 @@ func (e *Engine) run(ctx context.Context, r *request, s sink) (err error) {
 	if e.cache != nil && (r.pd == nil || r.pd.role != RoleDecode) {
 		// Looked up when scheduled, as vLLM does; only the uncached
 		// tokens are prefilled.
-		pc = e.cache.begin(r.prompt, o.promptTokens)
+		pc = e.cache.begin(r, o.promptTokens)
 		ttft = e.prefillTime(o.promptTokens, pc.cached)
 	}
 	if r.pd != nil && r.pd.role == RoleDecode {

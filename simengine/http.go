@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/switchyard-ai/switchyard/oaiformat"
 )
 
 // maxBodyBytes bounds a request body.
@@ -20,6 +22,7 @@ const maxBodyBytes = 32 << 20
 //	POST /v1/completions
 //	POST /v1/embeddings (deterministic vectors; see Engine.Embed)
 //	GET  /v1/models
+//	POST /tokenize (vLLM's: the simulator's tokenizer, with token strings)
 //	GET  /server_info, /get_server_info (SGLang's, with the bootstrap port)
 //	GET  /health
 //	GET  /metrics
@@ -31,6 +34,7 @@ func (e *Engine) Handler() http.Handler {
 	mux.Handle("/v1/chat/completions", allow(http.MethodPost, e.completions(APIChat)))
 	mux.Handle("/v1/completions", allow(http.MethodPost, e.completions(APICompletion)))
 	mux.Handle("/v1/models", allow(http.MethodGet, e.whenLoaded(http.HandlerFunc(e.models))))
+	mux.Handle("/tokenize", allow(http.MethodPost, e.whenLoaded(http.HandlerFunc(e.tokenize))))
 	mux.Handle("/server_info", allow(http.MethodGet, http.HandlerFunc(e.serverInfo)))
 	mux.Handle("/get_server_info", allow(http.MethodGet, http.HandlerFunc(e.serverInfo)))
 	if !e.cfg.NoEmbeddings {
@@ -213,6 +217,76 @@ func (e *Engine) models(w http.ResponseWriter, _ *http.Request) {
 		Object string  `json:"object"`
 		Data   []model `json:"data"`
 	}{"list", []model{{ID: e.cfg.Model, Object: "model", Created: time.Now().Unix(), OwnedBy: "switchyard-sim"}}})
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(b)
+}
+
+// tokenize is vLLM's /tokenize: a prompt, or messages rendered with the
+// engine's chat template (ChatML with KVHashTokens, the simulator's own
+// otherwise), encoded with the simulator's tokenizer. Token strings are
+// spelled as a byte-level BPE vocabulary spells them ("Ġword"), as
+// vLLM's convert_ids_to_tokens gives them for such tokenizers.
+func (e *Engine) tokenize(w http.ResponseWriter, hr *http.Request) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, hr.Body, maxBodyBytes))
+	if err != nil {
+		writeError(w, badRequest("", "reading body: %v", err))
+		return
+	}
+	var req struct {
+		oaiformat.TokenizeRequest
+		Messages []chatMessage `json:"messages"`
+	}
+	if err := json.Unmarshal(body, &req); err != nil {
+		writeError(w, badRequest("", "invalid request body: %v", err))
+		return
+	}
+	if req.Model != "" && req.Model != e.cfg.Model {
+		writeError(w, &Error{Status: http.StatusNotFound, Type: "NotFoundError", Code: "model_not_found",
+			Message: "the model `" + req.Model + "` does not exist"})
+		return
+	}
+	var text string
+	switch {
+	case req.Messages != nil:
+		msgs, rerr := chatTexts(req.Messages)
+		if rerr != nil {
+			writeError(w, rerr)
+			return
+		}
+		if len(msgs) == 0 {
+			writeError(w, badRequest("messages", "messages must be a non-empty array"))
+			return
+		}
+		gen := req.AddGenerationPrompt == nil || *req.AddGenerationPrompt
+		if e.cfg.KVHash == KVHashTokens {
+			text = renderChatML(msgs, gen && !req.ContinueFinalMessage, req.ContinueFinalMessage)
+		} else {
+			text = renderChat(msgs, req.ContinueFinalMessage)
+		}
+	case req.Prompt != nil:
+		text = *req.Prompt
+	default:
+		writeError(w, badRequest("prompt", "either prompt or messages is required"))
+		return
+	}
+	tok := simTokenizer()
+	ids, err := tok.Encode(text)
+	if err != nil {
+		writeError(w, badRequest("", "%v", err))
+		return
+	}
+	out := oaiformat.TokenizeResponse{Count: len(ids), MaxModelLen: MaxTokensLimit, Tokens: ids}
+	if out.Tokens == nil {
+		out.Tokens = []uint32{}
+	}
+	if req.ReturnTokenStrs {
+		out.TokenStrs = make([]string, len(ids))
+		for i, id := range ids {
+			b, _ := tok.Token(id)
+			out.TokenStrs[i] = oaiformat.ByteLevelTokenStr(b)
+		}
+	}
+	b, _ := json.Marshal(out)
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = w.Write(b)
 }

@@ -1,6 +1,8 @@
 package simengine
 
 import (
+	"crypto/sha256"
+	"encoding/binary"
 	"sync"
 	"sync/atomic"
 
@@ -25,6 +27,10 @@ type prefixCache struct {
 	blockSize int
 	capacity  int
 	pub       *kvevents.Publisher // nil: no events
+	// tokens, when set, names blocks as real vLLM does (KVHashTokens):
+	// token ids of a ChatML rendering, hashes chained from seed.
+	tokens *Tokenizer
+	seed   uint64
 
 	queries atomic.Int64 // prompt tokens looked up
 	hits    atomic.Int64 // prompt tokens found cached
@@ -56,22 +62,43 @@ func newPrefixCache(blocks, blockSize int, pub *kvevents.Publisher) *prefixCache
 // prefixRun is one request's view of the cache: its hasher runs over the
 // prompt, then over the generated text.
 type prefixRun struct {
-	h *affinity.Hasher
-	// cached is how many prompt tokens were found cached.
+	h blockHasher
+	// cached is how many prompt tokens (words) were found cached.
 	cached int
 }
 
-// begin looks prompt up when the request is scheduled and returns how
-// much of it is cached. As vLLM does, at most promptTokens-1 tokens hit,
-// since the last prompt token must be computed for its logits.
-func (c *prefixCache) begin(prompt string, promptTokens int) *prefixRun {
-	r := &prefixRun{h: affinity.NewHasher(c.blockSize)}
-	r.h.RecordPieceIDs(c.pub != nil)
-	_, _ = r.h.WriteString(prompt)
+// blockHasher names a text's full blocks: *affinity.Hasher (blocks of
+// words, broker keys) or *tokenHasher (blocks of token ids).
+type blockHasher interface {
+	WriteString(s string) (int, error)
+	Keys() []uint64
+	// PieceIDs are the token ids the blocks are made of.
+	PieceIDs() []uint32
+}
+
+// begin looks r's prompt up when the request is scheduled and returns
+// how much of it is cached. As vLLM does, at most all tokens but the last
+// hit, since the last prompt token must be computed for its logits.
+// promptTokens is the prompt's length in words, the unit of the timing
+// model.
+func (c *prefixCache) begin(req *request, promptTokens int) *prefixRun {
+	r := &prefixRun{}
+	total := promptTokens // in the cache's tokens
+	if c.tokens != nil {
+		th := &tokenHasher{tok: c.tokens, blockSize: c.blockSize, seed: c.seed}
+		_, _ = th.WriteString(req.cacheText())
+		total = len(th.ids)
+		r.h = th
+	} else {
+		h := affinity.NewHasher(c.blockSize)
+		h.RecordPieceIDs(c.pub != nil)
+		_, _ = h.WriteString(req.prompt)
+		r.h = h
+	}
 	keys := r.h.Keys()
 	limit := 0
-	if promptTokens > 0 {
-		limit = min(len(keys), (promptTokens-1)/c.blockSize)
+	if total > 0 {
+		limit = min(len(keys), (total-1)/c.blockSize)
 	}
 	c.mu.Lock()
 	n := 0
@@ -82,11 +109,56 @@ func (c *prefixCache) begin(prompt string, promptTokens int) *prefixRun {
 		c.touch(c.m[keys[i]])
 	}
 	c.mu.Unlock()
-	r.cached = n * c.blockSize
-	c.queries.Add(int64(promptTokens))
-	c.hits.Add(int64(r.cached))
+	hit := n * c.blockSize
+	c.queries.Add(int64(total))
+	c.hits.Add(int64(hit))
+	r.cached = hit
+	if total != promptTokens && total > 0 {
+		r.cached = promptTokens * hit / total // the share of the prompt's words
+	}
 	return r
 }
+
+// tokenHasher names blocks of token ids as vLLM does: block i's hash is
+// a hash of (block i-1's hash, its token ids), block 0's parent a
+// per-process seed (vLLM's NONE_HASH). Text written to it is tokenized
+// write by write: the prompt, then each generated token, as vLLM extends
+// a request's token ids.
+type tokenHasher struct {
+	tok       *Tokenizer
+	blockSize int
+	seed      uint64
+	ids       []uint32
+	keys      []uint64
+	buf       []byte
+}
+
+func (h *tokenHasher) WriteString(s string) (int, error) {
+	ids, err := h.tok.Encode(s)
+	if err != nil {
+		return 0, err
+	}
+	h.ids = append(h.ids, ids...)
+	return len(s), nil
+}
+
+func (h *tokenHasher) Keys() []uint64 {
+	for n := len(h.keys); (n+1)*h.blockSize <= len(h.ids); n++ {
+		parent := h.seed
+		if n > 0 {
+			parent = h.keys[n-1]
+		}
+		h.buf = binary.LittleEndian.AppendUint64(h.buf[:0], parent)
+		for _, id := range h.ids[n*h.blockSize : (n+1)*h.blockSize] {
+			h.buf = binary.LittleEndian.AppendUint32(h.buf, id)
+		}
+		sum := sha256.Sum256(h.buf)
+		h.keys = append(h.keys, binary.BigEndian.Uint64(sum[24:])) // vLLM's int form keeps the low bytes
+	}
+	return h.keys
+}
+
+func (h *tokenHasher) PieceIDs() []uint32 { return h.ids }
 
 // store caches the full blocks the run has hashed so far.
 func (c *prefixCache) store(r *prefixRun) {

@@ -18,13 +18,17 @@ const (
 
 // request is a validated OpenAI request reduced to what the simulator uses.
 type request struct {
-	api          API
-	model        string
-	prompt       string // rendered chat prompt, or the completion prompt
-	maxTokens    int
-	stops        []string
-	stream       bool
-	includeUsage bool
+	api    API
+	model  string
+	prompt string // rendered chat prompt, or the completion prompt
+	// chat holds a chat's messages (role, text content) for the ChatML
+	// rendering of KVHashTokens; nil for a completion.
+	chat          []chatText
+	continueFinal bool
+	maxTokens     int
+	stops         []string
+	stream        bool
+	includeUsage  bool
 
 	// pdRaw is kept undecoded so that a regular engine ignores it as it
 	// ignores any unknown field; PD engines decode it in checkPD.
@@ -107,9 +111,11 @@ func parseChat(body []byte) (*request, *Error) {
 	}
 	r := &request{api: APIChat, model: b.Model, stream: b.Stream, pdRaw: b.pdFields}
 	var err *Error
-	if r.prompt, err = renderChat(b.Messages, b.ContinueFinalMessage); err != nil {
+	if r.chat, err = chatTexts(b.Messages); err != nil {
 		return nil, err
 	}
+	r.continueFinal = b.ContinueFinalMessage
+	r.prompt = renderChat(r.chat, b.ContinueFinalMessage)
 	limit, param := b.MaxCompletionTokens, "max_completion_tokens"
 	if limit == nil {
 		limit, param = b.MaxTokens, "max_tokens"
@@ -210,27 +216,72 @@ func messageContent(i int, raw json.RawMessage) (string, *Error) {
 	return sb.String(), nil
 }
 
-// renderChat is the simulator's chat template (see the package comment).
-func renderChat(msgs []chatMessage, continueFinal bool) (string, *Error) {
-	var sb strings.Builder
-	last := len(msgs) - 1
-	cont := continueFinal && msgs[last].Role == "assistant"
+// chatText is one chat message reduced to its text.
+type chatText struct {
+	role, content string
+}
+
+// chatTexts validates msgs and returns their text.
+func chatTexts(msgs []chatMessage) ([]chatText, *Error) {
+	out := make([]chatText, len(msgs))
 	for i, m := range msgs {
 		if m.Role == "" {
-			return "", badRequest("messages", "messages[%d].role is required", i)
+			return nil, badRequest("messages", "messages[%d].role is required", i)
 		}
 		content, err := messageContent(i, m.Content)
 		if err != nil {
-			return "", err
+			return nil, err
 		}
-		sb.WriteString(m.Role)
+		out[i] = chatText{m.Role, content}
+	}
+	return out, nil
+}
+
+// renderChat is the simulator's chat template (see the package comment).
+func renderChat(msgs []chatText, continueFinal bool) string {
+	var sb strings.Builder
+	last := len(msgs) - 1
+	cont := continueFinal && msgs[last].role == "assistant"
+	for i, m := range msgs {
+		sb.WriteString(m.role)
 		sb.WriteString(": ")
-		sb.WriteString(content)
+		sb.WriteString(m.content)
 		if i == last && cont {
-			return sb.String(), nil
+			return sb.String()
 		}
 		sb.WriteByte('\n')
 	}
 	sb.WriteString("assistant:")
-	return sb.String(), nil
+	return sb.String()
+}
+
+// renderChatML is the template of KVHashTokens, ChatML's (Qwen's and
+// others'), unlike the broker's rendering: "<|im_start|>role\ncontent
+// <|im_end|>\n" per message, then "<|im_start|>assistant\n" when
+// generating.
+func renderChatML(msgs []chatText, addGeneration, continueFinal bool) string {
+	var sb strings.Builder
+	last := len(msgs) - 1
+	for i, m := range msgs {
+		sb.WriteString("<|im_start|>")
+		sb.WriteString(m.role)
+		sb.WriteByte('\n')
+		sb.WriteString(m.content)
+		if i == last && continueFinal && m.role == "assistant" {
+			return sb.String()
+		}
+		sb.WriteString("<|im_end|>\n")
+	}
+	if addGeneration {
+		sb.WriteString("<|im_start|>assistant\n")
+	}
+	return sb.String()
+}
+
+// cacheText is the text the prefix cache of KVHashTokens tokenizes.
+func (r *request) cacheText() string {
+	if r.chat == nil {
+		return r.prompt
+	}
+	return renderChatML(r.chat, true, r.continueFinal)
 }

@@ -31,7 +31,12 @@
 // JSON ({"enable_kv_cache_events":true,"publisher":"zmq",
 // "endpoint":"tcp://*:5557","topic":""}) and publishes the cache's
 // BlockStored and BlockRemoved events in vLLM's format over ZMQ; the bound
-// endpoint is logged as kv_events_endpoint.
+// endpoint is logged as kv_events_endpoint. --kv-events-hash tokens makes
+// the cache name its blocks as real vLLM does (token ids of a ChatML
+// rendering, hashed with a per-process seed) and POST /tokenize answers
+// as vLLM's, so that a worker-agent's --kv-events-hash vllm translation
+// is exercised without a GPU; the default, broker, names blocks by the
+// broker's own keys.
 //
 // With --grpc-listen (default empty: off) it also serves vLLM's gRPC engine
 // service, vllm.grpc.engine.VllmEngine, on that address, logged as

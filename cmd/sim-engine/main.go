@@ -59,6 +59,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	fs.IntVar(&cfg.PrefixCacheBlocks, "prefix-cache-blocks", simengine.DefaultPrefixCacheBlocks, "blocks the prefix cache holds (LRU), with --enable-prefix-caching")
 	fs.IntVar(&cfg.PrefixBlockSize, "block-size", affinity.DefaultBlockSize, "prompt tokens (words) per prefix cache block")
 	kvEvents := fs.String("kv-events-config", "", `publish the prefix cache's KV events as vLLM does, its JSON: {"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:5557","topic":""} (port 0: any free port)`)
+	fs.StringVar(&cfg.KVHash, "kv-events-hash", simengine.KVHashBroker, "how prefix cache blocks are named, in KV events too: broker (prompt words, by the broker's block keys: agents forward them as they are) or tokens (as real vLLM: token ids of the simulator's tokenizer over a ChatML template, hashed with a per-process seed; agents need --kv-events-hash vllm to translate them)")
 	fs.Var((*simengine.LoadTime)(&cfg.LoadTime), "load-time", "how long the engine loads after start: until then /health, /v1/models and completions answer 503 (gRPC: Unavailable); a `duration`, or never (0: loaded at once)")
 
 	if err := applyEnv(fs, getenv); err != nil {

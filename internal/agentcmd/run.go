@@ -66,6 +66,10 @@ type options struct {
 	kvHold       time.Duration
 	kvEvents     string
 	kvTopic      string
+	kvHash       string
+	kvBlockSize  int
+	affBlockSize int
+	tokenizerFor agent.PromptTokenizer // the HTTP engine, for --kv-events-hash vllm
 	noDirected   bool
 	log          *slog.Logger
 }
@@ -90,7 +94,10 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*o
 	fs.DurationVar(&o.slowStart, "slow-start", dispatch.DefaultSlowStart, "after the engine becomes ready, ramp the jobs held from the floor up to --slots over this long, as the broker's --slow-start weighs the agent (0: off)")
 	fs.Float64Var(&o.slowFloor, "slow-start-floor", dispatch.DefaultSlowStartFloor, "fraction of --slots held at the start of the slow-start ramp (at least one job)")
 	fs.DurationVar(&o.keepalive, "keepalive", agent.DefaultKeepalive, "while a job has no token yet (a long prefill, a busy engine, a decode waiting for its KV), tell the broker this often that the engine is working; keep it well under the broker's --stall-timeout (30s) (0: off)")
-	fs.StringVar(&o.kvEvents, "kv-events-endpoint", "", "forward the engine's KV-cache events (its vLLM --kv-events-config endpoint, e.g. tcp://127.0.0.1:5557) to the brokers for precise prefix-cache affinity; the events must carry the broker's block keys, as sim-engine's do (empty: off)")
+	fs.StringVar(&o.kvEvents, "kv-events-endpoint", "", "forward the engine's KV-cache events (its vLLM --kv-events-config endpoint, e.g. tcp://127.0.0.1:5557) to the brokers for precise prefix-cache affinity, their block hashes as --kv-events-hash says (empty: off)")
+	fs.StringVar(&o.kvHash, "kv-events-hash", agent.KVHashBroker, "what the engine's KV-event block hashes are: broker (the broker's block keys, as sim-engine's are by default) or vllm (hashes of token ids, as vLLM and llm-d-inference-sim publish: the agent tokenizes each prompt with the engine's /tokenize, beside the engine call, and translates them to broker keys)")
+	fs.IntVar(&o.kvBlockSize, "kv-block-size", 16, "--kv-events-hash vllm: the engine's block size in tokens (its --block-size) until its first event says")
+	fs.IntVar(&o.affBlockSize, "affinity-block-size", 16, "--kv-events-hash vllm: words per prefix block of the brokers' keys; match the brokers' --affinity-block-size")
 	fs.StringVar(&o.kvTopic, "kv-events-topic", "", "topic prefix of the engine's KV events (empty: all)")
 	fs.BoolVar(&o.noDirected, "no-directed", false, "pull only the pool's shared queue, not this agent's directed queue (prefix-cache affinity offers then reach it through the shared queue after the broker's --affinity-wait)")
 	fs.IntVar(&o.bsPort, "bootstrap-port", 0, "SGLang prefill: the engine's bootstrap port, its --disaggregation-bootstrap-port (0: read it from the engine's /server_info)")
@@ -116,6 +123,7 @@ Usage:
   worker-agent --engine sim                  an in-process simulated engine`, []cli.Section{
 		{Title: "Engine", Flags: []string{"engine", "engine-url", "engine-api-key", "model", "slots", "tokenizer", "engine-grpc-tls"}},
 		{Title: "Role", Flags: []string{"role", "pd-protocol", "pd-labels", "bootstrap-host", "bootstrap-port", "kv-hold"}},
+		{Title: "Prefix-cache affinity", Flags: []string{"kv-events-endpoint", "kv-events-topic", "kv-events-hash", "kv-block-size", "affinity-block-size", "no-directed"}},
 		{Title: "Load", Flags: []string{"slow-start", "slow-start-floor", "keepalive"}},
 		{Title: "Shutdown", Flags: []string{"drain-timeout"}},
 		{Title: "NATS", Flags: []string{"nats-url", "id", "heartbeat", "prefix",
@@ -166,6 +174,12 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return fmt.Errorf("--keepalive %s: want 0 (off) or more", o.keepalive)
 	case o.kvHold <= 0:
 		return fmt.Errorf("--kv-hold %s: want a positive duration", o.kvHold)
+	case o.kvHash != agent.KVHashBroker && o.kvHash != agent.KVHashVLLM:
+		return fmt.Errorf("--kv-events-hash %q: want %s or %s", o.kvHash, agent.KVHashBroker, agent.KVHashVLLM)
+	case o.kvBlockSize < 1:
+		return fmt.Errorf("--kv-block-size %d: want at least 1", o.kvBlockSize)
+	case o.affBlockSize < 1:
+		return fmt.Errorf("--affinity-block-size %d: want at least 1", o.affBlockSize)
 	}
 	keepalive := o.keepalive
 	if keepalive == 0 {
@@ -189,13 +203,21 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return fmt.Errorf("connect NATS %s: %w", o.natsURL, err)
 	}
 	defer nc.Close()
+	aopts := []agent.Option{agent.WithLogger(log)}
+	if o.kvEvents != "" && o.kvHash == agent.KVHashVLLM {
+		if o.tokenizerFor == nil {
+			return fmt.Errorf("--kv-events-hash vllm needs an HTTP engine (openai, vllm, sglang) to tokenize prompts with")
+		}
+		aopts = append(aopts, agent.WithTokenizer(o.tokenizerFor))
+	}
 	a, err := agent.New(nc, eng, agent.Config{
 		ID: o.id, Model: o.model, Pool: o.role, Slots: o.slots, Heartbeat: o.heartbeat, DrainTimeout: o.drainTimeout,
 		Prefix: o.prefix, Engine: o.engine, Transport: transport,
 		PDProtocol: o.pdProto, BootstrapHost: o.bsHost, BootstrapPort: o.bsPort, PDLabels: o.pdLabels,
 		SlowStart: o.slowStart, SlowStartFloor: o.slowFloor, Keepalive: keepalive, KVHold: o.kvHold,
-		KVEvents: o.kvEvents, KVEventsTopic: o.kvTopic, NoDirected: o.noDirected,
-	}, agent.WithLogger(log))
+		KVEvents: o.kvEvents, KVEventsTopic: o.kvTopic, KVEventsHash: o.kvHash, KVBlockSize: o.kvBlockSize, AffinityBlockSize: o.affBlockSize,
+		NoDirected: o.noDirected,
+	}, aopts...)
 	if err != nil {
 		return err
 	}
@@ -320,6 +342,7 @@ func buildEngine(ctx context.Context, o *options) (agent.Engine, string, error) 
 			}
 		}
 		inner, transport = oa, "http"
+		o.tokenizerFor = oa
 	}
 	if !pdRole {
 		return inner, transport, nil

@@ -162,7 +162,7 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*o
 	fs.IntVar(&o.affMinBlocks, "affinity-min-blocks", g.MinBlocks, "shortest cached prefix (in blocks) worth preferring an agent for")
 	fs.IntVar(&o.affBalAbs, "affinity-balance-abs", g.BalanceAbs, "prefer an agent only while its load exceeds the pool's least loaded agent by at most this many requests ...")
 	fs.Float64Var(&o.affBalRel, "affinity-balance-rel", g.BalanceRel, "... or by at most this factor")
-	fs.IntVar(&o.affBlockSize, "affinity-block-size", affinity.DefaultBlockSize, "words per prefix block; match the engines' block size for precise KV events")
+	fs.IntVar(&o.affBlockSize, "affinity-block-size", affinity.DefaultBlockSize, "words per prefix block; match the engines' block size for KV events in broker keys (sim-engine's), and agents' --affinity-block-size where they translate vLLM's (--kv-events-hash vllm)")
 	fs.IntVar(&o.affQueue, "affinity-queue", broker.DefaultAffinityQueue, "offers an agent may have waiting beyond its free slots: a job waits up to --affinity-wait for the agent caching its prefix rather than prefill it elsewhere (0: prefer only agents with a free slot)")
 	fs.IntVar(&o.affMaxBlocks, "affinity-max-blocks", affinity.DefaultMaxBlocks, "bound of (block, agent) entries remembered per model and pool")
 	fs.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
