@@ -464,25 +464,31 @@ func TestPDSafeCancel(t *testing.T) {
 		p.e.cancel(t, "early")
 		// The decode agent's one slot is busy: the released job waits in
 		// its queue, where it can be read.
+		// (The busy job's ack runs beside its engine call, so the busy job
+		// may still be the one stored when early's is not yet: wait for
+		// early's.)
 		decodeSubj := pdSubject(t, subjects.PoolDecode, pd.VLLM)
-		checkFor(t, 10*time.Second, 5*time.Millisecond, func() error {
-			if n := p.e.queued(t, agent.DefaultStream, decodeSubj); n != 1 {
-				return fmt.Errorf("%d decode jobs queued", n)
-			}
-			return nil
-		})
 		st, err := p.e.js.Stream(context.Background(), agent.DefaultStream)
 		if err != nil {
 			t.Fatal(err)
 		}
-		m, err := st.GetLastMsgForSubject(context.Background(), decodeSubj)
-		if err != nil {
-			t.Fatal(err)
-		}
 		var dj wire.Job
-		if err := proto.Unmarshal(m.Data, &dj); err != nil {
-			t.Fatal(err)
-		}
+		checkFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+			if n := p.e.queued(t, agent.DefaultStream, decodeSubj); n != 1 {
+				return fmt.Errorf("%d decode jobs queued", n)
+			}
+			m, err := st.GetLastMsgForSubject(context.Background(), decodeSubj)
+			if err != nil {
+				return err
+			}
+			if err := proto.Unmarshal(m.Data, &dj); err != nil {
+				t.Fatal(err)
+			}
+			if dj.GetRequestId() != "early" {
+				return fmt.Errorf("queued decode job is %q's", dj.GetRequestId())
+			}
+			return nil
+		})
 		if dj.GetRequestId() != "early" || !dj.GetRelease() {
 			t.Fatalf("queued decode job %q release=%v, want early's, marked release", dj.GetRequestId(), dj.GetRelease())
 		}
