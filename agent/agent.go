@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"math"
 	"slices"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -633,22 +632,19 @@ func (a *Agent) doubleAck(ctx context.Context, msg jetstream.Msg) error {
 // cancelledTTL is how long a cancel is remembered for jobs not yet pulled.
 const cancelledTTL = 5 * time.Minute
 
-// onCancel handles sy.cancel.<request>. The payload, when present, is the
-// highest attempt to cancel (decimal): the broker cancels an abandoned
-// attempt without touching the retry that replaces it. No payload cancels
-// every attempt.
+// onCancel handles sy.cancel.<request> (payload: wire.ParseCancel). It
+// names the highest attempt to cancel: the broker cancels an abandoned
+// attempt without touching the retry that replaces it. It may name an
+// agent: when two agents run one attempt, the broker stops the one whose
+// stream it does not relay, and the other ignores it.
 func (a *Agent) onCancel(m *nats.Msg) {
 	id, err := a.subj.ParseCancel(m.Subject)
 	if err != nil {
 		return
 	}
-	upTo := uint32(math.MaxUint32)
-	if len(m.Data) > 0 {
-		n, err := strconv.ParseUint(string(m.Data), 10, 32)
-		if err != nil {
-			return
-		}
-		upTo = uint32(n)
+	upTo, agent, err := wire.ParseCancel(m.Data)
+	if err != nil || (agent != "" && agent != a.cfg.ID) {
+		return
 	}
 	now := time.Now()
 	a.mu.Lock()
@@ -1047,7 +1043,10 @@ func (a *Agent) publishDecode(ctx context.Context, job *wire.Job, h *wire.PDHand
 	defer cancel()
 	// One id per attempt's decode job: a try whose answer was lost but
 	// whose message was stored is not stored twice.
-	msgID := fmt.Sprintf("%s.%d.decode", job.GetRequestId(), job.GetAttempt())
+	// The agent's id is part of it: should two prefill agents run one
+	// attempt (see onCancel), the second one's decode job, a release one
+	// if it was stopped, must not be taken for the first one's.
+	msgID := fmt.Sprintf("%s.%d.decode.%s", job.GetRequestId(), job.GetAttempt(), a.cfg.ID)
 	for backoff := 25 * time.Millisecond; ; backoff = min(2*backoff, publishBackoffMax) {
 		tctx, tcancel := context.WithTimeout(ctx, publishTry)
 		_, err = a.js.Publish(tctx, a.decodeSubj, data, jetstream.WithMsgID(msgID))
