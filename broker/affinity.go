@@ -244,6 +244,8 @@ type callAffinity struct {
 	timer  *time.Timer
 	move   <-chan time.Time
 	fails  int // deletes of the offer NATS did not answer
+	// moved: the offer was moved to the shared queue (at c.jobSeq).
+	moved bool
 }
 
 // prefer returns the subject to publish the current attempt's job on:
@@ -252,7 +254,7 @@ type callAffinity struct {
 func (c *Call) prefer(m *dispatch.Model, pool, pair, shared string) string {
 	b := c.b
 	a := &c.aff
-	a.agent, a.pool = "", nil
+	a.agent, a.pool, a.moved = "", nil, false
 	if b.cfg.Affinity.Mode == AffinityOff || (pool != subjects.PoolRegular && pool != subjects.PoolPrefill) ||
 		c.req.API == wire.API_API_EMBEDDINGS {
 		return shared
@@ -332,7 +334,7 @@ func (c *Call) offered(seq uint64, data []byte) {
 	if a.agent == "" {
 		return
 	}
-	a.seq, a.data, a.fails = seq, data, 0
+	a.seq, a.data, a.fails, a.moved = seq, data, 0, false
 	c.load.offer(c.b.agentLoad(c.Model, a.agent))
 	a.arm(c.b.cfg.Affinity.Wait)
 }
@@ -366,6 +368,14 @@ func (c *Call) accepted(agentID string, prefill bool) {
 	}
 	a.stopTimer()
 	c.load.settleOffer()
+	if a.moved && agentID == a.agent {
+		// The offered agent took its directed copy after all, just as the
+		// broker moved it: the shared copy is deleted before another agent
+		// runs it too (if one took it already, it is stopped when it
+		// speaks, see onChunk).
+		a.moved = false
+		c.b.deleteJob(c.jobSeq)
+	}
 	if a.pool == nil {
 		return
 	}
@@ -424,7 +434,7 @@ func (c *Call) moveOffer(ctx context.Context) error {
 	if err != nil {
 		return publishError(a.shared, err)
 	}
-	c.jobSeq = ack.Sequence
+	c.jobSeq, a.moved = ack.Sequence, true
 	return nil
 }
 
