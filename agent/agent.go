@@ -54,11 +54,20 @@ type Agent struct {
 	metrics *Metrics
 	out     *outbox // chunks to brokers, gathered per broker
 
-	mu           sync.Mutex           // guards jobs, ended, cancelled and drainExpired
+	mu           sync.Mutex           // guards jobs, ended, cancelled, drainExpired and running
 	jobs         map[string][]heldJob // by request: a migrated request may have two attempts here a moment
 	ended        []endedStream        // streams that ended within resendWindow, oldest first
 	cancelled    map[string]cancelMark
 	drainExpired bool // the drain timeout passed: jobs end as they register
+	// running holds the (request, attempt) of every job handled now, so
+	// that a second copy of one (an affinity offer and the shared copy
+	// it moved to, both pulled here) is not run twice.
+	running map[attemptKey]struct{}
+}
+
+type attemptKey struct {
+	request string
+	attempt uint32
 }
 
 // resendWindow is how long after its end a stream's last chunk is sent
@@ -151,6 +160,7 @@ func New(nc *nats.Conn, engine Engine, cfg Config, opts ...Option) (*Agent, erro
 		stateCh:   make(chan struct{}, 1),
 		jobs:      make(map[string][]heldJob),
 		cancelled: make(map[string]cancelMark),
+		running:   make(map[attemptKey]struct{}),
 	}
 	a.hbSubj, _ = a.subj.Heartbeat(cfg.Model, cfg.Pool, cfg.ID)
 	a.pair = cfg.pairKey()
@@ -736,6 +746,28 @@ func (a *Agent) handle(ctx context.Context, msg jetstream.Msg) {
 	}
 	if a.heldBack(msg) {
 		return
+	}
+	if !pdDecode {
+		// The broker relays one agent per attempt and stops the others as
+		// they speak, but it cannot tell two runs of one agent apart: a
+		// second copy here is taken off the queue and never started. (A
+		// decode leg always runs: it frees its prefill engine's KV.)
+		k := attemptKey{id, attempt}
+		a.mu.Lock()
+		_, dup := a.running[k]
+		a.running[k] = struct{}{}
+		a.mu.Unlock()
+		if dup {
+			a.metrics.jobs.WithLabelValues(JobCancelled).Inc()
+			a.log.Debug("second copy of a running attempt dropped", "request", id, "attempt", attempt)
+			_ = msg.Ack()
+			return
+		}
+		defer func() {
+			a.mu.Lock()
+			delete(a.running, k)
+			a.mu.Unlock()
+		}()
 	}
 	if cancelled {
 		if !pdDecode {

@@ -391,3 +391,39 @@ func TestCancelNamingAnAgent(t *testing.T) {
 		return nil
 	})
 }
+
+// TestSecondCopyNotRun: two copies of one attempt pulled by one agent (an
+// affinity offer and the shared copy the broker moved it to) run once:
+// the broker could not tell the two runs of one agent apart to stop one.
+func TestSecondCopyNotRun(t *testing.T) {
+	f := start(t, 2, time.Minute)
+	first := f.publish(t, "r", time.Now().Add(time.Minute))
+	if c := next(t, first); c.GetKind() != wire.Chunk_KIND_ACCEPTED {
+		t.Fatalf("got %v", c)
+	}
+	f.publish(t, "r", time.Now().Add(time.Minute))
+	testwait.For(t, 10*time.Second, 5*time.Millisecond, func() error {
+		st, err := f.js.Stream(context.Background(), broker.DefaultStream)
+		if err != nil {
+			return err
+		}
+		info, err := st.Info(context.Background())
+		if err != nil {
+			return err
+		}
+		if info.State.Msgs != 0 {
+			return fmt.Errorf("%d jobs still in the stream", info.State.Msgs)
+		}
+		// The second copy gave its slot back: it is not running.
+		if n := f.agent.SlotsHeld(); n != 1 {
+			return fmt.Errorf("%d slots held", n)
+		}
+		return nil
+	})
+	if n := f.eng.calls.Load(); n != 1 {
+		t.Fatalf("engine ran the attempt %d times", n)
+	}
+	if err := f.nc.Publish("sy.cancel.r", nil); err != nil {
+		t.Fatal(err)
+	}
+}
