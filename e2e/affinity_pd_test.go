@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -8,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchyard-ai/switchyard/internal/testwait"
 	"github.com/switchyard-ai/switchyard/simengine"
 	"github.com/switchyard-ai/switchyard/subjects"
 )
@@ -217,4 +219,61 @@ func TestAffinityPDPrefillAgentGone(t *testing.T) {
 	if p, d := pdTurn(t, b.HTTP, chatTurn(sys2, "q", "a", "q2")); p != "survivor" || d != "dec" {
 		t.Fatalf("turn of a drained agent's conversation on %s,%s", p, d)
 	}
+}
+
+// TestAffinityMoveRace: with an affinity wait far below an agent's time
+// to say it took a job, offers often move to the shared queue while their
+// agent already holds them, and both agents run the attempt (JetStream
+// cannot make the move and the agent's take exclusive). Every stream is
+// still one agent's, byte for byte, and no second run goes on to its end:
+// the broker stops it when it speaks and its engine request is aborted.
+// How many races a run meets depends on the machine; it is logged.
+func TestAffinityMoveRace(t *testing.T) {
+	b := startBroker(t, "--affinity", "approx", "--affinity-wait", "1ms")
+	var engines []*engine
+	for i := range 2 {
+		cfg := simengine.Config{Model: model, TTFT: time.Millisecond, ITL: 2 * time.Millisecond, Slots: 8, PrefixCacheBlocks: 4096}
+		e := startEngine(t, cfg)
+		engines = append(engines, e)
+		startAgent(t, b.NATS, fmt.Sprintf("a%d", i), e, 4)
+	}
+	waitEligible(t, b.HTTP, "a0", "a1")
+	prompt := longSystem("race")
+	want := expect(t, simengine.APIChat, fmt.Sprintf(`{"messages":[{"role":"user","content":%q}],"max_tokens":24}`, prompt))
+	const n = 30
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	for i := range n {
+		r, err := rawStream(ctx, b.HTTP, prompt, 24)
+		if err != nil || !r.done || r.text != want.Text {
+			t.Fatalf("request %d: %+v %v, want %q", i, r, err, want.Text)
+		}
+	}
+	// Every engine request has ended, finished or aborted.
+	testwait.For(t, 30*time.Second, 10*time.Millisecond, func() error {
+		for i, e := range engines {
+			if c := e.current.Load(); c != 0 {
+				return fmt.Errorf("engine %d still runs %d requests", i, c)
+			}
+		}
+		return nil
+	})
+	var served, finished int32
+	for _, e := range engines {
+		served += e.served.Load()
+		finished += e.finished.Load()
+	}
+	if finished != n {
+		t.Fatalf("engines answered %d requests to their end for %d client requests (%d started)", finished, n, served)
+	}
+	metrics, _ := getBody(b.HTTP + "/metrics")
+	stopped := "0"
+	for _, line := range strings.Split(metrics, "\n") {
+		if v, ok := strings.CutPrefix(line, `switchyard_second_runs_stopped_total{stage="main"} `); ok {
+			stopped = v
+		}
+	}
+	_, offered, fb := getAffinity(t, b.HTTP)
+	t.Logf("%d requests: %d offered by affinity, %d moved; %d engine requests started, %s second runs stopped by the broker",
+		n, offered, fb["not_taken_in_time"], served, stopped)
 }
