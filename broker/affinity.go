@@ -246,6 +246,10 @@ type callAffinity struct {
 	fails  int // deletes of the offer NATS did not answer
 	// moved: the offer was moved to the shared queue (at c.jobSeq).
 	moved bool
+	// learnt is the agent the current attempt's keys were inserted for
+	// at its accept, and insert that Insert's number (see forget).
+	learnt string
+	insert uint32
 }
 
 // prefer returns the subject to publish the current attempt's job on:
@@ -383,10 +387,26 @@ func (c *Call) accepted(agentID string, prefill bool) {
 	if len(a.keys) == 0 {
 		return
 	}
-	a.pool.tree.Insert(agentID, a.keys)
+	a.learnt, a.insert = agentID, a.pool.tree.Insert(agentID, a.keys)
 	if a.pool.learnSubj != "" {
 		_ = c.b.nc.Publish(a.pool.learnSubj, encodeLearn(agentID, a.keys))
 	}
+}
+
+// forget undoes what the current attempt taught this broker's tree when
+// the attempt failed before its engine can have cached the prompt: before
+// the first token, and for PD before the prefill leg handed off. Blocks
+// another request sent to that agent stay (affinity.Tree.Forget). Peers
+// that learnt the keys from this broker keep them until they evict them
+// or the agent leaves: a guess that costs an offer at most the wait.
+func (c *Call) forget() {
+	a := &c.aff
+	agent, insert := a.learnt, a.insert
+	a.learnt, a.insert = "", 0
+	if agent == "" || a.pool == nil || !c.firstToken.IsZero() || !c.handedOff.IsZero() {
+		return
+	}
+	a.pool.tree.Forget(agent, a.keys, insert)
 }
 
 // moveOffer runs when a directed job's wait is over: if no agent took it,

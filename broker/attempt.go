@@ -139,6 +139,7 @@ func (c *Call) abandon() uint32 {
 	c.mu.Unlock()
 	c.cancelAttempt(old)
 	c.dropJob()
+	c.forget()
 	c.load.release()
 	return old
 }

@@ -963,6 +963,9 @@ func (c *Call) Close() {
 	c.mu.Unlock()
 	c.cancelAttempt(attempt)
 	c.dropJob()
+	if outcome == OutcomeError {
+		c.forget() // not a client that went away: its engine may cache the prompt
+	}
 	c.load.release()
 }
 
