@@ -277,3 +277,48 @@ func TestAffinityMoveRace(t *testing.T) {
 	t.Logf("%d requests: %d offered by affinity, %d moved; %d engine requests started, %s second runs stopped by the broker",
 		n, offered, fb["not_taken_in_time"], served, stopped)
 }
+
+// TestAffinityMoveRacePD: the move's race on the prefill pool. Every
+// answer is byte-exact, every request's decode leg runs to its end once
+// (a second prefill leg's decode job only frees its KV, or is stopped when
+// it speaks), and no prefill engine is left holding KV for nobody.
+func TestAffinityMoveRacePD(t *testing.T) {
+	b := startBroker(t, "--affinity", "approx", "--affinity-wait", "1ms")
+	pre := []*engine{pdCachingEngine(t, simengine.RolePrefill), pdCachingEngine(t, simengine.RolePrefill)}
+	dec := pdCachingEngine(t, simengine.RoleDecode)
+	for i, e := range pre {
+		startAgent(t, b.NATS, fmt.Sprintf("p%d", i), e, 4, pdArgs("prefill")...)
+	}
+	startAgent(t, b.NATS, "dec", dec, 8, pdArgs("decode")...)
+	waitEligible(t, b.HTTP, "p0", "p1", "dec")
+	sys := longSystem("pd-race")
+	const n = 20
+	for range n {
+		pdTurn(t, b.HTTP, chatTurn(sys, "the same question"))
+	}
+	testwait.For(t, 30*time.Second, 10*time.Millisecond, func() error {
+		if c := dec.current.Load(); c != 0 {
+			return fmt.Errorf("decode engine still runs %d requests", c)
+		}
+		for i, e := range pre {
+			if held, _ := e.HeldKV(); held != 0 {
+				return fmt.Errorf("prefill engine %d holds KV of %d requests", i, held)
+			}
+		}
+		return nil
+	})
+	if f := dec.finished.Load(); f != n {
+		t.Fatalf("decode engine answered %d legs to their end for %d requests (%d started)", f, n, dec.served.Load())
+	}
+	// A hand-off no decode read is freed only when its hold expires (with
+	// the agents before the fix, a second prefill leg's decode job was
+	// taken for the first's and dropped).
+	for i, e := range pre {
+		if x := e.HandoffsExpired(); x != 0 {
+			t.Fatalf("prefill engine %d freed %d hand-offs unread at their hold timeout", i, x)
+		}
+	}
+	offered, fb := prefillAffinity(t, b.HTTP)
+	t.Logf("%d requests: %d prefill offers, %d moved; prefill legs started %d, decode legs started %d",
+		n, offered, fb["not_taken_in_time"], pre[0].served.Load()+pre[1].served.Load(), dec.served.Load())
+}
