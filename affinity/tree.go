@@ -80,6 +80,9 @@ type Tree struct {
 	freeAgents []int32
 	evicted    uint64
 	blend      bool
+	// inserts numbers the Insert calls, so that Forget can tell entries
+	// no Insert touched since the one it undoes.
+	inserts uint32
 }
 
 type pair struct {
@@ -93,7 +96,11 @@ type entry struct {
 	agentPrev, agentNext int32
 	agent                int32
 	node                 int32
-	src                  Source
+	// insert is the number of the Insert that marked the entry
+	// approximate, while no other Insert touched it; else 0 (see
+	// Tree.Forget). It fits the entry's padding.
+	insert uint32
+	src    Source
 }
 
 type node struct {
@@ -122,19 +129,59 @@ func NewTree(cfg TreeConfig) *Tree {
 	}
 }
 
-// Insert records that agent was sent a request whose prompt has keys.
-func (t *Tree) Insert(agentName string, keys []uint64) {
+// Insert records that agent was sent a request whose prompt has keys. It
+// returns a number that identifies this insert to [Tree.Forget].
+func (t *Tree) Insert(agentName string, keys []uint64) uint32 {
 	if len(keys) == 0 {
-		return
+		return 0
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	a := t.agentID(agentName)
 	if a < 0 {
-		return
+		return 0
+	}
+	if t.inserts++; t.inserts == 0 {
+		t.inserts = 1 // 0 is no insert
 	}
 	for i := len(keys) - 1; i >= 0; i-- {
-		t.set(a, keys[i], Approximate)
+		var had Source
+		if e, ok := t.ents[pair{keys[i], a}]; ok {
+			had = t.slab[e].src
+		}
+		en := &t.slab[t.set(a, keys[i], Approximate)]
+		if had&Approximate == 0 {
+			en.insert = t.inserts // this insert's own
+		} else {
+			en.insert = 0 // sent there by two requests: never forgotten
+		}
+	}
+	return t.inserts
+}
+
+// Forget undoes the Insert numbered insert of keys for agent: a request
+// that failed on the agent before its engine computed the prompt. It
+// drops the approximate marks that insert added and no other Insert
+// touched since: blocks another request sent there before or after (a
+// shared system prompt, the same conversation) still count, and so does
+// what the agent's engine reported. (A count of requests per entry
+// would know no more: a request that succeeded never gives its count
+// back.) A guess kept too long costs an offer that waits at most the
+// affinity wait; one dropped wrongly, a prefill.
+func (t *Tree) Forget(agentName string, keys []uint64, insert uint32) {
+	if insert == 0 {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	a, ok := t.byName[agentName]
+	if !ok {
+		return
+	}
+	for _, k := range keys {
+		if e, ok := t.ents[pair{k, a}]; ok && t.slab[e].insert == insert {
+			t.clear(e, Approximate)
+		}
 	}
 }
 
@@ -367,13 +414,14 @@ func (t *Tree) grow(words int) {
 	t.masks, t.words = masks, words
 }
 
-// set marks (key, a) with src and makes it the most recent entry.
-func (t *Tree) set(a int32, key uint64, src Source) {
+// set marks (key, a) with src, makes it the most recent entry and
+// returns it.
+func (t *Tree) set(a int32, key uint64, src Source) int32 {
 	if e, ok := t.ents[pair{key, a}]; ok {
 		t.mark(e, src)
 		t.lruUnlink(e)
 		t.lruPushFront(e)
-		return
+		return e
 	}
 	e := t.alloc()
 	n, ok := t.keys[key]
@@ -394,6 +442,7 @@ func (t *Tree) set(a int32, key uint64, src Source) {
 	ag.blocks++
 	t.lruPushFront(e)
 	t.n++
+	return e
 }
 
 func (t *Tree) newNode() int32 {

@@ -275,3 +275,60 @@ func TestTreeBlend(t *testing.T) {
 		t.Fatalf("after clear %d entries left", st.Blocks)
 	}
 }
+
+// TestTreeForget: a request that failed on its agent before its engine
+// computed the prompt is forgotten there, except the blocks another
+// request sent since (a shared system prompt) and what the engine itself
+// reported.
+func TestTreeForget(t *testing.T) {
+	tests := []struct {
+		name string
+		run  func(tr *Tree, failed []uint64, n uint32)
+		want map[string]int // Match of the failed prompt afterwards
+	}{
+		{"alone", func(tr *Tree, failed []uint64, n uint32) {
+			tr.Forget("a", failed, n)
+		}, map[string]int{}},
+		{"shared prefix sent since", func(tr *Tree, failed []uint64, n uint32) {
+			tr.Insert("a", prompt("sys", 4, 2, "other"))
+			tr.Forget("a", failed, n)
+		}, map[string]int{"a": 4}},
+		{"same prompt sent again since", func(tr *Tree, failed []uint64, n uint32) {
+			tr.Insert("a", failed)
+			tr.Forget("a", failed, n)
+		}, map[string]int{"a": 8}},
+		{"sent before", func(tr *Tree, failed []uint64, n uint32) {
+			tr.Forget("a", failed, n)
+		}, map[string]int{"a": 8}},
+		{"engine stored it", func(tr *Tree, failed []uint64, n uint32) {
+			tr.Stored("a", failed[:3])
+			tr.Forget("a", failed, n)
+		}, map[string]int{"a": 3}},
+		{"other agent untouched", func(tr *Tree, failed []uint64, n uint32) {
+			tr.Insert("b", failed)
+			tr.Forget("a", failed, n)
+		}, map[string]int{"b": 8}},
+		{"unknown insert", func(tr *Tree, failed []uint64, n uint32) {
+			tr.Forget("a", failed, 0)
+			tr.Forget("a", failed, n+100)
+			tr.Forget("nobody", failed, n)
+		}, map[string]int{"a": 8}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tr := NewTree(TreeConfig{Blend: true})
+			failed := prompt("sys", 4, 4, "c1")
+			if tt.name == "sent before" {
+				tr.Insert("a", failed) // an older request's, which may have cached it
+			}
+			n := tr.Insert("a", failed)
+			if n == 0 {
+				t.Fatal("Insert returned no number")
+			}
+			tt.run(tr, failed, n)
+			if got := matches(tr.Match(failed, nil)); fmt.Sprint(got) != fmt.Sprint(tt.want) {
+				t.Errorf("Match = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"math"
 	"slices"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -63,11 +62,20 @@ type Agent struct {
 	tokSem    chan struct{} // bounds the tokenize calls in flight
 	tokWG     sync.WaitGroup
 
-	mu           sync.Mutex           // guards jobs, ended, cancelled and drainExpired
+	mu           sync.Mutex           // guards jobs, ended, cancelled, drainExpired and running
 	jobs         map[string][]heldJob // by request: a migrated request may have two attempts here a moment
 	ended        []endedStream        // streams that ended within resendWindow, oldest first
 	cancelled    map[string]cancelMark
 	drainExpired bool // the drain timeout passed: jobs end as they register
+	// running holds the (request, attempt) of every job handled now, so
+	// that a second copy of one (an affinity offer and the shared copy
+	// it moved to, both pulled here) is not run twice.
+	running map[attemptKey]struct{}
+}
+
+type attemptKey struct {
+	request string
+	attempt uint32
 }
 
 // resendWindow is how long after its end a stream's last chunk is sent
@@ -160,6 +168,7 @@ func New(nc *nats.Conn, engine Engine, cfg Config, opts ...Option) (*Agent, erro
 		stateCh:   make(chan struct{}, 1),
 		jobs:      make(map[string][]heldJob),
 		cancelled: make(map[string]cancelMark),
+		running:   make(map[attemptKey]struct{}),
 	}
 	a.hbSubj, _ = a.subj.Heartbeat(cfg.Model, cfg.Pool, cfg.ID)
 	a.pair = cfg.pairKey()
@@ -645,22 +654,19 @@ func (a *Agent) doubleAck(ctx context.Context, msg jetstream.Msg) error {
 // cancelledTTL is how long a cancel is remembered for jobs not yet pulled.
 const cancelledTTL = 5 * time.Minute
 
-// onCancel handles sy.cancel.<request>. The payload, when present, is the
-// highest attempt to cancel (decimal): the broker cancels an abandoned
-// attempt without touching the retry that replaces it. No payload cancels
-// every attempt.
+// onCancel handles sy.cancel.<request> (payload: wire.ParseCancel). It
+// names the highest attempt to cancel: the broker cancels an abandoned
+// attempt without touching the retry that replaces it. It may name an
+// agent: when two agents run one attempt, the broker stops the one whose
+// stream it does not relay, and the other ignores it.
 func (a *Agent) onCancel(m *nats.Msg) {
 	id, err := a.subj.ParseCancel(m.Subject)
 	if err != nil {
 		return
 	}
-	upTo := uint32(math.MaxUint32)
-	if len(m.Data) > 0 {
-		n, err := strconv.ParseUint(string(m.Data), 10, 32)
-		if err != nil {
-			return
-		}
-		upTo = uint32(n)
+	upTo, agent, err := wire.ParseCancel(m.Data)
+	if err != nil || (agent != "" && agent != a.cfg.ID) {
+		return
 	}
 	now := time.Now()
 	a.mu.Lock()
@@ -752,6 +758,28 @@ func (a *Agent) handle(ctx context.Context, msg jetstream.Msg) {
 	}
 	if a.heldBack(msg) {
 		return
+	}
+	if !pdDecode {
+		// The broker relays one agent per attempt and stops the others as
+		// they speak, but it cannot tell two runs of one agent apart: a
+		// second copy here is taken off the queue and never started. (A
+		// decode leg always runs: it frees its prefill engine's KV.)
+		k := attemptKey{id, attempt}
+		a.mu.Lock()
+		_, dup := a.running[k]
+		a.running[k] = struct{}{}
+		a.mu.Unlock()
+		if dup {
+			a.metrics.jobs.WithLabelValues(JobCancelled).Inc()
+			a.log.Debug("second copy of a running attempt dropped", "request", id, "attempt", attempt)
+			_ = msg.Ack()
+			return
+		}
+		defer func() {
+			a.mu.Lock()
+			delete(a.running, k)
+			a.mu.Unlock()
+		}()
 	}
 	if cancelled {
 		if !pdDecode {
@@ -1065,7 +1093,10 @@ func (a *Agent) publishDecode(ctx context.Context, job *wire.Job, h *wire.PDHand
 	defer cancel()
 	// One id per attempt's decode job: a try whose answer was lost but
 	// whose message was stored is not stored twice.
-	msgID := fmt.Sprintf("%s.%d.decode", job.GetRequestId(), job.GetAttempt())
+	// The agent's id is part of it: should two prefill agents run one
+	// attempt (see onCancel), the second one's decode job, a release one
+	// if it was stopped, must not be taken for the first one's.
+	msgID := fmt.Sprintf("%s.%d.decode.%s", job.GetRequestId(), job.GetAttempt(), a.cfg.ID)
 	for backoff := 25 * time.Millisecond; ; backoff = min(2*backoff, publishBackoffMax) {
 		tctx, tcancel := context.WithTimeout(ctx, publishTry)
 		_, err = a.js.Publish(tctx, a.decodeSubj, data, jetstream.WithMsgID(msgID))

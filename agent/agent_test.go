@@ -347,3 +347,83 @@ func TestFramedRepliesCarryTheSecret(t *testing.T) {
 		}
 	}
 }
+
+// TestCancelNamingAnAgent: when two agents run one attempt, the broker
+// stops the one whose stream it does not relay with a cancel naming it;
+// any other agent running that attempt ignores it.
+func TestCancelNamingAnAgent(t *testing.T) {
+	f := start(t, 1, time.Minute)
+	sub := f.publish(t, "r", time.Now().Add(time.Minute))
+	if c := next(t, sub); c.GetKind() != wire.Chunk_KIND_ACCEPTED {
+		t.Fatalf("got %v", c)
+	}
+	testwait.For(t, 10*time.Second, 2*time.Millisecond, func() error {
+		if f.eng.now.Load() != 1 {
+			return fmt.Errorf("the job is not at the engine yet")
+		}
+		return nil
+	})
+	cancel := func(id string, data []byte) {
+		t.Helper()
+		if err := f.nc.Publish("sy.cancel."+id, data); err != nil {
+			t.Fatal(err)
+		}
+		_ = f.nc.Flush()
+	}
+	cancel("r", wire.AppendCancel(nil, 0, "a2"))
+	// Cancels are taken in order: once a later one is in, the first was
+	// read and ignored.
+	cancel("probe", nil)
+	testwait.For(t, 10*time.Second, 2*time.Millisecond, func() error {
+		if !f.agent.CancelRecorded("probe") {
+			return fmt.Errorf("probe cancel not taken in yet")
+		}
+		return nil
+	})
+	if f.agent.CancelRecorded("r") || f.eng.now.Load() != 1 {
+		t.Fatalf("a cancel naming another agent stopped this one's job (recorded %v, at the engine %d)", f.agent.CancelRecorded("r"), f.eng.now.Load())
+	}
+	cancel("r", wire.AppendCancel(nil, 0, "a1"))
+	testwait.For(t, 10*time.Second, 2*time.Millisecond, func() error {
+		if f.eng.now.Load() != 0 {
+			return fmt.Errorf("the engine request still runs")
+		}
+		return nil
+	})
+}
+
+// TestSecondCopyNotRun: two copies of one attempt pulled by one agent (an
+// affinity offer and the shared copy the broker moved it to) run once:
+// the broker could not tell the two runs of one agent apart to stop one.
+func TestSecondCopyNotRun(t *testing.T) {
+	f := start(t, 2, time.Minute)
+	first := f.publish(t, "r", time.Now().Add(time.Minute))
+	if c := next(t, first); c.GetKind() != wire.Chunk_KIND_ACCEPTED {
+		t.Fatalf("got %v", c)
+	}
+	f.publish(t, "r", time.Now().Add(time.Minute))
+	testwait.For(t, 10*time.Second, 5*time.Millisecond, func() error {
+		st, err := f.js.Stream(context.Background(), broker.DefaultStream)
+		if err != nil {
+			return err
+		}
+		info, err := st.Info(context.Background())
+		if err != nil {
+			return err
+		}
+		if info.State.Msgs != 0 {
+			return fmt.Errorf("%d jobs still in the stream", info.State.Msgs)
+		}
+		// The second copy gave its slot back: it is not running.
+		if n := f.agent.SlotsHeld(); n != 1 {
+			return fmt.Errorf("%d slots held", n)
+		}
+		return nil
+	})
+	if n := f.eng.calls.Load(); n != 1 {
+		t.Fatalf("engine ran the attempt %d times", n)
+	}
+	if err := f.nc.Publish("sy.cancel.r", nil); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -9,3 +9,6 @@ func (a *Agent) CancelRecorded(id string) bool {
 	_, ok := a.cancelled[id]
 	return ok
 }
+
+// SlotsHeld is the jobs the agent holds against its pull limit.
+func (a *Agent) SlotsHeld() int { return a.slots.held() }

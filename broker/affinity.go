@@ -244,6 +244,12 @@ type callAffinity struct {
 	timer  *time.Timer
 	move   <-chan time.Time
 	fails  int // deletes of the offer NATS did not answer
+	// moved: the offer was moved to the shared queue (at c.jobSeq).
+	moved bool
+	// learnt is the agent the current attempt's keys were inserted for
+	// at its accept, and insert that Insert's number (see forget).
+	learnt string
+	insert uint32
 }
 
 // prefer returns the subject to publish the current attempt's job on:
@@ -252,7 +258,7 @@ type callAffinity struct {
 func (c *Call) prefer(m *dispatch.Model, pool, pair, shared string) string {
 	b := c.b
 	a := &c.aff
-	a.agent, a.pool = "", nil
+	a.agent, a.pool, a.moved = "", nil, false
 	if b.cfg.Affinity.Mode == AffinityOff || (pool != subjects.PoolRegular && pool != subjects.PoolPrefill) ||
 		c.req.API == wire.API_API_EMBEDDINGS {
 		return shared
@@ -332,7 +338,7 @@ func (c *Call) offered(seq uint64, data []byte) {
 	if a.agent == "" {
 		return
 	}
-	a.seq, a.data, a.fails = seq, data, 0
+	a.seq, a.data, a.fails, a.moved = seq, data, 0, false
 	c.load.offer(c.b.agentLoad(c.Model, a.agent))
 	a.arm(c.b.cfg.Affinity.Wait)
 }
@@ -366,6 +372,14 @@ func (c *Call) accepted(agentID string, prefill bool) {
 	}
 	a.stopTimer()
 	c.load.settleOffer()
+	if a.moved && agentID == a.agent {
+		// The offered agent took its directed copy after all, just as the
+		// broker moved it: the shared copy is deleted before another agent
+		// runs it too (if one took it already, it is stopped when it
+		// speaks, see onChunk).
+		a.moved = false
+		c.b.deleteJob(c.jobSeq)
+	}
 	if a.pool == nil {
 		return
 	}
@@ -373,10 +387,26 @@ func (c *Call) accepted(agentID string, prefill bool) {
 	if len(a.keys) == 0 {
 		return
 	}
-	a.pool.tree.Insert(agentID, a.keys)
+	a.learnt, a.insert = agentID, a.pool.tree.Insert(agentID, a.keys)
 	if a.pool.learnSubj != "" {
 		_ = c.b.nc.Publish(a.pool.learnSubj, encodeLearn(agentID, a.keys))
 	}
+}
+
+// forget undoes what the current attempt taught this broker's tree when
+// the attempt failed before its engine can have cached the prompt: before
+// the first token, and for PD before the prefill leg handed off. Blocks
+// another request sent to that agent stay (affinity.Tree.Forget). Peers
+// that learnt the keys from this broker keep them until they evict them
+// or the agent leaves: a guess that costs an offer at most the wait.
+func (c *Call) forget() {
+	a := &c.aff
+	agent, insert := a.learnt, a.insert
+	a.learnt, a.insert = "", 0
+	if agent == "" || a.pool == nil || !c.firstToken.IsZero() || !c.handedOff.IsZero() {
+		return
+	}
+	a.pool.tree.Forget(agent, a.keys, insert)
 }
 
 // moveOffer runs when a directed job's wait is over: if no agent took it,
@@ -424,7 +454,7 @@ func (c *Call) moveOffer(ctx context.Context) error {
 	if err != nil {
 		return publishError(a.shared, err)
 	}
-	c.jobSeq = ack.Sequence
+	c.jobSeq, a.moved = ack.Sequence, true
 	return nil
 }
 

@@ -2,10 +2,12 @@ package broker
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/switchyard-ai/switchyard/internal/testwait"
 	"github.com/switchyard-ai/switchyard/oaiformat"
 	"github.com/switchyard-ai/switchyard/subjects"
 	"github.com/switchyard-ai/switchyard/wire"
@@ -54,5 +56,49 @@ func TestOfferNotTakenMoves(t *testing.T) {
 	}
 	if l := r.b.agentLoad(testModel, "lazy"); l.offered.Load() != 0 {
 		t.Fatalf("lazy still counts %d offers", l.offered.Load())
+	}
+}
+
+// An attempt that fails on its agent before the first token is forgotten
+// in the tree (its agent's engine never cached the prompt), unless
+// another request sent the blocks there; the retry's agent is learnt.
+func TestFailedAttemptForgotten(t *testing.T) {
+	// No offers (a fake agent pulls only the shared queue): the test is
+	// about what the tree learns.
+	g := DefaultAffinityGuard()
+	g.MinBlocks = 1000
+	r := newRig(t, Config{Affinity: AffinityConfig{Mode: AffinityApprox, Guard: g}})
+	bad := r.agent("bad", subjects.PoolRegular, "", 1, func(a *fakeAgent, job *wire.Job, say func(*wire.Chunk)) {
+		say(&wire.Chunk{Kind: wire.Chunk_KIND_ACCEPTED})
+		say(&wire.Chunk{Kind: wire.Chunk_KIND_ERROR, Error: &wire.Error{Code: wire.CodeEngineDown, Message: "engine gone", Retryable: true}})
+		a.state.Store(wire.StateDraining) // take no more
+	})
+	r.waitEligible("bad")
+	long := longBody()
+	keys := oaiformat.PromptKeys(nil, 16, wire.API_API_CHAT, long)
+	p := r.b.affPool(testModel, subjects.PoolRegular)
+	// Another request sent bad the prompt's first block before.
+	p.tree.Insert("bad", keys[:1])
+	c, err := r.b.Submit(context.Background(), Request{Model: testModel, API: wire.API_API_CHAT, Stream: true, Body: long})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	testwait.For(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if bad.pulled.Load() == 0 {
+			return errors.New("bad has not pulled yet")
+		}
+		return nil
+	})
+	r.agent("good", subjects.PoolRegular, "", 1, serve)
+	text, err := readAll(t, c)
+	if err != nil || text != " a b" || c.retries != 1 {
+		t.Fatalf("text %q, %v, %d retries", text, err, c.retries)
+	}
+	if n := p.tree.AgentBlocks("bad"); n != 1 {
+		t.Fatalf("bad holds %d blocks, want the 1 another request sent it", n)
+	}
+	if n := p.tree.AgentBlocks("good"); n != len(keys) {
+		t.Fatalf("good holds %d blocks, want %d", n, len(keys))
 	}
 }

@@ -135,10 +135,11 @@ func (c *Call) abandon() uint32 {
 	c.mu.Lock()
 	old := c.attempt
 	c.attempt++
-	c.nextSeq, c.speaker = 0, ""
+	c.nextSeq, c.speaker, c.prefillSpeaker, c.others = 0, "", "", nil
 	c.mu.Unlock()
 	c.cancelAttempt(old)
 	c.dropJob()
+	c.forget()
 	c.load.release()
 	return old
 }

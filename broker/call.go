@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -66,15 +65,20 @@ type Call struct {
 	replyTo string
 	ch      chan *wire.Chunk
 
-	mu       sync.Mutex // guards attempt, secret, nextSeq and speaker (reply goroutine vs reader)
-	attempt  uint32
-	secret   uint64 // the current attempt's (see wire.Job.secret)
-	nextSeq  uint64
-	speaker  string // the agent whose stream of this attempt is relayed
-	failOnce sync.Once
-	failed   chan struct{}
-	failErr  error
-	broken   chan brokenAttempt // a gap in an attempt's sequence
+	mu      sync.Mutex // guards attempt, secret, nextSeq, the speakers and others (reply goroutine vs reader)
+	attempt uint32
+	secret  uint64 // the current attempt's (see wire.Job.secret)
+	nextSeq uint64
+	speaker string // the agent whose stream of this attempt is relayed
+	// prefillSpeaker is the agent whose prefill leg of this (PD) attempt
+	// is listened to; others is when each other agent found running the
+	// attempt was last told to stop (see stopOther).
+	prefillSpeaker string
+	others         map[string]time.Time
+	failOnce       sync.Once
+	failed         chan struct{}
+	failErr        error
+	broken         chan brokenAttempt // a gap in an attempt's sequence
 
 	ended    atomic.Bool  // a final or error chunk was handed out
 	recancel atomic.Int64 // unix nanos of the last cancelAgain
@@ -311,7 +315,7 @@ func (c *Call) cancelAttempt(attempt uint32) {
 	if err != nil {
 		return
 	}
-	if err := c.b.nc.Publish(subj, strconv.AppendUint(nil, uint64(attempt), 10)); err != nil {
+	if err := c.b.nc.Publish(subj, wire.AppendCancel(nil, attempt, "")); err != nil {
 		c.b.log.Warn("cancel not published", "request", c.ID, "err", err)
 	}
 }
@@ -432,25 +436,37 @@ func (b *Broker) onChunk(data []byte) error {
 		}
 		return nil
 	}
+	// Two agents may run one attempt: an affinity offer that moved to the
+	// shared queue just as its agent took it (JetStream deletes a
+	// delivered, unacked message and acks it afterwards without
+	// complaint), or an ack lost in a failover (agents speak before their
+	// ack is confirmed). The first agent to speak in a stage is the one
+	// listened to; any other is told to stop as soon as it speaks, so it
+	// does not hold an engine slot for nobody.
+	//
 	// The prefill leg speaks only to say it started, works, handed off or
 	// failed, outside the decode leg's sequence; keep-alives are outside
 	// every sequence.
+	id := chunk.GetAgentId()
+	prefill := chunk.GetStage() == wire.Chunk_STAGE_PREFILL
+	speaker := &c.speaker
+	if prefill {
+		speaker = &c.prefillSpeaker
+	}
 	switch {
-	case chunk.GetKind() == wire.Chunk_KIND_KEEPALIVE:
-		if c.speaker != "" && chunk.GetStage() != wire.Chunk_STAGE_PREFILL && chunk.GetAgentId() != c.speaker {
-			c.mu.Unlock()
-			return nil
+	case *speaker == "" && chunk.GetKind() != wire.Chunk_KIND_KEEPALIVE:
+		*speaker = id
+	case *speaker != "" && id != *speaker:
+		attempt, stop := c.attempt, c.stopOtherLocked(id)
+		c.mu.Unlock()
+		if stop {
+			c.stopOther(attempt, id, prefill)
 		}
-	case chunk.GetStage() != wire.Chunk_STAGE_PREFILL:
-		// Agents speak before their ack is confirmed, so in a failover two
-		// may run one attempt: the first to speak is the one relayed.
-		switch id := chunk.GetAgentId(); {
-		case c.speaker == "":
-			c.speaker = id
-		case id != c.speaker:
-			c.mu.Unlock()
-			return nil
-		}
+		return nil
+	}
+	switch {
+	case chunk.GetKind() == wire.Chunk_KIND_KEEPALIVE, prefill:
+	default:
 		switch seq := chunk.GetSeq(); {
 		case seq < c.nextSeq:
 			c.mu.Unlock()
@@ -477,6 +493,39 @@ func (b *Broker) onChunk(data []byte) error {
 		c.fail(fmt.Errorf("%w: request %s: client reads too slowly (%d chunks buffered)", ErrSlowReader, c.ID, cap(c.ch)))
 	}
 	return nil
+}
+
+// stopOtherLocked reports whether an agent found running the current
+// attempt beside its speaker should be told to stop now: once, and again
+// at most once a second while it still speaks (its cancel may have been
+// lost in a reconnect). c.mu is held.
+func (c *Call) stopOtherLocked(agent string) bool {
+	now := time.Now()
+	if last, ok := c.others[agent]; ok && now.Sub(last) < time.Second {
+		return false
+	}
+	if c.others == nil {
+		c.others = make(map[string]time.Time, 1)
+	}
+	c.others[agent] = now
+	return true
+}
+
+// stopOther cancels attempt at agent alone: the attempt's speaker goes on.
+func (c *Call) stopOther(attempt uint32, agent string, prefill bool) {
+	stage := "main"
+	if prefill {
+		stage = "prefill"
+	}
+	c.b.metrics.secondRuns.WithLabelValues(stage).Inc()
+	c.b.log.Info("second agent running an attempt stopped", "request", c.ID, "attempt", attempt, "agent", agent, "stage", stage)
+	subj, err := c.b.subj.Cancel(c.ID)
+	if err != nil {
+		return
+	}
+	if err := c.b.nc.Publish(subj, wire.AppendCancel(nil, attempt, agent)); err != nil {
+		c.b.log.Warn("cancel not published", "request", c.ID, "agent", agent, "err", err)
+	}
 }
 
 func (c *Call) fail(err error) {
@@ -914,6 +963,9 @@ func (c *Call) Close() {
 	c.mu.Unlock()
 	c.cancelAttempt(attempt)
 	c.dropJob()
+	if outcome == OutcomeError {
+		c.forget() // not a client that went away: its engine may cache the prompt
+	}
 	c.load.release()
 }
 

@@ -24,6 +24,9 @@ type Metrics struct {
 	// them: undecodable, or without their attempt's secret (forged).
 	droppedChunks *prometheus.CounterVec
 	affinity      *prometheus.CounterVec
+	// secondRuns counts agents told to stop because another agent's run
+	// of the same attempt is the one relayed.
+	secondRuns *prometheus.CounterVec
 }
 
 // Latency buckets for LLM serving, in seconds: TTFT spans milliseconds
@@ -71,6 +74,10 @@ func NewMetrics() *Metrics {
 			Name: "switchyard_affinity_dispatches_total",
 			Help: "Prefix-cache affinity per pool: result affinity (offered to the agent caching the longest prefix) or the fallback to the shared queue (no_match, full, imbalanced); not_taken_in_time counts offers that moved to the shared queue.",
 		}, []string{"model", "pool", "result"}),
+		secondRuns: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_second_runs_stopped_total",
+			Help: "Agents cancelled because another agent ran the same attempt and spoke first (an affinity offer moved to the shared queue as its agent took it, an ack lost in a failover), by stage (main, prefill).",
+		}, []string{"stage"}),
 		rejections: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_rejections_total", Help: "Requests refused before dispatch, by reason.",
 		}, []string{"reason"}),
@@ -79,7 +86,7 @@ func NewMetrics() *Metrics {
 
 // Register adds every collector to r.
 func (m *Metrics) Register(r prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.requests, m.inflight, m.ttft, m.itl, m.e2e, m.outputTokens, m.rejections, m.retries, m.migrations, m.publishRetries, m.droppedChunks, m.affinity} {
+	for _, c := range []prometheus.Collector{m.requests, m.inflight, m.ttft, m.itl, m.e2e, m.outputTokens, m.rejections, m.retries, m.migrations, m.publishRetries, m.droppedChunks, m.affinity, m.secondRuns} {
 		if err := r.Register(c); err != nil {
 			return err
 		}

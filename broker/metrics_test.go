@@ -49,6 +49,7 @@ func TestMetricsGolden(t *testing.T) {
 	m.Reject("queue_full")
 	m.retries.WithLabelValues("agent_lost").Inc()
 	m.affinity.WithLabelValues("m", "regular", AffinityHit).Inc()
+	m.secondRuns.WithLabelValues("prefill").Inc()
 	b.affPool("m", "regular").tree.Insert("r1", []uint64{1, 2})
 	b.agents[agentKey{"m", "r1"}] = &agentEntry{hb: &wire.Heartbeat{AgentId: "r1", Model: "m", Pool: "regular",
 		PrefixCacheQueries: proto.Float64(400), PrefixCacheHits: proto.Float64(300)}}

@@ -57,6 +57,9 @@ type engine struct {
 	current atomic.Int32
 	peak    atomic.Int32
 	served  atomic.Int32
+	// finished counts the requests it answered to their end ("[DONE]");
+	// an aborted one never gets there.
+	finished atomic.Int32
 	// Stop kills the engine: its listener and connections close at once.
 	Stop func()
 }
@@ -122,6 +125,7 @@ func (c *countingWriter) end() {
 
 func (c *countingWriter) Write(p []byte) (int, error) {
 	if bytes.Contains(p, []byte("[DONE]")) {
+		c.e.finished.Add(1)
 		c.end()
 	}
 	return c.ResponseWriter.Write(p)

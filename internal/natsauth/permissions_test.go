@@ -197,6 +197,22 @@ func consumerConfig(t *testing.T, model, pool string) jetstream.ConsumerConfig {
 	}
 }
 
+// pdConsumerConfig is consumerConfig for a PD pool's queue of the vllm
+// pairing, as a PD agent binds it.
+func pdConsumerConfig(t *testing.T, model, pool string) jetstream.ConsumerConfig {
+	t.Helper()
+	cfg := consumerConfig(t, model, pool)
+	pair := subjects.PairKey("vllm", "")
+	var err error
+	if cfg.Durable, err = subjects.PDConsumerName(model, pool, pair); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.FilterSubject, err = subjects.Must(subjects.DefaultPrefix).PDJobs(model, pool, pair); err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
 func TestUnauthenticatedRefused(t *testing.T) {
 	s := runShipped(t)
 	if nc, err := nats.Connect(s.ClientURL()); err == nil {
@@ -388,14 +404,14 @@ func TestPrefillHandsOffToDecode(t *testing.T) {
 	d := connectAs(t, s, "agent-decode")
 	ensureStream(t, b)
 
-	if _, err := p.js.CreateOrUpdateConsumer(ctxT(t), stream, consumerConfig(t, "m", subjects.PoolPrefill)); err != nil {
+	if _, err := p.js.CreateOrUpdateConsumer(ctxT(t), stream, pdConsumerConfig(t, "m", subjects.PoolPrefill)); err != nil {
 		t.Fatalf("prefill consumer: %v", err)
 	}
-	dcons, err := d.js.CreateOrUpdateConsumer(ctxT(t), stream, consumerConfig(t, "m", subjects.PoolDecode))
+	dcons, err := d.js.CreateOrUpdateConsumer(ctxT(t), stream, pdConsumerConfig(t, "m", subjects.PoolDecode))
 	if err != nil {
 		t.Fatalf("decode consumer: %v", err)
 	}
-	if _, err := p.js.Publish(ctxT(t), "sy.jobs.m.decode", []byte("decode-job")); err != nil {
+	if _, err := p.js.Publish(ctxT(t), "sy.jobs.m.decode.vllm", []byte("decode-job")); err != nil {
 		t.Fatalf("prefill publishes a decode job: %v", err)
 	}
 	msg, err := dcons.Next(jetstream.FetchMaxWait(5 * time.Second))
@@ -409,7 +425,7 @@ func TestPrefillHandsOffToDecode(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	for _, subj := range []string{"sy.jobs.m.regular", "sy.jobs.m.prefill"} {
+	for _, subj := range []string{"sy.jobs.m.regular", "sy.jobs.m.prefill.vllm"} {
 		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 		if _, err := p.js.Publish(ctx, subj, []byte("forged")); err == nil {
 			t.Errorf("prefill agent published to %s", subj)
@@ -419,10 +435,10 @@ func TestPrefillHandsOffToDecode(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
-	if _, err := d.js.Publish(ctx, "sy.jobs.m.decode", []byte("forged")); err == nil {
+	if _, err := d.js.Publish(ctx, "sy.jobs.m.decode.vllm", []byte("forged")); err == nil {
 		t.Error("decode agent published a decode job")
 	}
-	d.denied(t, "Publish", "sy.jobs.m.decode")
+	d.denied(t, "Publish", "sy.jobs.m.decode.vllm")
 	d.deniedSubscribe(t, "_INBOX.agent-prefill.>")
 }
 
@@ -538,4 +554,69 @@ func withHost(o *server.Options, host string) *server.Options {
 	c := o.Clone()
 	c.Host = host
 	return c
+}
+
+// TestPDPairedQueues: PD agents pull and hand off on the queues of their
+// pairing (sy.jobs.<model>.<pool>.<pair>, subjects.PDJobs), and a prefill
+// agent pulls its directed queue beside its pairing's shared one
+// (prefix-cache affinity); the shipped configuration allows exactly that.
+func TestPDPairedQueues(t *testing.T) {
+	s := runShipped(t)
+	b := connectAs(t, s, "broker-1")
+	p := connectAs(t, s, "agent-prefill")
+	d := connectAs(t, s, "agent-decode")
+	ensureStream(t, b)
+	subj := subjects.Must(subjects.DefaultPrefix)
+	pair := subjects.PairKey("vllm", "")
+	pdConsumer := func(t *testing.T, pool string) jetstream.ConsumerConfig { return pdConsumerConfig(t, "m", pool) }
+	pcons, err := p.js.CreateOrUpdateConsumer(ctxT(t), stream, pdConsumer(t, subjects.PoolPrefill))
+	if err != nil {
+		t.Fatalf("prefill consumer of its pairing: %v", err)
+	}
+	directed := pdConsumer(t, subjects.PoolPrefill)
+	directed.Durable, _ = subjects.DirectedConsumerName("m", subjects.PoolPrefill, pair, "p1")
+	directed.FilterSubject, _ = subj.Directed("m", subjects.PoolPrefill, pair, "p1")
+	dircons, err := p.js.CreateOrUpdateConsumer(ctxT(t), stream, directed)
+	if err != nil {
+		t.Fatalf("prefill agent's directed consumer: %v", err)
+	}
+	dcons, err := d.js.CreateOrUpdateConsumer(ctxT(t), stream, pdConsumer(t, subjects.PoolDecode))
+	if err != nil {
+		t.Fatalf("decode consumer of its pairing: %v", err)
+	}
+	// The broker offers a prefill job on either queue; the prefill agent
+	// takes it and hands off to its pairing's decode queue.
+	for _, to := range []string{pdConsumer(t, subjects.PoolPrefill).FilterSubject, directed.FilterSubject} {
+		if _, err := b.js.Publish(ctxT(t), to, []byte("prefill-job")); err != nil {
+			t.Fatalf("broker publishes to %s: %v", to, err)
+		}
+	}
+	for _, c := range []jetstream.Consumer{pcons, dircons} {
+		msg, err := c.Next(jetstream.FetchMaxWait(5 * time.Second))
+		if err != nil {
+			t.Fatalf("prefill fetch: %v", err)
+		}
+		if err := msg.DoubleAck(ctxT(t)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	decodeSubj := pdConsumer(t, subjects.PoolDecode).FilterSubject
+	if _, err := p.js.Publish(ctxT(t), decodeSubj, []byte("decode-job")); err != nil {
+		t.Fatalf("prefill publishes to %s: %v", decodeSubj, err)
+	}
+	msg, err := dcons.Next(jetstream.FetchMaxWait(5 * time.Second))
+	if err != nil {
+		t.Fatalf("decode fetch: %v", err)
+	}
+	if err := msg.DoubleAck(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	// Still nothing into the prefill queues from a prefill agent.
+	prefillSubj := pdConsumer(t, subjects.PoolPrefill).FilterSubject
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	if _, err := p.js.Publish(ctx, prefillSubj, []byte("forged")); err == nil {
+		t.Errorf("prefill agent published to %s", prefillSubj)
+	}
+	p.denied(t, "Publish", prefillSubj)
 }
