@@ -252,6 +252,20 @@ type callAffinity struct {
 	insert uint32
 }
 
+// promptKeys appends the block keys of the current body's prompt to dst:
+// from what the ingress decoded when the body is the client's, else (a
+// continuation's body) decoded again.
+func (c *Call) promptKeys(dst []uint64) []uint64 {
+	bs := c.b.cfg.Affinity.BlockSize
+	if f := c.req.Format; f != nil && len(c.body) == len(c.req.Body) && (len(c.body) == 0 || &c.body[0] == &c.req.Body[0]) {
+		if p, ok := f.Prompt(); ok {
+			return p.AppendKeys(dst, bs)
+		}
+		return dst
+	}
+	return oaiformat.PromptKeys(dst, bs, c.req.API, c.body)
+}
+
 // prefer returns the subject to publish the current attempt's job on:
 // the directed queue of the agent affinity prefers, or shared. It runs
 // after dispatch.Decide; pool and pair are the route's first queue.
@@ -264,7 +278,7 @@ func (c *Call) prefer(m *dispatch.Model, pool, pair, shared string) string {
 		return shared
 	}
 	if len(a.body) != len(c.body) || (len(c.body) > 0 && &a.body[0] != &c.body[0]) {
-		a.keys = oaiformat.PromptKeys(a.keys[:0], b.cfg.Affinity.BlockSize, c.req.API, c.body)
+		a.keys = c.promptKeys(a.keys[:0])
 		a.body = c.body
 	}
 	p := b.affPool(c.Model, pool)

@@ -41,6 +41,9 @@ type Request struct {
 	NoMigration string
 	Deadline    time.Time // zero: now + RequestTimeout
 	Trace       map[string]string
+	// Format is Body as oaiformat.Read read it, or nil: what the broker
+	// needs of the body (the prompt's block keys) is then decoded again.
+	Format *oaiformat.Request
 }
 
 // Call is one request in flight. The ingress reads its chunks with Next and

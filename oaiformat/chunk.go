@@ -10,8 +10,31 @@ import (
 	"github.com/switchyard-ai/switchyard/wire"
 )
 
-// ChunkID returns the "id" of an engine chunk, or "" when it has none.
+// ChunkID returns the "id" of an engine chunk, or "" when it has none,
+// as encoding/json would read it (the last member named id in any case)
+// but in one pass without allocating beyond the id.
 func ChunkID(raw []byte) string {
+	var id []byte
+	found, slow := false, false
+	err := chunkjson.Members(raw, func(key []byte, quoted bool, _, value []byte) {
+		switch {
+		case quoted:
+			slow = true // an escaped key: let encoding/json compare it
+		case len(key) == 2 && (key[0]|0x20) == 'i' && (key[1]|0x20) == 'd':
+			id, found = value, true
+		}
+	})
+	if err != nil {
+		return ""
+	}
+	if found && !slow {
+		if s, ok := plainString(id); ok {
+			return s
+		}
+	}
+	if !found && !slow {
+		return ""
+	}
 	var head struct {
 		ID string `json:"id"`
 	}

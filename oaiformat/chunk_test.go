@@ -175,3 +175,42 @@ func TestUsage(t *testing.T) {
 		})
 	}
 }
+
+// TestChunkIDAsEncodingJSON: ChunkID reads what encoding/json reads.
+func TestChunkIDAsEncodingJSON(t *testing.T) {
+	for _, raw := range []string{
+		`{"id":"chatcmpl-1","choices":[]}`,
+		`{"object":"chat.completion.chunk","id":"cmpl-2","choices":[{"delta":{"content":"x"}}]}`,
+		`{"ID":"upper"}`,
+		`{"id":"first","Id":"last"}`,
+		`{"\u0069d":"escaped key"}`,
+		`{"id":"esc\"aped"}`,
+		`{"id":"\u00e9t\u00e9"}`,
+		`{"id":"héllo"}`,
+		`{"id":7}`,
+		`{"id":null}`,
+		`{"choices":[{"id":"nested"}]}`,
+		`{"id":"x"`,
+		`[1]`,
+		``,
+	} {
+		var head struct {
+			ID string `json:"id"`
+		}
+		want := ""
+		if json.Unmarshal([]byte(raw), &head) == nil {
+			want = head.ID
+		}
+		if got := ChunkID([]byte(raw)); got != want {
+			t.Errorf("ChunkID(%s) = %q, encoding/json reads %q", raw, got, want)
+		}
+	}
+}
+
+func BenchmarkChunkID(b *testing.B) {
+	raw := []byte(`{"id":"chatcmpl-3f1c9e0a8b7d4c2e","object":"chat.completion.chunk","created":1764720000,"model":"m","choices":[{"index":0,"delta":{"content":" word"},"logprobs":null,"finish_reason":null}]}`)
+	b.ReportAllocs()
+	for b.Loop() {
+		_ = ChunkID(raw)
+	}
+}

@@ -47,6 +47,12 @@ type Request struct {
 	// NoMigration, when set, says why a broken stream of this request
 	// cannot be continued on another agent from its text so far.
 	NoMigration string
+
+	// What the prompt's block keys are made of, as Read decoded it
+	// (see Prompt).
+	api      wire.API
+	messages []message
+	prompt   json.RawMessage
 }
 
 // present records that a member was in the body, whatever its value.
@@ -175,6 +181,10 @@ func Read(api wire.API, body []byte) (*Request, error) {
 		default:
 			return nil, invalid("prompt must be a string or an array", "prompt", "invalid_type")
 		}
+	}
+	p.api, p.prompt = api, r.Prompt
+	if r.Messages != nil {
+		p.messages = *r.Messages
 	}
 	if p.N > 1 {
 		p.NoPD = "n > 1 is not supported by the PD pipeline"

@@ -194,6 +194,7 @@ func (s *Server) serve(stream grpc.ServerStreamingServer[switchyardv1.StreamResp
 		NoPD:            p.NoPD != "",
 		NoPDReason:      p.NoPD,
 		NoMigration:     p.NoMigration,
+		Format:          p,
 	}
 	if d, ok := ctx.Deadline(); ok {
 		req.Deadline = d

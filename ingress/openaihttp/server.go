@@ -135,6 +135,7 @@ func (s *Server) completions(kind apiKind) http.HandlerFunc {
 			NoPDReason:      p.NoPD,
 			NoMigration:     p.NoMigration,
 			Trace:           traceContext(r),
+			Format:          p,
 		})
 		if err != nil {
 			writeError(w, fromBroker(err))
