@@ -84,6 +84,7 @@ type Call struct {
 	closed  atomic.Bool
 
 	// Owned by the reading goroutine.
+	held            *wire.Chunk // the chunk Next returned last (see release)
 	deadline, stall *time.Timer
 	asked           time.Time // when the reader last asked for a chunk (see Next)
 	itl             prometheus.Observer
@@ -392,9 +393,14 @@ func (b *Broker) onReply(m *nats.Msg) {
 // onChunk takes one chunk to its Call. A chunk that is not its attempt's
 // (a late chunk of an abandoned attempt, or one without the attempt's
 // secret: forged) is dropped.
+//
+// The chunk comes from the broker's pool and aliases the message's data
+// (see wire.DecodeChunk), which nats.go allocates per message and nobody
+// writes; the reader gives it back to the pool (see Next).
 func (b *Broker) onChunk(data []byte) error {
-	chunk := new(wire.Chunk)
-	if err := proto.Unmarshal(data, chunk); err != nil {
+	chunk := b.getChunk()
+	if err := wire.DecodeChunk(data, chunk); err != nil {
+		b.putChunk(chunk)
 		// Without a request id it is no one's; a frame lost like this shows
 		// as a gap in its attempt's sequence.
 		b.metrics.droppedChunks.WithLabelValues("undecodable").Inc()
@@ -405,10 +411,20 @@ func (b *Broker) onChunk(data []byte) error {
 		// A finished or abandoned request: a late chunk, a chunk sent
 		// again after a reconnect, or an agent still running it for
 		// nobody (its cancel lost in a failover, a job delivered twice).
-		b.cancelOrphan(chunk.GetRequestId())
+		b.cancelOrphan(strings.Clone(chunk.GetRequestId()))
+		b.putChunk(chunk)
 		return nil
 	}
 	c := v.(*Call)
+	if !b.relay(c, chunk) {
+		b.putChunk(chunk)
+	}
+	return nil
+}
+
+// relay hands chunk to c if it is the current attempt's next, and
+// reports whether it did.
+func (b *Broker) relay(c *Call, chunk *wire.Chunk) bool {
 	c.mu.Lock()
 	if chunk.GetSecret() != c.secret {
 		a := chunk.GetAttempt()
@@ -422,7 +438,7 @@ func (b *Broker) onChunk(data []byte) error {
 			b.metrics.droppedChunks.WithLabelValues("bad_secret").Inc()
 			b.log.Warn("chunk without its attempt's secret dropped", "request", c.ID, "attempt", a, "agent", chunk.GetAgentId())
 		}
-		return nil
+		return false
 	}
 	if a := chunk.GetAttempt(); a != c.attempt {
 		abandoned := a < c.attempt
@@ -430,7 +446,7 @@ func (b *Broker) onChunk(data []byte) error {
 		if abandoned {
 			c.cancelAgain(a)
 		}
-		return nil
+		return false
 	}
 	// The prefill leg speaks only to say it started, works, handed off or
 	// failed, outside the decode leg's sequence; keep-alives are outside
@@ -439,22 +455,22 @@ func (b *Broker) onChunk(data []byte) error {
 	case chunk.GetKind() == wire.Chunk_KIND_KEEPALIVE:
 		if c.speaker != "" && chunk.GetStage() != wire.Chunk_STAGE_PREFILL && chunk.GetAgentId() != c.speaker {
 			c.mu.Unlock()
-			return nil
+			return false
 		}
 	case chunk.GetStage() != wire.Chunk_STAGE_PREFILL:
 		// Agents speak before their ack is confirmed, so in a failover two
 		// may run one attempt: the first to speak is the one relayed.
 		switch id := chunk.GetAgentId(); {
 		case c.speaker == "":
-			c.speaker = id
+			c.speaker = strings.Clone(id) // kept for the attempt: not the message's bytes
 		case id != c.speaker:
 			c.mu.Unlock()
-			return nil
+			return false
 		}
 		switch seq := chunk.GetSeq(); {
 		case seq < c.nextSeq:
 			c.mu.Unlock()
-			return nil // duplicate
+			return false // duplicate
 		case seq > c.nextSeq:
 			// A chunk was lost (a NATS node failed under the stream): the
 			// reader repairs it with a retry or a migration.
@@ -465,7 +481,7 @@ func (b *Broker) onChunk(data []byte) error {
 			case c.broken <- brokenAttempt{attempt, fmt.Errorf("%w: request %s: chunk %d missing (got %d)", ErrStreamBroken, c.ID, want, seq)}:
 			default:
 			}
-			return nil
+			return false
 		}
 		c.nextSeq++
 	}
@@ -473,11 +489,24 @@ func (b *Broker) onChunk(data []byte) error {
 	c.arrived.Store(b.now().UnixNano())
 	select {
 	case c.ch <- chunk:
+		return true
 	default:
 		c.fail(fmt.Errorf("%w: request %s: client reads too slowly (%d chunks buffered)", ErrSlowReader, c.ID, cap(c.ch)))
+		return false
 	}
-	return nil
 }
+
+// getChunk returns a chunk to decode into: one a reader gave back, with
+// the events of its last decode to reuse, or a new one.
+func (b *Broker) getChunk() *wire.Chunk {
+	if ch, ok := b.chunkPool.Get().(*wire.Chunk); ok {
+		return ch
+	}
+	return new(wire.Chunk)
+}
+
+// putChunk gives a chunk nobody reads any more back to the pool.
+func (b *Broker) putChunk(ch *wire.Chunk) { b.chunkPool.Put(ch) }
 
 func (c *Call) fail(err error) {
 	c.failOnce.Do(func() {
@@ -491,6 +520,12 @@ func (c *Call) fail(err error) {
 // passes, the agent stalls or the stream breaks; after a final or error
 // chunk it must not be called again. Before the first token it retries
 // failed or stuck attempts itself.
+//
+// The chunk and its events are valid until the next call of Next or
+// Close, which reuse them for later chunks: a reader must not keep them.
+// The strings and byte slices in them stay valid and unchanged (they are
+// the reply message's, see wire.DecodeChunk), as does the chunk's Error or
+// Usage.
 func (c *Call) Next(ctx context.Context) (*wire.Chunk, error) {
 	// One goroutine reads a call, so its timers are reused across chunks.
 	// The stall timer is not reset per chunk (a timer operation per token
@@ -508,6 +543,7 @@ func (c *Call) Next(ctx context.Context) (*wire.Chunk, error) {
 	}
 	watch := c.watch.C
 	for {
+		c.release()
 		// Chunks already buffered win over a failure noticed later.
 		var ch *wire.Chunk
 		select {
@@ -586,6 +622,7 @@ func (c *Call) Next(ctx context.Context) (*wire.Chunk, error) {
 				continue
 			}
 		}
+		c.held = ch // from here every continue gives it back at the top of the loop
 		c.mu.Lock()
 		current := ch.GetAttempt() == c.attempt
 		c.mu.Unlock()
@@ -602,15 +639,17 @@ func (c *Call) Next(ctx context.Context) (*wire.Chunk, error) {
 			continue
 		case wire.Chunk_KIND_ACCEPTED:
 			c.restartStall()
+			// Copied: kept for the attempt, and by affinity for longer,
+			// where the chunk's strings are its message's.
 			if ch.GetStage() == wire.Chunk_STAGE_PREFILL {
-				c.prefillAgent = ch.GetAgentId()
+				c.prefillAgent = strings.Clone(ch.GetAgentId())
 				c.load.prefillTaken()
 				c.accepted(c.prefillAgent, true)
 			} else {
-				c.agent = ch.GetAgentId()
+				c.agent = strings.Clone(ch.GetAgentId())
 				c.accepted(c.agent, false)
 				if p := ch.GetPrefillAgent(); p != "" {
-					c.prefillAgent = p
+					c.prefillAgent = strings.Clone(p)
 				}
 				c.load.taken()
 			}
@@ -642,6 +681,14 @@ func (c *Call) Next(ctx context.Context) (*wire.Chunk, error) {
 			continue
 		}
 		return c.deliver(ch), nil
+	}
+}
+
+// release gives the chunk the reader last got back to the broker's pool.
+func (c *Call) release() {
+	if c.held != nil {
+		c.b.putChunk(c.held)
+		c.held = nil
 	}
 }
 
@@ -880,11 +927,13 @@ func (c *Call) SetOutcome(o string) { c.outcome = o }
 
 // Close releases the call. If it has not ended it publishes a cancel so the
 // agent aborts the engine request.
+// The reader calls it, as it calls Next: it gives back the last chunk.
 func (c *Call) Close() {
 	if c.closed.Swap(true) {
 		return
 	}
 	c.b.calls.Delete(c.ID)
+	c.release()
 	if c.deadline != nil {
 		c.deadline.Stop()
 		c.stall.Stop()
