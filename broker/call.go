@@ -84,8 +84,13 @@ type Call struct {
 	closed  atomic.Bool
 
 	// Owned by the reading goroutine.
-	held            *wire.Chunk // the chunk Next returned last (see release)
-	deadline, stall *time.Timer
+	held *wire.Chunk // the chunk Next returned last (see release)
+	// One timer stands for three (see Next): the request's deadline, the
+	// stall check and the watch. It fires at armed, the earliest of them.
+	timer           *time.Timer
+	armed           time.Time
+	stallAt         time.Time // when the stall check is due
+	watchAt         time.Time // when the watch is due
 	asked           time.Time // when the reader last asked for a chunk (see Next)
 	itl             prometheus.Observer
 	itlRoute        dispatch.Route
@@ -527,21 +532,22 @@ func (c *Call) fail(err error) {
 // the reply message's, see wire.DecodeChunk), as does the chunk's Error or
 // Usage.
 func (c *Call) Next(ctx context.Context) (*wire.Chunk, error) {
-	// One goroutine reads a call, so its timers are reused across chunks.
-	// The stall timer is not reset per chunk (a timer operation per token
-	// adds up): when it fires, it is pushed back by the time since the
-	// reader last asked.
+	// One goroutine reads a call, so its timer is reused across chunks. It
+	// stands for the deadline, the stall check and the watch: one timer in
+	// the select instead of three, as each blocking select arms every
+	// timer it waits on and disarms it when woken, once per token.
+	//
+	// The stall check is not moved per chunk (a timer operation per token
+	// adds up): when it is due, it is pushed back by the time since the
+	// reader last asked. The watch looks for dead agents and, before the
+	// first token, for jobs no one can take.
 	c.asked = time.Now()
-	if c.deadline == nil {
-		c.deadline = time.NewTimer(time.Until(c.Deadline))
-		c.stall = time.NewTimer(c.b.cfg.StallTimeout)
+	if c.timer == nil {
+		c.stallAt = c.asked.Add(c.b.cfg.StallTimeout)
+		c.watchAt = c.asked.Add(c.b.cfg.WatchInterval)
+		c.armed = c.due()
+		c.timer = time.NewTimer(c.armed.Sub(c.asked))
 	}
-	// The watch looks for dead agents and, before the first token, for
-	// jobs no one can take. It is one ticker per request in flight.
-	if c.watch == nil {
-		c.watch = time.NewTicker(c.b.cfg.WatchInterval)
-	}
-	watch := c.watch.C
 	for {
 		c.release()
 		// Chunks already buffered win over a failure noticed later.
@@ -566,8 +572,6 @@ func (c *Call) Next(ctx context.Context) (*wire.Chunk, error) {
 				continue
 			case <-ctx.Done():
 				return nil, ctx.Err()
-			case <-c.deadline.C:
-				return nil, fmt.Errorf("%w: request %s", ErrTimeout, c.ID)
 			case <-c.aff.move:
 				if err := c.moveOffer(ctx); err != nil {
 					if err := c.recover(ctx, err); err != nil {
@@ -576,49 +580,24 @@ func (c *Call) Next(ctx context.Context) (*wire.Chunk, error) {
 					c.restartStall()
 				}
 				continue
-			case <-c.stall.C:
-				if c.waitingForDecode() {
-					// Between the hand-off and the decode agent's accept no
-					// agent speaks: the decode queue may be busy. The bound is
-					// how long the prefill engine holds the KV.
-					if left := c.handedOff.Add(c.b.cfg.KVHold).Sub(c.b.now()); left > 0 {
-						c.stall.Reset(min(left, c.b.cfg.StallTimeout))
-						continue
-					}
-					if err := c.recover(ctx, fmt.Errorf("%w: request %s: %s", errHandoffExpired, c.ID, c.b.cfg.KVHold)); err != nil {
+			case <-c.timer.C:
+				c.armed = time.Time{}
+				now := time.Now()
+				if !now.Before(c.Deadline) {
+					return nil, fmt.Errorf("%w: request %s", ErrTimeout, c.ID)
+				}
+				if !now.Before(c.stallAt) {
+					if err := c.checkStall(ctx); err != nil {
 						return nil, err
 					}
-					c.restartStall()
-					continue
 				}
-				// The time the broker itself stood still is not the agent's
-				// silence: its chunks waited unread meanwhile.
-				paused, now := c.b.pauses.since(c.asked)
-				if idle := now.Sub(c.asked) - paused; idle < c.b.cfg.StallTimeout {
-					c.stall.Reset(c.b.cfg.StallTimeout - idle)
-					continue
-				}
-				if err := c.recover(ctx, fmt.Errorf("%w: request %s: nothing for %s", ErrStalled, c.ID, c.b.cfg.StallTimeout)); err != nil {
-					return nil, err
-				}
-				c.restartStall()
-				continue
-			case <-watch:
-				if c.agent == "" && c.prefillAgent == "" && c.firstToken.IsZero() && c.b.now().Sub(c.Started) > c.b.cfg.QueueTimeout {
-					// Nobody took the job in time: give up cleanly; the
-					// cancel at Close keeps the queued job from starting.
-					return nil, fmt.Errorf("%w: request %s waited %s", ErrQueueTimeout, c.ID, c.b.cfg.QueueTimeout)
-				}
-				why := c.stuck()
-				if why == nil {
-					why = c.silentSinceReconnect()
-				}
-				if why != nil {
-					if err := c.recover(ctx, why); err != nil {
+				if !now.Before(c.watchAt) {
+					c.watchAt = now.Add(c.b.cfg.WatchInterval)
+					if err := c.checkWatch(ctx); err != nil {
 						return nil, err
 					}
-					c.restartStall()
 				}
+				c.rearm()
 				continue
 			}
 		}
@@ -695,7 +674,95 @@ func (c *Call) release() {
 // restartStall gives a new attempt the whole stall timeout.
 func (c *Call) restartStall() {
 	c.asked = time.Now()
-	c.stall.Reset(c.b.cfg.StallTimeout)
+	c.stallIn(c.b.cfg.StallTimeout)
+}
+
+// stallIn moves the stall check to d from now.
+func (c *Call) stallIn(d time.Duration) {
+	c.stallAt = time.Now().Add(d)
+	c.rearm()
+}
+
+// due is when the timer should fire next: the earliest of the deadline,
+// the stall check and the watch.
+func (c *Call) due() time.Time {
+	d := c.Deadline
+	if c.stallAt.Before(d) {
+		d = c.stallAt
+	}
+	if c.watchAt.Before(d) {
+		d = c.watchAt
+	}
+	return d
+}
+
+// rearm sets the timer to fire at due, unless it fires before that
+// anyway: a timer that fires early finds nothing due and is set again.
+func (c *Call) rearm() {
+	if c.timer == nil {
+		return // Next sets it up
+	}
+	d := c.due()
+	if !c.armed.IsZero() && !d.Before(c.armed) {
+		return
+	}
+	c.armed = d
+	c.timer.Reset(time.Until(d))
+}
+
+// checkStall runs when the stall check is due: it pushes the check back
+// while the agent is not silent for StallTimeout, and recovers the attempt
+// when it is.
+func (c *Call) checkStall(ctx context.Context) error {
+	if c.waitingForDecode() {
+		// Between the hand-off and the decode agent's accept no agent
+		// speaks: the decode queue may be busy. The bound is how long the
+		// prefill engine holds the KV.
+		if left := c.handedOff.Add(c.b.cfg.KVHold).Sub(c.b.now()); left > 0 {
+			c.stallIn(min(left, c.b.cfg.StallTimeout))
+			return nil
+		}
+		if err := c.recover(ctx, fmt.Errorf("%w: request %s: %s", errHandoffExpired, c.ID, c.b.cfg.KVHold)); err != nil {
+			return err
+		}
+		c.restartStall()
+		return nil
+	}
+	// The time the broker itself stood still is not the agent's silence:
+	// its chunks waited unread meanwhile.
+	paused, now := c.b.pauses.since(c.asked)
+	if idle := now.Sub(c.asked) - paused; idle < c.b.cfg.StallTimeout {
+		c.stallIn(c.b.cfg.StallTimeout - idle)
+		return nil
+	}
+	if err := c.recover(ctx, fmt.Errorf("%w: request %s: nothing for %s", ErrStalled, c.ID, c.b.cfg.StallTimeout)); err != nil {
+		return err
+	}
+	c.restartStall()
+	return nil
+}
+
+// checkWatch runs every WatchInterval: before the first token it ends a
+// request nobody took in time, and at any time it recovers an attempt
+// that is stuck or whose stream went silent when the broker reconnected.
+func (c *Call) checkWatch(ctx context.Context) error {
+	if c.agent == "" && c.prefillAgent == "" && c.firstToken.IsZero() && c.b.now().Sub(c.Started) > c.b.cfg.QueueTimeout {
+		// Nobody took the job in time: give up cleanly; the cancel at
+		// Close keeps the queued job from starting.
+		return fmt.Errorf("%w: request %s waited %s", ErrQueueTimeout, c.ID, c.b.cfg.QueueTimeout)
+	}
+	why := c.stuck()
+	if why == nil {
+		why = c.silentSinceReconnect()
+	}
+	if why == nil {
+		return nil
+	}
+	if err := c.recover(ctx, why); err != nil {
+		return err
+	}
+	c.restartStall()
+	return nil
 }
 
 // Buffered reports how many chunks wait to be read. A writer that finds
@@ -934,12 +1001,8 @@ func (c *Call) Close() {
 	}
 	c.b.calls.Delete(c.ID)
 	c.release()
-	if c.deadline != nil {
-		c.deadline.Stop()
-		c.stall.Stop()
-	}
-	if c.watch != nil {
-		c.watch.Stop()
+	if c.timer != nil {
+		c.timer.Stop()
 	}
 	outcome := c.outcome
 	if outcome == "" {

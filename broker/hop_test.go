@@ -85,3 +85,31 @@ func itoa(n int) string {
 	}
 	return itoa(n/10) + itoa(n%10)
 }
+
+// BenchmarkReplyToReader is the hand-off of a token chunk to a reader
+// blocked in Next, as an SSE handler waits between tokens: onReply, the
+// reader's wake-up, its select and deliver, then the reader's reply on a
+// channel (the same in every build: the benchmark's own ping-pong).
+func BenchmarkReplyToReader(b *testing.B) {
+	br, c, m := hopCall(b, 1)
+	c.Deadline = time.Now().Add(time.Hour)
+	read := make(chan struct{})
+	go func() {
+		defer close(read)
+		for {
+			if _, err := c.Next(b.Context()); err != nil {
+				return
+			}
+			read <- struct{}{}
+		}
+	}()
+	b.ReportAllocs()
+	for b.Loop() {
+		c.nextSeq = 0
+		br.onReply(m)
+		<-read
+	}
+	c.fail(ErrClosed)
+	for range read {
+	}
+}
