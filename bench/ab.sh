@@ -11,7 +11,7 @@
 # fixed loopback ports (18001, 18002, 18080, 14222); the load generator is
 # the second build's. Interleave rounds: this machine's speed drifts.
 set -euo pipefail
-[ $# -ge 2 ] || { echo "usage: $0 BIN_A BIN_B [...]" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "usage: $0 BIN_A [BIN_B ...]" >&2; exit 2; }
 STREAMS=${STREAMS:-128} REQUESTS=${REQUESTS:-3000} ITL=${ITL:-1ms} TOKENS=${TOKENS:-32} ROUNDS=${ROUNDS:-2}
 last="${*: -1}"
 pids=()
@@ -42,7 +42,7 @@ d = json.load(sys.stdin)
 broker, agents, hz, name = int(sys.argv[1]), int(sys.argv[2]), 100, sys.argv[3]
 toks, reqs, tps, ttft = d["output_tokens"], d["requests"], d["output_tokens_per_s"], d["ttft_ms"]["p50"]
 errs = d["errors"]
-nerr = sum(errs.values()) if isinstance(errs, dict) else errs
+nerr = (sum(errs.values()) and errs) if isinstance(errs, dict) else errs
 us = lambda t, n: 1e6 * t / hz / max(n, 1)
 print("%s: %.1f us CPU per token (broker %.1f, agents %.1f), %.0f us per request (broker %.0f, agents %.0f), %.0f tokens/s, TTFT p50 %.1f ms, errors %s" % (
 	name, us(broker + agents, toks), us(broker, toks), us(agents, toks), us(broker + agents, reqs), us(broker, reqs), us(agents, reqs), tps, ttft, nerr))
