@@ -389,7 +389,9 @@ func publishError(subject string, err error) error {
 // chunks (see wire.Frames), to their Calls. NATS calls it from the reply
 // subscription's single goroutine, so per-call sequence state needs no lock.
 func (b *Broker) onReply(m *nats.Msg) {
-	if err := wire.Frames(m.Data, b.onChunk); err != nil {
+	// The chunks of a message arrived together: one clock read for all.
+	now := b.now().UnixNano()
+	if err := wire.Frames(m.Data, func(data []byte) error { return b.onChunk(data, now) }); err != nil {
 		b.metrics.droppedChunks.WithLabelValues("undecodable").Inc()
 		b.log.Debug("undecodable reply message", "subject", m.Subject, "err", err)
 	}
@@ -402,7 +404,7 @@ func (b *Broker) onReply(m *nats.Msg) {
 // The chunk comes from the broker's pool and aliases the message's data
 // (see wire.DecodeChunk), which nats.go allocates per message and nobody
 // writes; the reader gives it back to the pool (see Next).
-func (b *Broker) onChunk(data []byte) error {
+func (b *Broker) onChunk(data []byte, arrived int64) error {
 	chunk := b.getChunk()
 	if err := wire.DecodeChunk(data, chunk); err != nil {
 		b.putChunk(chunk)
@@ -421,15 +423,15 @@ func (b *Broker) onChunk(data []byte) error {
 		return nil
 	}
 	c := v.(*Call)
-	if !b.relay(c, chunk) {
+	if !b.relay(c, chunk, arrived) {
 		b.putChunk(chunk)
 	}
 	return nil
 }
 
-// relay hands chunk to c if it is the current attempt's next, and
-// reports whether it did.
-func (b *Broker) relay(c *Call, chunk *wire.Chunk) bool {
+// relay hands chunk, which arrived at the given unix nanos, to c if it is
+// the current attempt's next, and reports whether it did.
+func (b *Broker) relay(c *Call, chunk *wire.Chunk, arrived int64) bool {
 	c.mu.Lock()
 	if chunk.GetSecret() != c.secret {
 		a := chunk.GetAttempt()
@@ -491,7 +493,7 @@ func (b *Broker) relay(c *Call, chunk *wire.Chunk) bool {
 		c.nextSeq++
 	}
 	c.mu.Unlock()
-	c.arrived.Store(b.now().UnixNano())
+	c.arrived.Store(arrived)
 	select {
 	case c.ch <- chunk:
 		return true
@@ -942,7 +944,7 @@ func (c *Call) deliver(ch *wire.Chunk) *wire.Chunk {
 		if len(events) == 0 {
 			break
 		}
-		now := time.Now()
+		now := c.heard // when Next took it: a clock read per token saved
 		if c.firstToken.IsZero() {
 			c.firstToken = now
 			c.streamID = oaiformat.ChunkID(events[0].GetRaw())
