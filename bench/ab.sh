@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A/B of two builds on the same machine, back to back: CPU per relayed token
-# (broker + agents, from /proc), output tokens/s and TTFT p50.
+# and per request (broker and agents, from /proc), output tokens/s and TTFT
+# p50.
 #
 #   git worktree add /tmp/before <commit> && (cd /tmp/before && go build -o /tmp/before-bin/ ./cmd/...)
 #   go build -o /tmp/after-bin/ ./cmd/...
@@ -10,7 +11,7 @@
 # fixed loopback ports (18001, 18002, 18080, 14222); the load generator is
 # the second build's. Interleave rounds: this machine's speed drifts.
 set -euo pipefail
-[ $# -ge 2 ] || { echo "usage: $0 BIN_A BIN_B [...]" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "usage: $0 BIN_A [BIN_B ...]" >&2; exit 2; }
 STREAMS=${STREAMS:-128} REQUESTS=${REQUESTS:-3000} ITL=${ITL:-1ms} TOKENS=${TOKENS:-32} ROUNDS=${ROUNDS:-2}
 last="${*: -1}"
 pids=()
@@ -28,22 +29,24 @@ one() {
 	"$bin/worker-agent" --engine openai --engine-url http://127.0.0.1:18001 --model sim-model --slots 512 --nats-url nats://127.0.0.1:14222 --log-level warn >/dev/null 2>&1 & pids+=($!); local a1=$!
 	"$bin/worker-agent" --engine openai --engine-url http://127.0.0.1:18002 --model sim-model --slots 512 --nats-url nats://127.0.0.1:14222 --log-level warn >/dev/null 2>&1 & pids+=($!); local a2=$!
 	sleep 2
-	local c0 c1 out
-	c0=$(cpu "$bp" "$a1" "$a2")
+	local b0 b1 g0 g1 out
+	b0=$(cpu "$bp") g0=$(cpu "$a1" "$a2")
 	out=$("$last/loadgen" --url http://127.0.0.1:18080 --model sim-model --concurrency "$STREAMS" --requests "$REQUESTS" \
 		--prompt-tokens 16 --max-tokens "$TOKENS" --json 2>/dev/null)
-	c1=$(cpu "$bp" "$a1" "$a2")
+	b1=$(cpu "$bp") g1=$(cpu "$a1" "$a2")
 	stop
 	rm -rf "$data"
 	echo "$out" | python3 -c '
 import json, sys
 d = json.load(sys.stdin)
-ticks, hz, name = int(sys.argv[1]), 100, sys.argv[2]
-toks, tps, ttft = d["output_tokens"], d["output_tokens_per_s"], d["ttft_ms"]["p50"]
+broker, agents, hz, name = int(sys.argv[1]), int(sys.argv[2]), 100, sys.argv[3]
+toks, reqs, tps, ttft = d["output_tokens"], d["requests"], d["output_tokens_per_s"], d["ttft_ms"]["p50"]
 errs = d["errors"]
-nerr = sum(errs.values()) if isinstance(errs, dict) else errs
-print("%s: %.1f us CPU per token, %.0f tokens/s, TTFT p50 %.1f ms, errors %s" % (name, 1e6 * ticks / hz / max(toks, 1), tps, ttft, nerr))
-' "$((c1 - c0))" "$bin"
+nerr = (sum(errs.values()) and errs) if isinstance(errs, dict) else errs
+us = lambda t, n: 1e6 * t / hz / max(n, 1)
+print("%s: %.1f us CPU per token (broker %.1f, agents %.1f), %.0f us per request (broker %.0f, agents %.0f), %.0f tokens/s, TTFT p50 %.1f ms, errors %s" % (
+	name, us(broker + agents, toks), us(broker, toks), us(agents, toks), us(broker + agents, reqs), us(broker, reqs), us(agents, reqs), tps, ttft, nerr))
+' "$((b1 - b0))" "$((g1 - g0))" "$bin"
 }
 for _ in $(seq "$ROUNDS"); do
 	for b in "$@"; do one "$b"; done

@@ -52,6 +52,9 @@ type Broker struct {
 	pauses *pauseWatch
 
 	calls sync.Map // request id -> *Call
+	// chunkPool holds decoded chunks their readers gave back (*wire.Chunk):
+	// the reply goroutine decodes into them (see onChunk).
+	chunkPool sync.Pool
 	// orphans: requests no longer in flight whose chunks came, and when
 	// they were last cancelled for it (see cancelOrphan).
 	orphanMu sync.Mutex

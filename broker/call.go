@@ -91,7 +91,13 @@ type Call struct {
 	closed  atomic.Bool
 
 	// Owned by the reading goroutine.
-	deadline, stall *time.Timer
+	held *wire.Chunk // the chunk Next returned last (see release)
+	// One timer stands for three (see Next): the request's deadline, the
+	// stall check and the watch. It fires at armed, the earliest of them.
+	timer           *time.Timer
+	armed           time.Time
+	stallAt         time.Time // when the stall check is due
+	watchAt         time.Time // when the watch is due
 	asked           time.Time // when the reader last asked for a chunk (see Next)
 	itl             prometheus.Observer
 	itlRoute        dispatch.Route
@@ -390,7 +396,9 @@ func publishError(subject string, err error) error {
 // chunks (see wire.Frames), to their Calls. NATS calls it from the reply
 // subscription's single goroutine, so per-call sequence state needs no lock.
 func (b *Broker) onReply(m *nats.Msg) {
-	if err := wire.Frames(m.Data, b.onChunk); err != nil {
+	// The chunks of a message arrived together: one clock read for all.
+	now := b.now().UnixNano()
+	if err := wire.Frames(m.Data, func(data []byte) error { return b.onChunk(data, now) }); err != nil {
 		b.metrics.droppedChunks.WithLabelValues("undecodable").Inc()
 		b.log.Debug("undecodable reply message", "subject", m.Subject, "err", err)
 	}
@@ -399,9 +407,14 @@ func (b *Broker) onReply(m *nats.Msg) {
 // onChunk takes one chunk to its Call. A chunk that is not its attempt's
 // (a late chunk of an abandoned attempt, or one without the attempt's
 // secret: forged) is dropped.
-func (b *Broker) onChunk(data []byte) error {
-	chunk := new(wire.Chunk)
-	if err := proto.Unmarshal(data, chunk); err != nil {
+//
+// The chunk comes from the broker's pool and aliases the message's data
+// (see wire.DecodeChunk), which nats.go allocates per message and nobody
+// writes; the reader gives it back to the pool (see Next).
+func (b *Broker) onChunk(data []byte, arrived int64) error {
+	chunk := b.getChunk()
+	if err := wire.DecodeChunk(data, chunk); err != nil {
+		b.putChunk(chunk)
 		// Without a request id it is no one's; a frame lost like this shows
 		// as a gap in its attempt's sequence.
 		b.metrics.droppedChunks.WithLabelValues("undecodable").Inc()
@@ -412,10 +425,20 @@ func (b *Broker) onChunk(data []byte) error {
 		// A finished or abandoned request: a late chunk, a chunk sent
 		// again after a reconnect, or an agent still running it for
 		// nobody (its cancel lost in a failover, a job delivered twice).
-		b.cancelOrphan(chunk.GetRequestId())
+		b.cancelOrphan(strings.Clone(chunk.GetRequestId()))
+		b.putChunk(chunk)
 		return nil
 	}
 	c := v.(*Call)
+	if !b.relay(c, chunk, arrived) {
+		b.putChunk(chunk)
+	}
+	return nil
+}
+
+// relay hands chunk, which arrived at the given unix nanos, to c if it is
+// the current attempt's next, and reports whether it did.
+func (b *Broker) relay(c *Call, chunk *wire.Chunk, arrived int64) bool {
 	c.mu.Lock()
 	if chunk.GetSecret() != c.secret {
 		a := chunk.GetAttempt()
@@ -429,7 +452,7 @@ func (b *Broker) onChunk(data []byte) error {
 			b.metrics.droppedChunks.WithLabelValues("bad_secret").Inc()
 			b.log.Warn("chunk without its attempt's secret dropped", "request", c.ID, "attempt", a, "agent", chunk.GetAgentId())
 		}
-		return nil
+		return false
 	}
 	if a := chunk.GetAttempt(); a != c.attempt {
 		abandoned := a < c.attempt
@@ -437,7 +460,7 @@ func (b *Broker) onChunk(data []byte) error {
 		if abandoned {
 			c.cancelAgain(a)
 		}
-		return nil
+		return false
 	}
 	// Two agents may run one attempt: an affinity offer that moved to the
 	// shared queue just as its agent took it (JetStream deletes a
@@ -458,14 +481,14 @@ func (b *Broker) onChunk(data []byte) error {
 	}
 	switch {
 	case *speaker == "" && chunk.GetKind() != wire.Chunk_KIND_KEEPALIVE:
-		*speaker = id
+		*speaker = strings.Clone(id) // kept for the attempt: not the message's bytes
 	case *speaker != "" && id != *speaker:
 		attempt, stop := c.attempt, c.stopOtherLocked(id)
 		c.mu.Unlock()
 		if stop {
 			c.stopOther(attempt, id, prefill)
 		}
-		return nil
+		return false
 	}
 	switch {
 	case chunk.GetKind() == wire.Chunk_KIND_KEEPALIVE, prefill:
@@ -473,7 +496,7 @@ func (b *Broker) onChunk(data []byte) error {
 		switch seq := chunk.GetSeq(); {
 		case seq < c.nextSeq:
 			c.mu.Unlock()
-			return nil // duplicate
+			return false // duplicate
 		case seq > c.nextSeq:
 			// A chunk was lost (a NATS node failed under the stream): the
 			// reader repairs it with a retry or a migration.
@@ -484,18 +507,19 @@ func (b *Broker) onChunk(data []byte) error {
 			case c.broken <- brokenAttempt{attempt, fmt.Errorf("%w: request %s: chunk %d missing (got %d)", ErrStreamBroken, c.ID, want, seq)}:
 			default:
 			}
-			return nil
+			return false
 		}
 		c.nextSeq++
 	}
 	c.mu.Unlock()
-	c.arrived.Store(b.now().UnixNano())
+	c.arrived.Store(arrived)
 	select {
 	case c.ch <- chunk:
+		return true
 	default:
 		c.fail(fmt.Errorf("%w: request %s: client reads too slowly (%d chunks buffered)", ErrSlowReader, c.ID, cap(c.ch)))
+		return false
 	}
-	return nil
 }
 
 // stopOtherLocked reports whether an agent found running the current
@@ -510,7 +534,7 @@ func (c *Call) stopOtherLocked(agent string) bool {
 	if c.others == nil {
 		c.others = make(map[string]time.Time, 1)
 	}
-	c.others[agent] = now
+	c.others[strings.Clone(agent)] = now // not the message's bytes
 	return true
 }
 
@@ -531,6 +555,18 @@ func (c *Call) stopOther(attempt uint32, agent string, prefill bool) {
 	}
 }
 
+// getChunk returns a chunk to decode into: one a reader gave back, with
+// the events of its last decode to reuse, or a new one.
+func (b *Broker) getChunk() *wire.Chunk {
+	if ch, ok := b.chunkPool.Get().(*wire.Chunk); ok {
+		return ch
+	}
+	return new(wire.Chunk)
+}
+
+// putChunk gives a chunk nobody reads any more back to the pool.
+func (b *Broker) putChunk(ch *wire.Chunk) { b.chunkPool.Put(ch) }
+
 func (c *Call) fail(err error) {
 	c.failOnce.Do(func() {
 		c.failErr = err
@@ -543,23 +579,31 @@ func (c *Call) fail(err error) {
 // passes, the agent stalls or the stream breaks; after a final or error
 // chunk it must not be called again. Before the first token it retries
 // failed or stuck attempts itself.
+//
+// The chunk and its events are valid until the next call of Next or
+// Close, which reuse them for later chunks: a reader must not keep them.
+// The strings and byte slices in them stay valid and unchanged (they are
+// the reply message's, see wire.DecodeChunk), as does the chunk's Error or
+// Usage.
 func (c *Call) Next(ctx context.Context) (*wire.Chunk, error) {
-	// One goroutine reads a call, so its timers are reused across chunks.
-	// The stall timer is not reset per chunk (a timer operation per token
-	// adds up): when it fires, it is pushed back by the time since the
-	// reader last asked.
+	// One goroutine reads a call, so its timer is reused across chunks. It
+	// stands for the deadline, the stall check and the watch: one timer in
+	// the select instead of three, as each blocking select arms every
+	// timer it waits on and disarms it when woken, once per token.
+	//
+	// The stall check is not moved per chunk (a timer operation per token
+	// adds up): when it is due, it is pushed back by the time since the
+	// reader last asked. The watch looks for dead agents and, before the
+	// first token, for jobs no one can take.
 	c.asked = time.Now()
-	if c.deadline == nil {
-		c.deadline = time.NewTimer(time.Until(c.Deadline))
-		c.stall = time.NewTimer(c.b.cfg.StallTimeout)
+	if c.timer == nil {
+		c.stallAt = c.asked.Add(c.b.cfg.StallTimeout)
+		c.watchAt = c.asked.Add(c.b.cfg.WatchInterval)
+		c.armed = c.due()
+		c.timer = time.NewTimer(c.armed.Sub(c.asked))
 	}
-	// The watch looks for dead agents and, before the first token, for
-	// jobs no one can take. It is one ticker per request in flight.
-	if c.watch == nil {
-		c.watch = time.NewTicker(c.b.cfg.WatchInterval)
-	}
-	watch := c.watch.C
 	for {
+		c.release()
 		// Chunks already buffered win over a failure noticed later.
 		var ch *wire.Chunk
 		select {
@@ -582,8 +626,6 @@ func (c *Call) Next(ctx context.Context) (*wire.Chunk, error) {
 				continue
 			case <-ctx.Done():
 				return nil, ctx.Err()
-			case <-c.deadline.C:
-				return nil, fmt.Errorf("%w: request %s", ErrTimeout, c.ID)
 			case <-c.aff.move:
 				if err := c.moveOffer(ctx); err != nil {
 					if err := c.recover(ctx, err); err != nil {
@@ -592,52 +634,28 @@ func (c *Call) Next(ctx context.Context) (*wire.Chunk, error) {
 					c.restartStall()
 				}
 				continue
-			case <-c.stall.C:
-				if c.waitingForDecode() {
-					// Between the hand-off and the decode agent's accept no
-					// agent speaks: the decode queue may be busy. The bound is
-					// how long the prefill engine holds the KV.
-					if left := c.handedOff.Add(c.b.cfg.KVHold).Sub(c.b.now()); left > 0 {
-						c.stall.Reset(min(left, c.b.cfg.StallTimeout))
-						continue
-					}
-					if err := c.recover(ctx, fmt.Errorf("%w: request %s: %s", errHandoffExpired, c.ID, c.b.cfg.KVHold)); err != nil {
+			case <-c.timer.C:
+				c.armed = time.Time{}
+				now := time.Now()
+				if !now.Before(c.Deadline) {
+					return nil, fmt.Errorf("%w: request %s", ErrTimeout, c.ID)
+				}
+				if !now.Before(c.stallAt) {
+					if err := c.checkStall(ctx); err != nil {
 						return nil, err
 					}
-					c.restartStall()
-					continue
 				}
-				// The time the broker itself stood still is not the agent's
-				// silence: its chunks waited unread meanwhile.
-				paused, now := c.b.pauses.since(c.asked)
-				if idle := now.Sub(c.asked) - paused; idle < c.b.cfg.StallTimeout {
-					c.stall.Reset(c.b.cfg.StallTimeout - idle)
-					continue
-				}
-				if err := c.recover(ctx, fmt.Errorf("%w: request %s: nothing for %s", ErrStalled, c.ID, c.b.cfg.StallTimeout)); err != nil {
-					return nil, err
-				}
-				c.restartStall()
-				continue
-			case <-watch:
-				if c.agent == "" && c.prefillAgent == "" && c.firstToken.IsZero() && c.b.now().Sub(c.Started) > c.b.cfg.QueueTimeout {
-					// Nobody took the job in time: give up cleanly; the
-					// cancel at Close keeps the queued job from starting.
-					return nil, fmt.Errorf("%w: request %s waited %s", ErrQueueTimeout, c.ID, c.b.cfg.QueueTimeout)
-				}
-				why := c.stuck()
-				if why == nil {
-					why = c.silentSinceReconnect()
-				}
-				if why != nil {
-					if err := c.recover(ctx, why); err != nil {
+				if !now.Before(c.watchAt) {
+					c.watchAt = now.Add(c.b.cfg.WatchInterval)
+					if err := c.checkWatch(ctx); err != nil {
 						return nil, err
 					}
-					c.restartStall()
 				}
+				c.rearm()
 				continue
 			}
 		}
+		c.held = ch // from here every continue gives it back at the top of the loop
 		c.mu.Lock()
 		current := ch.GetAttempt() == c.attempt
 		c.mu.Unlock()
@@ -654,15 +672,17 @@ func (c *Call) Next(ctx context.Context) (*wire.Chunk, error) {
 			continue
 		case wire.Chunk_KIND_ACCEPTED:
 			c.restartStall()
+			// Copied: kept for the attempt, and by affinity for longer,
+			// where the chunk's strings are its message's.
 			if ch.GetStage() == wire.Chunk_STAGE_PREFILL {
-				c.prefillAgent = ch.GetAgentId()
+				c.prefillAgent = strings.Clone(ch.GetAgentId())
 				c.load.prefillTaken()
 				c.accepted(c.prefillAgent, true)
 			} else {
-				c.agent = ch.GetAgentId()
+				c.agent = strings.Clone(ch.GetAgentId())
 				c.accepted(c.agent, false)
 				if p := ch.GetPrefillAgent(); p != "" {
-					c.prefillAgent = p
+					c.prefillAgent = strings.Clone(p)
 				}
 				c.load.taken()
 			}
@@ -697,10 +717,106 @@ func (c *Call) Next(ctx context.Context) (*wire.Chunk, error) {
 	}
 }
 
+// release gives the chunk the reader last got back to the broker's pool.
+func (c *Call) release() {
+	if c.held != nil {
+		c.b.putChunk(c.held)
+		c.held = nil
+	}
+}
+
 // restartStall gives a new attempt the whole stall timeout.
 func (c *Call) restartStall() {
 	c.asked = time.Now()
-	c.stall.Reset(c.b.cfg.StallTimeout)
+	c.stallIn(c.b.cfg.StallTimeout)
+}
+
+// stallIn moves the stall check to d from now.
+func (c *Call) stallIn(d time.Duration) {
+	c.stallAt = time.Now().Add(d)
+	c.rearm()
+}
+
+// due is when the timer should fire next: the earliest of the deadline,
+// the stall check and the watch.
+func (c *Call) due() time.Time {
+	d := c.Deadline
+	if c.stallAt.Before(d) {
+		d = c.stallAt
+	}
+	if c.watchAt.Before(d) {
+		d = c.watchAt
+	}
+	return d
+}
+
+// rearm sets the timer to fire at due, unless it fires before that
+// anyway: a timer that fires early finds nothing due and is set again.
+func (c *Call) rearm() {
+	if c.timer == nil {
+		return // Next sets it up
+	}
+	d := c.due()
+	if !c.armed.IsZero() && !d.Before(c.armed) {
+		return
+	}
+	c.armed = d
+	c.timer.Reset(time.Until(d))
+}
+
+// checkStall runs when the stall check is due: it pushes the check back
+// while the agent is not silent for StallTimeout, and recovers the attempt
+// when it is.
+func (c *Call) checkStall(ctx context.Context) error {
+	if c.waitingForDecode() {
+		// Between the hand-off and the decode agent's accept no agent
+		// speaks: the decode queue may be busy. The bound is how long the
+		// prefill engine holds the KV.
+		if left := c.handedOff.Add(c.b.cfg.KVHold).Sub(c.b.now()); left > 0 {
+			c.stallIn(min(left, c.b.cfg.StallTimeout))
+			return nil
+		}
+		if err := c.recover(ctx, fmt.Errorf("%w: request %s: %s", errHandoffExpired, c.ID, c.b.cfg.KVHold)); err != nil {
+			return err
+		}
+		c.restartStall()
+		return nil
+	}
+	// The time the broker itself stood still is not the agent's silence:
+	// its chunks waited unread meanwhile.
+	paused, now := c.b.pauses.since(c.asked)
+	if idle := now.Sub(c.asked) - paused; idle < c.b.cfg.StallTimeout {
+		c.stallIn(c.b.cfg.StallTimeout - idle)
+		return nil
+	}
+	if err := c.recover(ctx, fmt.Errorf("%w: request %s: nothing for %s", ErrStalled, c.ID, c.b.cfg.StallTimeout)); err != nil {
+		return err
+	}
+	c.restartStall()
+	return nil
+}
+
+// checkWatch runs every WatchInterval: before the first token it ends a
+// request nobody took in time, and at any time it recovers an attempt
+// that is stuck or whose stream went silent when the broker reconnected.
+func (c *Call) checkWatch(ctx context.Context) error {
+	if c.agent == "" && c.prefillAgent == "" && c.firstToken.IsZero() && c.b.now().Sub(c.Started) > c.b.cfg.QueueTimeout {
+		// Nobody took the job in time: give up cleanly; the cancel at
+		// Close keeps the queued job from starting.
+		return fmt.Errorf("%w: request %s waited %s", ErrQueueTimeout, c.ID, c.b.cfg.QueueTimeout)
+	}
+	why := c.stuck()
+	if why == nil {
+		why = c.silentSinceReconnect()
+	}
+	if why == nil {
+		return nil
+	}
+	if err := c.recover(ctx, why); err != nil {
+		return err
+	}
+	c.restartStall()
+	return nil
 }
 
 // Buffered reports how many chunks wait to be read. A writer that finds
@@ -880,7 +996,7 @@ func (c *Call) deliver(ch *wire.Chunk) *wire.Chunk {
 		if len(events) == 0 {
 			break
 		}
-		now := time.Now()
+		now := c.heard // when Next took it: a clock read per token saved
 		if c.firstToken.IsZero() {
 			c.firstToken = now
 			c.streamID = oaiformat.ChunkID(events[0].GetRaw())
@@ -932,17 +1048,15 @@ func (c *Call) SetOutcome(o string) { c.outcome = o }
 
 // Close releases the call. If it has not ended it publishes a cancel so the
 // agent aborts the engine request.
+// The reader calls it, as it calls Next: it gives back the last chunk.
 func (c *Call) Close() {
 	if c.closed.Swap(true) {
 		return
 	}
 	c.b.calls.Delete(c.ID)
-	if c.deadline != nil {
-		c.deadline.Stop()
-		c.stall.Stop()
-	}
-	if c.watch != nil {
-		c.watch.Stop()
+	c.release()
+	if c.timer != nil {
+		c.timer.Stop()
 	}
 	outcome := c.outcome
 	if outcome == "" {

@@ -137,6 +137,9 @@ func FuzzDecodeChunk(f *testing.F) {
 	f.Add(seed)
 	job, _ := proto.Marshal(&Job{RequestId: "r1", Model: "m", Body: []byte(`{}`), Pd: &PDHandoff{BootstrapRoom: 7}})
 	f.Add(job)
+	f.Add(seed[:len(seed)-3])
+	final, _ := proto.Marshal(&Chunk{RequestId: "r1", Kind: Chunk_KIND_ERROR, Error: &Error{Code: CodeEngine, Message: "boom"}, Usage: &Usage{TotalTokens: 3}, Raw: []byte(`{}`), FinishReason: "stop", PrefillAgent: "p", Stage: Chunk_STAGE_PREFILL, Secret: 9})
+	f.Add(final)
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var c Chunk
 		if err := proto.Unmarshal(data, &c); err == nil {
@@ -147,6 +150,19 @@ func FuzzDecodeChunk(f *testing.F) {
 			var c2 Chunk
 			if err := proto.Unmarshal(out, &c2); err != nil || !proto.Equal(&c, &c2) {
 				t.Fatalf("re-decode differs: %v", err)
+			}
+		}
+		// DecodeChunk agrees with proto.Unmarshal, into a chunk whose
+		// events an earlier decode left behind.
+		reused := reusedChunk(t)
+		err := DecodeChunk(data, reused)
+		if perr := proto.Unmarshal(data, &c); (err == nil) != (perr == nil) {
+			t.Fatalf("DecodeChunk: %v; proto.Unmarshal: %v", err, perr)
+		}
+		if err == nil {
+			dropUnknown(&c)
+			if !proto.Equal(&c, reused) {
+				t.Fatalf("DecodeChunk: %v, proto.Unmarshal: %v", reused, &c)
 			}
 		}
 		var j Job

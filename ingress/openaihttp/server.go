@@ -180,7 +180,7 @@ var sseDone = []byte("[DONE]")
 func appendEvent(buf, d []byte) []byte {
 	for {
 		buf = append(buf, "data: "...)
-		i := bytes.IndexAny(d, "\r\n")
+		i := lineBreak(d)
 		if i < 0 {
 			buf = append(buf, d...)
 			return append(buf, "\n\n"...)
@@ -192,6 +192,20 @@ func appendEvent(buf, d []byte) []byte {
 		}
 		d = d[i+1:]
 	}
+}
+
+// lineBreak returns the index of the first \r or \n in d, or -1. An
+// engine's chunk is one line: two IndexByte scans (vectorized) find that
+// out in a few ns, where bytes.IndexAny goes byte by byte.
+func lineBreak(d []byte) int {
+	i := bytes.IndexByte(d, '\n')
+	if i < 0 {
+		return bytes.IndexByte(d, '\r')
+	}
+	if j := bytes.IndexByte(d[:i], '\r'); j >= 0 {
+		return j
+	}
+	return i
 }
 
 // stream relays chunks as SSE. Headers are held back until the first token

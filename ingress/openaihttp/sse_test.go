@@ -9,11 +9,23 @@ func TestAppendEvent(t *testing.T) {
 		{"crlf and cr", "a\r\nb\rc", "data: a\ndata: b\ndata: c\n\n"},
 		{"trailing newline", "a\n", "data: a\ndata: \n\n"},
 		{"done", "[DONE]", "data: [DONE]\n\n"},
+		{"cr after lf", "a\nb\rc", "data: a\ndata: b\ndata: c\n\n"},
+		{"lf cr", "a\n\rb", "data: a\ndata: \ndata: b\n\n"},
+		{"empty", "", "data: \n\n"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := string(appendEvent(nil, []byte(tc.data))); got != tc.want {
 				t.Errorf("appendEvent(%q) = %q, want %q", tc.data, got, tc.want)
 			}
 		})
+	}
+}
+
+func BenchmarkAppendEvent(b *testing.B) {
+	raw := []byte(`{"id":"chatcmpl-0123456789abcdef","object":"chat.completion.chunk","created":1764750000,"model":"sim-model","choices":[{"index":0,"delta":{"content":" word"},"logprobs":null,"finish_reason":null}]}`)
+	buf := make([]byte, 0, 1024)
+	b.ReportAllocs()
+	for b.Loop() {
+		buf = appendEvent(buf[:0], raw)
 	}
 }
