@@ -433,7 +433,7 @@ func (c *Call) moveOffer(ctx context.Context) error {
 		c.load.settleOffer()
 		return nil
 	}
-	if len(c.ch) > 0 {
+	if c.Buffered() > 0 {
 		// An accepted chunk may be waiting to be read: read it first.
 		a.arm(time.Millisecond)
 		return nil

@@ -66,9 +66,19 @@ type Call struct {
 	body    []byte             // the body of the current attempt (a continuation after a migration)
 	cont    *wire.Continuation // set on migrated attempts
 	replyTo string
-	ch      chan *wire.Chunk
+	// ready wakes a reader that found no chunk queued (see queue).
+	ready chan struct{}
 
-	mu      sync.Mutex // guards attempt, secret, nextSeq, the speakers and others (reply goroutine vs reader)
+	mu sync.Mutex // guards attempt, secret, nextSeq, the speakers and others, and the queue (reply goroutine vs reader)
+	// queue holds the chunks relayed and not yet read, from qhead on, at
+	// most Config.ChunkBuffer of them: a slice that grows with what a slow
+	// reader leaves, not a channel of the bound's size per call. waiting
+	// tells that the reader found it empty and waits on ready, so a chunk
+	// wakes the reader only then: a reader busy writing takes the next
+	// chunk without a channel operation.
+	queue   []*wire.Chunk
+	qhead   int
+	waiting bool
 	attempt uint32
 	secret  uint64 // the current attempt's (see wire.Job.secret)
 	nextSeq uint64
@@ -187,7 +197,7 @@ func (b *Broker) submit(ctx context.Context, req Request) (*Call, error) {
 		b:        b,
 		req:      req,
 		body:     req.Body,
-		ch:       make(chan *wire.Chunk, b.cfg.ChunkBuffer),
+		ready:    make(chan struct{}, 1),
 		failed:   make(chan struct{}),
 		broken:   make(chan brokenAttempt, 1),
 
@@ -511,15 +521,40 @@ func (b *Broker) relay(c *Call, chunk *wire.Chunk, arrived int64) bool {
 		}
 		c.nextSeq++
 	}
-	c.mu.Unlock()
-	c.arrived.Store(arrived)
-	select {
-	case c.ch <- chunk:
-		return true
-	default:
-		c.fail(fmt.Errorf("%w: request %s: client reads too slowly (%d chunks buffered)", ErrSlowReader, c.ID, cap(c.ch)))
+	if len(c.queue)-c.qhead >= c.b.cfg.ChunkBuffer {
+		c.mu.Unlock()
+		c.fail(fmt.Errorf("%w: request %s: client reads too slowly (%d chunks buffered)", ErrSlowReader, c.ID, c.b.cfg.ChunkBuffer))
 		return false
 	}
+	c.queue = append(c.queue, chunk)
+	wake := c.waiting
+	c.waiting = false
+	c.mu.Unlock()
+	c.arrived.Store(arrived)
+	if wake {
+		select {
+		case c.ready <- struct{}{}:
+		default:
+		}
+	}
+	return true
+}
+
+// next takes the first queued chunk, or nil with waiting set when there
+// is none: the next relayed chunk then signals ready.
+func (c *Call) next() *wire.Chunk {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.qhead == len(c.queue) {
+		c.waiting = true
+		return nil
+	}
+	ch := c.queue[c.qhead]
+	c.queue[c.qhead] = nil
+	if c.qhead++; c.qhead == len(c.queue) {
+		c.queue, c.qhead = c.queue[:0], 0
+	}
+	return ch
 }
 
 // stopOtherLocked reports whether an agent found running the current
@@ -604,13 +639,12 @@ func (c *Call) Next(ctx context.Context) (*wire.Chunk, error) {
 	}
 	for {
 		c.release()
-		// Chunks already buffered win over a failure noticed later.
-		var ch *wire.Chunk
-		select {
-		case ch = <-c.ch:
-		default:
+		// Chunks already queued win over a failure noticed later.
+		ch := c.next()
+		if ch == nil {
 			select {
-			case ch = <-c.ch:
+			case <-c.ready:
+				continue // (or a wake-up left from an earlier wait)
 			case <-c.failed:
 				return nil, c.failErr
 			case br := <-c.broken:
@@ -821,7 +855,11 @@ func (c *Call) checkWatch(ctx context.Context) error {
 
 // Buffered reports how many chunks wait to be read. A writer that finds
 // more waiting can write them before it flushes, one flush for a burst.
-func (c *Call) Buffered() int { return len(c.ch) }
+func (c *Call) Buffered() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.queue) - c.qhead
+}
 
 // stuck reports why the current attempt should be abandoned: before its
 // first token, nobody can take its job; at any time, the agent that took it
