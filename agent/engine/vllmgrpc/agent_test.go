@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"google.golang.org/protobuf/proto"
 	"log/slog"
 	"net"
 	"slices"
@@ -150,8 +151,11 @@ func (f *fleet) call(api wire.API, body string) (string, *wire.Chunk, error) {
 				sb.WriteString(ev.GetDeltaText())
 			}
 		case wire.Chunk_KIND_FINAL:
-			return sb.String(), ch, nil
+			// A chunk from Next is valid until the call's next Next or
+			// Close (the broker reuses it): keep a copy.
+			return sb.String(), proto.CloneOf(ch), nil
 		case wire.Chunk_KIND_ERROR:
+			ch = proto.CloneOf(ch)
 			return sb.String(), ch, ch.GetError()
 		}
 	}
