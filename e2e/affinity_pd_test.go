@@ -26,11 +26,10 @@ import (
 func pdCachingEngine(t *testing.T, role simengine.Role) *engine {
 	t.Helper()
 	cfg := simengineConfig("m")
-	cfg.Role, cfg.PDProtocol, cfg.BootstrapTimeout = role, simengine.PDProtocol("vllm"), 5*time.Second
 	if role == simengine.RolePrefill {
-		cfg.PrefixCacheBlocks = 4096
-		cfg.PrefillPerToken = 10 * time.Microsecond
+		cfg = cachingConfig()
 	}
+	cfg.Role, cfg.PDProtocol, cfg.BootstrapTimeout = role, simengine.PDProtocol("vllm"), 5*time.Second
 	return startEngine(t, cfg)
 }
 
@@ -82,16 +81,10 @@ func pdTurn(t *testing.T, base, body string) (prefill, decode string) {
 // pool.
 func prefillAffinity(t *testing.T, base string) (offered uint64, fallbacks map[string]uint64) {
 	t.Helper()
-	resp, err := http.Get(base + "/v1/fleet")
-	if err != nil {
-		t.Fatal(err)
+	a, ok, err := poolAffinity(base, subjects.PoolPrefill)
+	if err != nil || !ok {
+		t.Fatalf("fleet: %v (models listed: %v)", err, ok)
 	}
-	defer resp.Body.Close()
-	var f fleetAffinity
-	if err := json.NewDecoder(resp.Body).Decode(&f); err != nil || len(f.Models) == 0 {
-		t.Fatalf("fleet: %v %+v", err, f)
-	}
-	a := f.Models[0].Affinity[subjects.PoolPrefill]
 	return a.Affinity, a.Fallbacks
 }
 
@@ -149,16 +142,11 @@ func TestAffinityPDPrefill(t *testing.T) {
 	}
 	// The decode pool keeps no affinity state: its jobs come from prefill
 	// agents to its shared queue.
-	resp, err := http.Get(b.HTTP + "/v1/fleet")
-	if err != nil {
-		t.Fatal(err)
+	a, ok, err := poolAffinity(b.HTTP, subjects.PoolDecode)
+	if err != nil || !ok {
+		t.Fatalf("fleet: %v (models listed: %v)", err, ok)
 	}
-	defer resp.Body.Close()
-	var f fleetAffinity
-	if err := json.NewDecoder(resp.Body).Decode(&f); err != nil || len(f.Models) == 0 {
-		t.Fatalf("fleet: %v", err)
-	}
-	if a, ok := f.Models[0].Affinity[subjects.PoolDecode]; ok && a.Dispatched > 0 {
+	if a.Dispatched > 0 {
 		t.Fatalf("decode pool dispatched by affinity: %+v", a)
 	}
 }

@@ -29,9 +29,23 @@ import (
 // per uncached prompt token, so a cache hit shows in its counters.
 func cachingEngine(t *testing.T) *engine {
 	t.Helper()
+	return startEngine(t, cachingConfig())
+}
+
+func cachingConfig() simengine.Config {
 	cfg := simengineConfig("m")
 	cfg.PrefixCacheBlocks = 4096
 	cfg.PrefillPerToken = 10 * time.Microsecond
+	return cfg
+}
+
+// eventsEngine is a caching engine that publishes its KV events on ZMQ,
+// naming its blocks as hash says (simengine.KVHashBroker or KVHashTokens).
+func eventsEngine(t *testing.T, hash string) *engine {
+	t.Helper()
+	cfg := cachingConfig()
+	cfg.KVHash = hash
+	cfg.KVEvents = kvevents.Config{Enabled: true, Publisher: "zmq", Endpoint: "tcp://127.0.0.1:0"}
 	return startEngine(t, cfg)
 }
 
@@ -80,28 +94,39 @@ func servedBy(t *testing.T, base, body string, engines ...*engine) int {
 	return -1
 }
 
-type fleetAffinity struct {
-	Models []struct {
-		Affinity map[string]struct {
-			Dispatched uint64            `json:"dispatched"`
-			Affinity   uint64            `json:"affinity"`
-			Fallbacks  map[string]uint64 `json:"fallbacks"`
-		} `json:"affinity"`
-	} `json:"models"`
+// poolAffinityView is one pool's affinity in the broker's /v1/fleet.
+type poolAffinityView struct {
+	Dispatched uint64            `json:"dispatched"`
+	Affinity   uint64            `json:"affinity"`
+	Fallbacks  map[string]uint64 `json:"fallbacks"`
+	Blocks     int               `json:"blocks"`
+}
+
+// poolAffinity reads pool's affinity from the broker's fleet view; ok is
+// false when the view has no model yet.
+func poolAffinity(base, pool string) (v poolAffinityView, ok bool, err error) {
+	resp, err := http.Get(base + "/v1/fleet")
+	if err != nil {
+		return v, false, err
+	}
+	defer resp.Body.Close()
+	var f struct {
+		Models []struct {
+			Affinity map[string]poolAffinityView `json:"affinity"`
+		} `json:"models"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&f); err != nil || len(f.Models) == 0 {
+		return v, false, err
+	}
+	return f.Models[0].Affinity[pool], true, nil
 }
 
 func getAffinity(t *testing.T, base string) (dispatched, offered uint64, fallbacks map[string]uint64) {
 	t.Helper()
-	resp, err := http.Get(base + "/v1/fleet")
-	if err != nil {
-		t.Fatal(err)
+	a, ok, err := poolAffinity(base, subjects.PoolRegular)
+	if err != nil || !ok {
+		t.Fatalf("fleet: %v (models listed: %v)", err, ok)
 	}
-	defer resp.Body.Close()
-	var f fleetAffinity
-	if err := json.NewDecoder(resp.Body).Decode(&f); err != nil || len(f.Models) == 0 {
-		t.Fatalf("fleet: %v %+v", err, f)
-	}
-	a := f.Models[0].Affinity["regular"]
 	return a.Dispatched, a.Affinity, a.Fallbacks
 }
 
@@ -280,11 +305,7 @@ func TestAffinityPreciseFromEngineEvents(t *testing.T) {
 	b2 := startBroker(t, "--affinity", "precise", "--affinity-wait", "3s", "--nats-url", b1.NATS)
 	var engines []*engine
 	for i := range 3 {
-		cfg := simengineConfig("m")
-		cfg.PrefixCacheBlocks = 4096
-		cfg.PrefillPerToken = 10 * time.Microsecond
-		cfg.KVEvents = kvevents.Config{Enabled: true, Publisher: "zmq", Endpoint: "tcp://127.0.0.1:0"}
-		e := startEngine(t, cfg)
+		e := eventsEngine(t, simengine.KVHashBroker)
 		engines = append(engines, e)
 		startAgent(t, b1.NATS, fmt.Sprintf("p%d", i), e, 2, "--kv-events-endpoint", e.KVEventsEndpoint())
 	}
@@ -330,12 +351,7 @@ func TestAffinityPreciseTranslatedFromVLLMHashes(t *testing.T) {
 			var engines []*engine
 			var ids []string
 			for i := range 3 {
-				cfg := simengineConfig("m")
-				cfg.PrefixCacheBlocks = 4096
-				cfg.PrefillPerToken = 10 * time.Microsecond
-				cfg.KVHash = simengine.KVHashTokens
-				cfg.KVEvents = kvevents.Config{Enabled: true, Publisher: "zmq", Endpoint: "tcp://127.0.0.1:0"}
-				e := startEngine(t, cfg)
+				e := eventsEngine(t, simengine.KVHashTokens)
 				engines = append(engines, e)
 				id := fmt.Sprintf("%s%d", tc.hash, i)
 				ids = append(ids, id)
@@ -383,20 +399,9 @@ func TestAffinityPreciseTranslatedFromVLLMHashes(t *testing.T) {
 
 func affinityBlocks(t *testing.T, base string) int {
 	t.Helper()
-	resp, err := http.Get(base + "/v1/fleet")
+	a, _, err := poolAffinity(base, subjects.PoolRegular)
 	if err != nil {
-		t.Fatal(err)
+		return 0 // polled: the caller's wait reports what it waited for
 	}
-	defer resp.Body.Close()
-	var f struct {
-		Models []struct {
-			Affinity map[string]struct {
-				Blocks int `json:"blocks"`
-			} `json:"affinity"`
-		} `json:"models"`
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&f); err != nil || len(f.Models) == 0 {
-		return 0
-	}
-	return f.Models[0].Affinity["regular"].Blocks
+	return a.Blocks
 }
