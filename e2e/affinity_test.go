@@ -316,14 +316,7 @@ func TestAffinityPreciseFromEngineEvents(t *testing.T) {
 		first := servedBy(t, b1.HTTP, chatTurn(sys, "first question"), engines...)
 		// The engine's events reach the second broker through the agent:
 		// wait until its tree holds the new blocks.
-		testwait.For(t, 10*time.Second, 20*time.Millisecond, func() error {
-			n := affinityBlocks(t, b2.HTTP)
-			if n <= known {
-				return fmt.Errorf("broker 2 holds %d blocks, had %d", n, known)
-			}
-			known = n
-			return nil
-		})
+		known = waitMoreBlocks(t, b2.HTTP, known)
 		next := servedBy(t, b2.HTTP, chatTurn(sys, "first question", "an answer", "second question"), engines...)
 		if next != first {
 			d, o, fb := getAffinity(t, b2.HTTP)
@@ -364,14 +357,7 @@ func TestAffinityPreciseTranslatedFromVLLMHashes(t *testing.T) {
 				sys := longSystem(fmt.Sprintf("vllm-hash-%d", c))
 				first := servedBy(t, b1.HTTP, chatTurn(sys, "first question"), engines...)
 				// Translated or not, the events reach broker 2's tree.
-				testwait.For(t, 10*time.Second, 20*time.Millisecond, func() error {
-					n := affinityBlocks(t, b2.HTTP)
-					if n <= known {
-						return fmt.Errorf("broker 2 holds %d blocks, had %d", n, known)
-					}
-					known = n
-					return nil
-				})
+				known = waitMoreBlocks(t, b2.HTTP, known)
 				_, hitsBefore, _ := engines[first].PrefixCache()
 				next := servedBy(t, b2.HTTP, chatTurn(sys, "first question", "an answer", "second question"), engines...)
 				if !tc.translate {
@@ -395,6 +381,21 @@ func TestAffinityPreciseTranslatedFromVLLMHashes(t *testing.T) {
 			}
 		})
 	}
+}
+
+// waitMoreBlocks waits until the broker's tree of the regular pool holds
+// more than known blocks, and returns how many.
+func waitMoreBlocks(t *testing.T, base string, known int) int {
+	t.Helper()
+	testwait.For(t, 10*time.Second, 20*time.Millisecond, func() error {
+		n := affinityBlocks(t, base)
+		if n <= known {
+			return fmt.Errorf("broker at %s holds %d blocks, had %d", base, n, known)
+		}
+		known = n
+		return nil
+	})
+	return known
 }
 
 func affinityBlocks(t *testing.T, base string) int {
