@@ -33,12 +33,9 @@ func DecodeChunk(data []byte, c *Chunk) error {
 	events := c.Events[:0]
 	*c = Chunk{Events: events} // empty, with the capacity of the last decode
 	for len(data) > 0 {
-		num, typ, n := protowire.ConsumeTag(data)
+		num, typ, n := consumeTag(data)
 		if n < 0 {
 			return protowire.ParseError(n)
-		}
-		if num > protowire.MaxValidNumber {
-			return protowire.ParseError(-1)
 		}
 		data = data[n:]
 		switch {
@@ -132,12 +129,9 @@ func (c *Chunk) nextEvent() *Event {
 func decodeEvent(data []byte, ev *Event) error {
 	*ev = Event{}
 	for len(data) > 0 {
-		num, typ, n := protowire.ConsumeTag(data)
+		num, typ, n := consumeTag(data)
 		if n < 0 {
 			return protowire.ParseError(n)
-		}
-		if num > protowire.MaxValidNumber {
-			return protowire.ParseError(-1)
 		}
 		data = data[n:]
 		if typ != protowire.BytesType || num < 1 || num > 3 {
@@ -188,4 +182,14 @@ func aliasBytes(b []byte) []byte {
 		return []byte{}
 	}
 	return b[:len(b):len(b)]
+}
+
+// consumeTag is protowire.ConsumeTag that also refuses a field number
+// beyond the valid range, as proto.Unmarshal does.
+func consumeTag(data []byte) (protowire.Number, protowire.Type, int) {
+	num, typ, n := protowire.ConsumeTag(data)
+	if n >= 0 && num > protowire.MaxValidNumber {
+		return 0, 0, -1
+	}
+	return num, typ, n
 }
