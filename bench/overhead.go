@@ -244,3 +244,20 @@ func errCount(r *loadgen.Report) int {
 	}
 	return n
 }
+
+// errText is errCount with the kinds when there are any: "14 (timeout 10,
+// status 4)".
+func errText(r *loadgen.Report) string {
+	n := errCount(r)
+	if n == 0 {
+		return "0"
+	}
+	var kinds []string
+	for k, v := range r.Errors {
+		if v > 0 {
+			kinds = append(kinds, fmt.Sprintf("%s %d", k, v))
+		}
+	}
+	slices.Sort(kinds)
+	return fmt.Sprintf("%d (%s)", n, strings.Join(kinds, ", "))
+}

@@ -161,14 +161,14 @@ func (e *env) tokenpath(d *doc) error {
 	fmt.Fprintf(&b, "| CPU per extra token (64-token minus 1-token, over 63) | %.1f µs | %.1f µs | %.1f µs | %.1f µs | %.1f µs | %.2fx | %.2fx |\n",
 		perTok("Switchyard", ""), perTok("Switchyard", "broker"), perTok("Switchyard", "agents"), perTok("nginx", ""), perTok("HAProxy", ""),
 		perTok("Switchyard", "")/perTok("nginx", ""), perTok("Switchyard", "broker")/perTok("nginx", ""))
-	fmt.Fprintf(&b, "\n| run | front end | requests/s | output tokens/s | TTFT p50 | TTFT p99 | added TTFT p50 | added TTFT p99 | ITL p50 | errors | engines' CPU per request |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(&b, "\n| run | front end | requests/s | output tokens/s | TTFT p50 | TTFT p99 | added TTFT p50 | added TTFT p99 | ITL p50 | errors (by kind) | engines' CPU per request |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, ph := range phases {
 		dr := res[ph.name]["direct"].rep
 		for _, f := range fronts {
 			r := res[ph.name][f.name]
-			fmt.Fprintf(&b, "| %d streams × %d tokens | %s | %s | %s | %s | %s | %s | %s | %s | %d | %.3f ms |\n", ph.streams, ph.toks, f.name,
+			fmt.Fprintf(&b, "| %d streams × %d tokens | %s | %s | %s | %s | %s | %s | %s | %s | %s | %.3f ms |\n", ph.streams, ph.toks, f.name,
 				fmtInt(r.rep.RequestsPerS), fmtInt(r.rep.OutputTokensPerS), fmtMS(r.rep.TTFT.P50), fmtMS(r.rep.TTFT.P99),
-				fmtDelta(r.rep.TTFT.P50-dr.TTFT.P50), fmtDelta(r.rep.TTFT.P99-dr.TTFT.P99), fmtMS(r.rep.ITL.P50), errCount(r.rep),
+				fmtDelta(r.rep.TTFT.P50-dr.TTFT.P50), fmtDelta(r.rep.TTFT.P99-dr.TTFT.P99), fmtMS(r.rep.ITL.P50), errText(r.rep),
 				1e3*r.engines/r.requests)
 		}
 	}
