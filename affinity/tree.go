@@ -194,7 +194,7 @@ func (t *Tree) Stored(agentName string, keys []uint64) {
 	if a < 0 {
 		return
 	}
-	t.precise[a/64] |= 1 << (a % 64)
+	t.markPrecise(a)
 	for i := len(keys) - 1; i >= 0; i-- {
 		t.set(a, keys[i], Precise)
 	}
@@ -208,7 +208,7 @@ func (t *Tree) Removed(agentName string, keys []uint64) {
 	if !ok {
 		return
 	}
-	t.precise[a/64] |= 1 << (a % 64)
+	t.markPrecise(a)
 	for _, k := range keys {
 		if e, ok := t.ents[pair{k, a}]; ok {
 			t.clear(e, t.engineSources())
@@ -225,9 +225,13 @@ func (t *Tree) Cleared(agentName string) {
 	if !ok {
 		return
 	}
-	t.precise[a/64] |= 1 << (a % 64)
+	t.markPrecise(a)
 	t.clearAgent(a, t.engineSources())
 }
+
+// markPrecise records that agent a reports its engine's events: from now
+// on only its precise entries count in Match. Called with mu held.
+func (t *Tree) markPrecise(a int32) { t.precise[a/64] |= 1 << (a % 64) }
 
 // engineSources is what an engine's eviction drops.
 func (t *Tree) engineSources() Source {
