@@ -81,6 +81,7 @@ type Call struct {
 	waiting bool
 	attempt uint32
 	secret  uint64 // the current attempt's (see wire.Job.secret)
+	ack     pubAckState
 	nextSeq uint64
 	speaker string // the agent whose stream of this attempt is relayed
 	// prefillSpeaker is the agent whose prefill leg of this (PD) attempt
@@ -276,7 +277,7 @@ func (c *Call) dispatch(ctx context.Context) error {
 	// wait; past it the request gets a 503, not a hang. An unconfirmed
 	// publish may still land later, so the attempt is cancelled to keep it
 	// from starting.
-	ack, err := b.publishJob(ctx, subject, data, jobMsgID(c.ID, attempt), c.publishUntil())
+	seq, err := c.publish(ctx, subject, data, attempt)
 	if err != nil {
 		c.cancelAttempt(attempt)
 		return publishError(subject, err)
@@ -284,9 +285,9 @@ func (c *Call) dispatch(ctx context.Context) error {
 	// The attempt's clock starts once its job is queued: a publish that
 	// waited out an election must not count as time nobody took it.
 	c.attemptStart = b.now()
-	c.jobSeq = ack.Sequence
+	c.jobSeq = seq
 	c.load.dispatched(flight, route, c.pair)
-	c.offered(ack.Sequence, data)
+	c.offered(seq, data)
 	b.countRoute(c.Model, route)
 	return nil
 }

@@ -1,9 +1,12 @@
 package broker
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"strconv"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -137,4 +140,153 @@ func (c *Call) publishUntil() time.Time {
 		until = c.Deadline
 	}
 	return until
+}
+
+// pubAckState is what the broker's ack subscription learned of the current
+// attempt's publish (see publishOnce). Guarded by Call.mu.
+type pubAckState struct {
+	attempt uint32
+	waiting bool // a publishOnce of attempt waits for its ack
+	done    bool // the ack came: ok and seq below
+	ok      bool
+	seq     uint64
+}
+
+// timers are reused by publishOnce: since Go 1.23 a stopped timer sends
+// nothing stale, so a timer can go back to the pool once stopped.
+var timers = sync.Pool{New: func() any { return time.NewTimer(time.Hour) }}
+
+// publish stores the current attempt's job and returns its stream
+// sequence. The common case is one try whose ack comes to the broker's own
+// ack subscription (publishOnce); anything else (no ack in time, an error,
+// no stream, NATS away) is left to publishJob, which tries again with the
+// same message id, so a job the first try stored is not stored twice.
+func (c *Call) publish(ctx context.Context, subject string, data []byte, attempt uint32) (uint64, error) {
+	msgID := jobMsgID(c.ID, attempt)
+	until := c.publishUntil()
+	if seq, ok := c.publishOnce(ctx, subject, data, msgID, attempt, until); ok {
+		return seq, nil
+	}
+	ack, err := c.b.publishJob(ctx, subject, data, msgID, until)
+	if err != nil {
+		return 0, err
+	}
+	return ack.Sequence, nil
+}
+
+// publishOnce publishes the job once, with the reply subject of the
+// broker's ack subscription, and waits for its ack on the call's own
+// wake-up channel: no context, response map, channel or JSON decode per
+// job, which the JetStream client's Publish spends. It reports whether the
+// stream took the job.
+//
+// Its waiting consumes wake-ups meant for the reader; the reader looks at
+// its queue before it waits, so a chunk relayed meanwhile is not missed.
+func (c *Call) publishOnce(ctx context.Context, subject string, data []byte, msgID string, attempt uint32, until time.Time) (uint64, bool) {
+	b := c.b
+	wait := min(b.publishTimeout, time.Until(until))
+	if wait <= 0 || !b.nc.IsConnected() {
+		return 0, false
+	}
+	c.mu.Lock()
+	c.ack = pubAckState{attempt: attempt, waiting: true}
+	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		c.ack = pubAckState{}
+		c.mu.Unlock()
+	}()
+	m := &nats.Msg{
+		Subject: subject,
+		Reply:   b.ackPrefix + c.ID + "." + strconv.FormatUint(uint64(attempt), 10),
+		Header:  nats.Header{jetstream.MsgIDHeader: []string{msgID}},
+		Data:    data,
+	}
+	if err := b.nc.PublishMsg(m); err != nil {
+		return 0, false
+	}
+	t := timers.Get().(*time.Timer)
+	t.Reset(wait)
+	defer func() {
+		t.Stop()
+		timers.Put(t)
+	}()
+	for {
+		c.mu.Lock()
+		a := c.ack
+		c.mu.Unlock()
+		if a.done {
+			return a.seq, a.ok
+		}
+		select {
+		case <-c.ready:
+		case <-t.C:
+			return 0, false
+		case <-ctx.Done():
+			return 0, false
+		}
+	}
+}
+
+// onAck takes the stream's answer to a publishOnce to its call. The
+// subject names the call and its attempt; an answer for an attempt no
+// longer waiting (given up to publishJob) is dropped.
+func (b *Broker) onAck(m *nats.Msg) {
+	rest, ok := strings.CutPrefix(m.Subject, b.ackPrefix)
+	i := strings.LastIndexByte(rest, '.')
+	if !ok || i < 0 {
+		return
+	}
+	attempt, err := strconv.ParseUint(rest[i+1:], 10, 32)
+	if err != nil {
+		return
+	}
+	v, found := b.calls.Load(rest[:i])
+	if !found {
+		return
+	}
+	c := v.(*Call)
+	seq, good := parsePubAck(m)
+	c.mu.Lock()
+	mine := c.ack.waiting && c.ack.attempt == uint32(attempt)
+	if mine {
+		c.ack.done, c.ack.ok, c.ack.seq = true, good, seq
+	}
+	c.mu.Unlock()
+	if mine {
+		select {
+		case c.ready <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// parsePubAck reads a JetStream publish ack, {"stream":"S","seq":N} with
+// maybe "duplicate" or "domain", and reports its sequence and whether it
+// is one. An error answer ({"error":{...}}), a status message (no
+// responders) or anything unexpected is not: publishJob then tries again
+// and reads the answer with the JetStream client.
+func parsePubAck(m *nats.Msg) (uint64, bool) {
+	d := m.Data
+	if len(d) == 0 || m.Header.Get("Status") != "" || bytes.Contains(d, []byte(`"error"`)) {
+		return 0, false
+	}
+	const key = `"seq":`
+	i := bytes.Index(d, []byte(key))
+	if i < 0 {
+		return 0, false
+	}
+	d = d[i+len(key):]
+	var seq uint64
+	n := 0
+	for ; n < len(d) && d[n] >= '0' && d[n] <= '9'; n++ {
+		if n == 19 {
+			return 0, false // past what a uint64 surely holds: not an ack of ours
+		}
+		seq = seq*10 + uint64(d[n]-'0')
+	}
+	if n == 0 || seq == 0 {
+		return 0, false
+	}
+	return seq, true
 }

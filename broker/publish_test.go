@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"syscall"
 	"testing"
 	"time"
 
@@ -131,4 +132,189 @@ func TestPublishJobBounds(t *testing.T) {
 			t.Fatalf("a full queue answered after %s: it must not be retried", waited)
 		}
 	})
+}
+
+// ackRig is publishRig with the broker's ack subscription, as Run makes
+// it, and a call to publish for.
+func ackRig(t *testing.T, id string) (*Broker, jetstream.JetStream, *Call) {
+	t.Helper()
+	b, js := publishRig(t)
+	sub, err := b.nc.Subscribe(b.ackPrefix+"*.*", b.onAck)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	c := &Call{ID: id, b: b, ready: make(chan struct{}, 1), Deadline: time.Now().Add(time.Minute)}
+	b.calls.Store(id, c)
+	return b, js, c
+}
+
+// TestPublishOnce: a job's publish is one message whose ack comes to the
+// broker's ack subscription; the same attempt again is the same job (the
+// message id), the next attempt a new one.
+func TestPublishOnce(t *testing.T) {
+	b, js, c := ackRig(t, "r1")
+	jobsStream(t, js, 10)
+	acks, err := b.nc.SubscribeSync(b.ackPrefix + ">")
+	if err != nil {
+		t.Fatal(err)
+	}
+	seq, err := c.publish(context.Background(), "sy.jobs.m.regular", []byte("job"), 0)
+	if err != nil || seq == 0 {
+		t.Fatalf("publish: seq %d, %v", seq, err)
+	}
+	if m, err := acks.NextMsg(time.Second); err != nil || m.Subject != b.ackPrefix+"r1.0" {
+		t.Fatalf("ack on %v (%v), want it on the broker's ack subject of r1's attempt 0", m, err)
+	}
+	again, err := c.publish(context.Background(), "sy.jobs.m.regular", []byte("job"), 0)
+	if err != nil || again != seq {
+		t.Fatalf("the same attempt again: seq %d, %v, want %d", again, err, seq)
+	}
+	next, err := c.publish(context.Background(), "sy.jobs.m.regular", []byte("job"), 1)
+	if err != nil || next == seq {
+		t.Fatalf("the next attempt: seq %d, %v, want a new job", next, err)
+	}
+	st, err := js.Stream(context.Background(), DefaultStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info, _ := st.Info(context.Background()); info.State.Msgs != 2 {
+		t.Fatalf("%d jobs stored, want 2", info.State.Msgs)
+	}
+}
+
+// TestPublishOnceFallsBack: what the one try cannot settle is
+// publishJob's: a stream that is not there yet is waited for (and the job
+// stored once), a full queue is a 429 at once, a client gone ends it.
+func TestPublishOnceFallsBack(t *testing.T) {
+	t.Run("no stream yet", func(t *testing.T) {
+		_, js, c := ackRig(t, "r1")
+		go func() {
+			time.Sleep(300 * time.Millisecond)
+			jobsStream(t, js, 10)
+		}()
+		seq, err := c.publish(context.Background(), "sy.jobs.m.regular", []byte("job"), 0)
+		if err != nil || seq != 1 {
+			t.Fatalf("publish: seq %d, %v, want the stream's first job", seq, err)
+		}
+	})
+	t.Run("queue full", func(t *testing.T) {
+		_, js, c := ackRig(t, "r1")
+		jobsStream(t, js, 1)
+		if _, err := c.publish(context.Background(), "sy.jobs.m.regular", []byte("job"), 0); err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		_, err := c.publish(context.Background(), "sy.jobs.m.regular", []byte("job"), 1)
+		if !errors.Is(publishError("sy.jobs.m.regular", err), ErrQueueFull) {
+			t.Fatalf("error %v, want ErrQueueFull", err)
+		}
+		if waited := time.Since(start); waited > time.Second {
+			t.Fatalf("a full queue answered after %s", waited)
+		}
+	})
+	t.Run("client gone", func(t *testing.T) {
+		_, _, c := ackRig(t, "r1")
+		ctx, cancel := context.WithCancel(context.Background())
+		time.AfterFunc(50*time.Millisecond, cancel)
+		start := time.Now()
+		if _, err := c.publish(ctx, "sy.jobs.m.regular", []byte("job"), 0); err == nil {
+			t.Fatal("published without a stream")
+		}
+		if waited := time.Since(start); waited > time.Second {
+			t.Fatalf("gave up %s after the client left", waited)
+		}
+	})
+}
+
+// TestOnAckOnlyWaitingAttempt: an ack for an attempt nobody waits for (a
+// try given up, an abandoned attempt) changes nothing.
+func TestOnAckOnlyWaitingAttempt(t *testing.T) {
+	b, _, c := ackRig(t, "r1")
+	ack := func(attempt string) {
+		b.onAck(&nats.Msg{Subject: b.ackPrefix + "r1." + attempt, Data: []byte(`{"stream":"S","seq":7}`)})
+	}
+	ack("0")
+	if c.ack.done {
+		t.Fatal("an ack nobody waited for was taken")
+	}
+	c.ack = pubAckState{attempt: 2, waiting: true}
+	ack("1")
+	if c.ack.done {
+		t.Fatal("an earlier attempt's ack was taken")
+	}
+	ack("2")
+	if !c.ack.done || !c.ack.ok || c.ack.seq != 7 {
+		t.Fatalf("ack state %+v, want seq 7", c.ack)
+	}
+	b.onAck(&nats.Msg{Subject: b.ackPrefix + "nobody.0", Data: []byte(`{"stream":"S","seq":7}`)})
+}
+
+func TestParsePubAck(t *testing.T) {
+	for _, tc := range []struct {
+		data   string
+		status string
+		seq    uint64
+		ok     bool
+	}{
+		{`{"stream":"SWITCHYARD_JOBS","seq":42}`, "", 42, true},
+		{`{"stream":"S","seq":9,"duplicate":true}`, "", 9, true},
+		{`{"stream":"S","domain":"hub","seq":18446744073709551}`, "", 18446744073709551, true},
+		{`{"error":{"code":503,"err_code":10077,"description":"maximum messages exceeded"},"stream":"S","seq":0}`, "", 0, false},
+		{`{"stream":"S","seq":0}`, "", 0, false},
+		{`{"stream":"S"}`, "", 0, false},
+		{`{"stream":"S","seq":"1"}`, "", 0, false},
+		{`{"stream":"S","seq":99999999999999999999}`, "", 0, false},
+		{``, "503", 0, false},
+	} {
+		m := &nats.Msg{Data: []byte(tc.data)}
+		if tc.status != "" {
+			m.Header = nats.Header{"Status": []string{tc.status}}
+		}
+		if seq, ok := parsePubAck(m); seq != tc.seq || ok != tc.ok {
+			t.Errorf("parsePubAck(%s) = %d, %v; want %d, %v", tc.data, seq, ok, tc.seq, tc.ok)
+		}
+	}
+}
+
+// BenchmarkPublish compares a job's publish through the JetStream client
+// (publishJob) with the one try whose ack comes to the broker's own
+// subscription (Call.publish), on an embedded server in this process:
+// cpu-ns/op is the process's CPU (client and server) per job.
+func BenchmarkPublish(b *testing.B) {
+	for _, path := range []string{"publishJob", "publishOnce"} {
+		b.Run(path, func(b *testing.B) {
+			t := &testing.T{}
+			br, js, c := ackRig(t, "r1")
+			if _, err := js.CreateStream(context.Background(), jetstream.StreamConfig{
+				Name: DefaultStream, Subjects: []string{"sy.jobs.>"}, Retention: jetstream.WorkQueuePolicy, Storage: jetstream.MemoryStorage,
+			}); err != nil {
+				b.Fatal(err)
+			}
+			data := make([]byte, 1200)
+			ctx := context.Background()
+			b.ReportAllocs()
+			cpu0 := processCPU()
+			b.ResetTimer()
+			for i := range b.N {
+				var err error
+				if path == "publishJob" {
+					_, err = br.publishJob(ctx, "sy.jobs.m.regular", data, jobMsgID("r1", uint32(i)), time.Now().Add(time.Minute))
+				} else {
+					_, err = c.publish(ctx, "sy.jobs.m.regular", data, uint32(i))
+				}
+				if err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.StopTimer()
+			b.ReportMetric(float64(processCPU()-cpu0)/float64(b.N), "cpu-ns/op")
+		})
+	}
+}
+
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
