@@ -67,6 +67,7 @@ type Broker struct {
 	// <inbox>.<request>.<attempt>: the ack comes to onAck (see
 	// publishOnce), subscribed while Run runs.
 	ackPrefix string
+
 	metrics     *Metrics
 	routes      sync.Map // model -> *routeStats
 	depth       atomic.Pointer[depthReading]
