@@ -636,7 +636,8 @@ func (c *Call) Next(ctx context.Context) (*wire.Chunk, error) {
 		c.stallAt = c.asked.Add(c.b.cfg.StallTimeout)
 		c.watchAt = c.asked.Add(c.b.cfg.WatchInterval)
 		c.armed = c.due()
-		c.timer = time.NewTimer(c.armed.Sub(c.asked))
+		c.timer = timers.Get().(*time.Timer)
+		c.timer.Reset(c.armed.Sub(c.asked))
 	}
 	for {
 		c.release()
@@ -1095,7 +1096,10 @@ func (c *Call) Close() {
 	c.b.calls.Delete(c.ID)
 	c.release()
 	if c.timer != nil {
+		// Close is the reader's last call: its timer serves the next call.
 		c.timer.Stop()
+		timers.Put(c.timer)
+		c.timer = nil
 	}
 	outcome := c.outcome
 	if outcome == "" {

@@ -152,8 +152,9 @@ type pubAckState struct {
 	seq     uint64
 }
 
-// timers are reused by publishOnce: since Go 1.23 a stopped timer sends
-// nothing stale, so a timer can go back to the pool once stopped.
+// timers are reused by publishOnce and by calls (see Call.Next): since Go
+// 1.23 a stopped timer sends nothing stale, so a timer can go back to the
+// pool once stopped.
 var timers = sync.Pool{New: func() any { return time.NewTimer(time.Hour) }}
 
 // publish stores the current attempt's job and returns its stream

@@ -287,11 +287,14 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		natsURL = ns.ClientURL()
 		natsOpts = append(natsOpts, nats.InProcessServer(ns))
 	}
-	connect := func(name string) (*nats.Conn, error) {
-		opts := append(cli.NATSOptions(log, name), natsOpts...)
+	connect := func(name string, extra ...nats.Option) (*nats.Conn, error) {
+		opts := append(append(cli.NATSOptions(log, name), natsOpts...), extra...)
 		return nats.Connect(natsURL, opts...)
 	}
-	nc, err := connect("switchyard-broker")
+	// The broker's connection is its own: it needs none of what it
+	// publishes back (its learn messages, which every peer reads), which
+	// would cost a delivery through its reply path per request.
+	nc, err := connect("switchyard-broker", nats.NoEcho())
 	if err != nil {
 		return fmt.Errorf("connect NATS %s: %w", natsURL, err)
 	}
