@@ -6,8 +6,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"google.golang.org/protobuf/proto"
-
 	"github.com/switchyard-ai/switchyard/oaiformat/chunkjson"
 	"github.com/switchyard-ai/switchyard/wire"
 )
@@ -98,7 +96,7 @@ func (s *stream) send(c *wire.Chunk) error {
 func (s *stream) publish(buf []byte, c *wire.Chunk) ([]byte, error) {
 	secret := s.job.GetSecret()
 	c.Secret = secret
-	buf, err := proto.MarshalOptions{}.MarshalAppend(buf[:0], c)
+	buf, err := wire.AppendChunk(buf[:0], c)
 	if err != nil {
 		return buf[:0], err
 	}
