@@ -22,7 +22,7 @@ const DefaultBodyReadTimeout = 60 * time.Second
 func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiError) {
 	rc := http.NewResponseController(w)
 	timed := rc.SetReadDeadline(time.Now().Add(s.cfg.BodyReadTimeout)) == nil
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBody))
+	body, err := readAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBody), r.ContentLength, s.cfg.MaxBody)
 	if timed {
 		_ = rc.SetReadDeadline(time.Time{})
 	}
@@ -40,4 +40,29 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiE
 		return nil, &apiError{Status: http.StatusRequestTimeout, Message: fmt.Sprintf("request body not received within %s (read %d bytes); the broker's --read-body-timeout sets this bound", s.cfg.BodyReadTimeout, len(body)), Type: "invalid_request_error", Code: strp("body_timeout")}
 	}
 	return nil, invalid("reading request body: "+err.Error(), "", "bad_body")
+}
+
+// readAll is io.ReadAll with the buffer sized once from the declared
+// length (one byte more, to see the end), when there is one within max.
+func readAll(r io.Reader, declared, max int64) ([]byte, error) {
+	if declared <= 0 || declared > max {
+		return io.ReadAll(r)
+	}
+	b := make([]byte, 0, declared+1)
+	for {
+		n, err := r.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err == io.EOF {
+			return b, nil
+		}
+		if err != nil {
+			return b, err
+		}
+		if len(b) == cap(b) {
+			// Longer than declared (net/http stops at Content-Length, so
+			// only a reader that does not): the rest as io.ReadAll would.
+			rest, err := io.ReadAll(r)
+			return append(b, rest...), err
+		}
+	}
 }
