@@ -721,8 +721,12 @@ func (a *Agent) wasCancelled(id string, attempt uint32) bool {
 
 // handle runs one job to its end.
 func (a *Agent) handle(ctx context.Context, msg jetstream.Msg) {
+	// The job's body aliases the message's data (see wire.DecodeJob): a
+	// buffer nats.go allocates for this message alone, which nothing here
+	// reads or writes again (the message is only acked or termed), and no
+	// engine writes into a body (a PD or streaming body is a new one).
 	job := new(wire.Job)
-	if err := proto.Unmarshal(msg.Data(), job); err != nil {
+	if err := wire.DecodeJob(msg.Data(), job); err != nil {
 		a.log.Warn("undecodable job dropped", "err", err)
 		_ = msg.Term()
 		return

@@ -427,3 +427,37 @@ func TestSecondCopyNotRun(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestUndecodableJobDropped: a job that does not decode is taken off the
+// queue (Term) without reaching the engine, and the agent goes on with
+// the next.
+func TestUndecodableJobDropped(t *testing.T) {
+	f := start(t, 1, 0)
+	good, _ := proto.Marshal(&wire.Job{RequestId: "bad", Model: "m", Body: []byte(`{"messages":[]}`)})
+	if _, err := f.js.Publish(context.Background(), "sy.jobs.m.regular", good[:len(good)-1]); err != nil {
+		t.Fatal(err)
+	}
+	sub := f.publish(t, "r1", time.Now().Add(time.Minute))
+	for c := next(t, sub); c.GetKind() != wire.Chunk_KIND_FINAL; c = next(t, sub) {
+		if c.GetKind() == wire.Chunk_KIND_ERROR {
+			t.Fatalf("got %v", c)
+		}
+	}
+	testwait.For(t, 10*time.Second, 5*time.Millisecond, func() error {
+		st, err := f.js.Stream(context.Background(), broker.DefaultStream)
+		if err != nil {
+			return err
+		}
+		info, err := st.Info(context.Background())
+		if err != nil {
+			return err
+		}
+		if info.State.Msgs != 0 {
+			return fmt.Errorf("%d jobs still in the stream", info.State.Msgs)
+		}
+		return nil
+	})
+	if n := f.eng.calls.Load(); n != 1 {
+		t.Fatalf("engine called %d times", n)
+	}
+}
