@@ -48,8 +48,7 @@ func PromptOf(api wire.API, body []byte) (Prompt, bool) {
 	}
 	msgs := make([]message, len(b.Messages))
 	for i, m := range b.Messages {
-		role := m.Role
-		msgs[i] = message{Role: &role, Content: m.Content}
+		msgs[i] = message{Role: m.Role, Content: m.Content}
 	}
 	return promptOf(api, msgs, b.Prompt)
 }
@@ -76,9 +75,7 @@ func promptOf(api wire.API, messages []message, prompt json.RawMessage) (Prompt,
 		}
 		msgs := make([]affinity.Message, len(messages))
 		for i, m := range messages {
-			if m.Role != nil {
-				msgs[i].Role = *m.Role
-			}
+			msgs[i].Role = m.Role
 			msgs[i].Content = textContent(m.Content)
 		}
 		return Prompt{Chat: true, Messages: msgs}, true

@@ -5,9 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
+	"math/bits"
 	"unicode/utf8"
 
+	"github.com/switchyard-ai/switchyard/oaiformat/chunkjson"
 	"github.com/switchyard-ai/switchyard/wire"
 )
 
@@ -48,149 +49,115 @@ type Request struct {
 	// cannot be continued on another agent from its text so far.
 	NoMigration string
 
-	// What the prompt's block keys are made of, as Read decoded it
-	// (see Prompt).
+	// What the prompt's block keys are made of, as Read read it (see
+	// Prompt); slices of the body.
 	api      wire.API
 	messages []message
 	prompt   json.RawMessage
 }
 
-// present records that a member was in the body, whatever its value.
-type present bool
-
-func (p *present) UnmarshalJSON([]byte) error { *p = true; return nil }
-
-// request holds the typed fields the format checks. Everything else is the
-// engine's business and passes through.
-type request struct {
-	Model         *string `json:"model"`
-	Stream        *bool   `json:"stream"`
-	StreamOptions *struct {
-		IncludeUsage *bool `json:"include_usage"`
-	} `json:"stream_options"`
-	MaxTokens           *int64          `json:"max_tokens"`
-	MaxCompletionTokens *int64          `json:"max_completion_tokens"`
-	N                   *int64          `json:"n"`
-	Messages            *[]message      `json:"messages"`
-	Prompt              json.RawMessage `json:"prompt"`
-	Stop                json.RawMessage `json:"stop"`
-	Temperature         *float64        `json:"temperature"`
-	TopP                *float64        `json:"top_p"`
-	Tools               json.RawMessage `json:"tools"`
-	Functions           json.RawMessage `json:"functions"`
-
-	// The hand-off fields, in the order of HandoffFields.
-	KVTransferParams    present `json:"kv_transfer_params"`
-	BootstrapHost       present `json:"bootstrap_host"`
-	BootstrapPort       present `json:"bootstrap_port"`
-	BootstrapRoom       present `json:"bootstrap_room"`
-	BootstrapPairKey    present `json:"bootstrap_pair_key"`
-	DecodeTPSize        present `json:"decode_tp_size"`
-	DisaggPrefillDPRank present `json:"disagg_prefill_dp_rank"`
-}
-
-func (r *request) handoff() string {
-	for i, p := range [...]present{r.KVTransferParams, r.BootstrapHost, r.BootstrapPort, r.BootstrapRoom, r.BootstrapPairKey, r.DecodeTPSize, r.DisaggPrefillDPRank} {
-		if p {
-			return HandoffFields[i]
-		}
-	}
-	return ""
-}
-
+// message is what a chat message's prompt keys are made of. A role that
+// is absent or null reads as "", which Read refuses alike.
 type message struct {
-	Role    *string         `json:"role"`
-	Content json.RawMessage `json:"content"`
+	Role    string
+	Content json.RawMessage // as written, nil when absent
 }
 
-// Read validates an OpenAI request body for api in one decode and returns
-// its facts. A refusal is an *Error.
+// Read validates an OpenAI request body for api in one pass over it and
+// returns its facts. A refusal is an *Error. The Request refers to body
+// (the prompt's block keys are read from it): body must not change while
+// the Request is in use.
+//
+// Read decides as encoding/json's decoding of the members it checks would,
+// but for member names, which it matches exactly, as the engines do (see
+// readFields).
 func Read(api wire.API, body []byte) (*Request, error) {
 	if !utf8.Valid(body) {
 		return nil, invalid("request body is not valid UTF-8", "", "invalid_encoding")
 	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	var r request
-	if err := dec.Decode(&r); err != nil {
-		return nil, jsonError(err)
+	s := readScan{d: body}
+	if err := s.scan(); err != nil {
+		return nil, err
 	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return nil, invalid("request body has data after the JSON object", "", "invalid_json")
-	}
-	if f := r.handoff(); f != "" {
+	r := &s.f
+	if r.handoff != 0 {
+		f := HandoffFields[bits.TrailingZeros8(r.handoff)]
 		return nil, invalid(f+" is a prefill/decode hand-off field that Switchyard sets itself; clients may not send it", f, "reserved_field")
 	}
 	p := &Request{N: 1}
-	if r.Model != nil {
-		p.Model = *r.Model
+	if r.set&hasModel != 0 {
+		if r.modelQuoted {
+			p.Model = chunkjson.Unquote(r.model)
+		} else {
+			p.Model = string(r.model)
+		}
 		if len(p.Model) > MaxModelLen {
 			return nil, invalid(fmt.Sprintf("model id longer than %d bytes", MaxModelLen), "model", "invalid_value")
 		}
 	}
-	if r.Stream != nil {
-		p.Stream = *r.Stream
+	if r.set&hasStream != 0 {
+		p.Stream = r.stream
 	}
-	if r.StreamOptions != nil && r.StreamOptions.IncludeUsage != nil {
+	if r.set&hasInclude != 0 {
 		if !p.Stream {
 			return nil, invalid("stream_options is only allowed when stream is true", "stream_options", "invalid_value")
 		}
-		p.IncludeUsage = *r.StreamOptions.IncludeUsage
+		p.IncludeUsage = r.include
 	}
-	if v := r.MaxTokens; v != nil && *v < 1 {
+	if r.set&hasMaxTokens != 0 && r.maxTokens < 1 {
 		return nil, invalid("max_tokens must be at least 1", "max_tokens", "invalid_value")
 	}
-	if v := r.MaxCompletionTokens; v != nil && *v < 1 {
+	if r.set&hasMaxCompl != 0 && r.maxCompl < 1 {
 		return nil, invalid("max_completion_tokens must be at least 1", "max_completion_tokens", "invalid_value")
 	}
-	if r.N != nil {
-		if *r.N < 1 || *r.N > MaxN {
+	if r.set&hasN != 0 {
+		if r.n < 1 || r.n > MaxN {
 			return nil, invalid(fmt.Sprintf("n must be between 1 and %d", MaxN), "n", "invalid_value")
 		}
-		p.N = int(*r.N)
+		p.N = int(r.n)
 	}
-	if r.Temperature != nil && (*r.Temperature < 0 || *r.Temperature > 2) {
+	if r.set&hasTemperature != 0 && (r.temperature < 0 || r.temperature > 2) {
 		return nil, invalid("temperature must be between 0 and 2", "temperature", "invalid_value")
 	}
-	if r.TopP != nil && (*r.TopP <= 0 || *r.TopP > 1) {
+	if r.set&hasTopP != 0 && (r.topP <= 0 || r.topP > 1) {
 		return nil, invalid("top_p must be in (0, 1]", "top_p", "invalid_value")
 	}
-	if stops, err := Stops(r.Stop); err != nil {
-		return nil, invalid(err.Error(), "stop", "invalid_type")
-	} else if len(stops) > MaxStops {
-		return nil, invalid(fmt.Sprintf("at most %d stop sequences", MaxStops), "stop", "invalid_value")
+	if r.stop != nil {
+		if stops, err := Stops(r.stop); err != nil {
+			return nil, invalid(err.Error(), "stop", "invalid_type")
+		} else if len(stops) > MaxStops {
+			return nil, invalid(fmt.Sprintf("at most %d stop sequences", MaxStops), "stop", "invalid_value")
+		}
 	}
 	switch api {
 	case wire.API_API_CHAT:
-		if r.Messages == nil || len(*r.Messages) == 0 {
+		if len(r.messages) == 0 {
 			return nil, invalid("messages is required and must not be empty", "messages", "invalid_value")
 		}
-		if len(*r.Messages) > MaxMessages {
+		if len(r.messages) > MaxMessages {
 			return nil, invalid(fmt.Sprintf("at most %d messages", MaxMessages), "messages", "invalid_value")
 		}
-		for i, m := range *r.Messages {
-			if m.Role == nil || *m.Role == "" {
+		for i, m := range r.messages {
+			if m.Role == "" {
 				return nil, invalid(fmt.Sprintf("messages[%d].role is required", i), fmt.Sprintf("messages[%d].role", i), "invalid_value")
 			}
 		}
 	case wire.API_API_COMPLETION:
-		if len(r.Prompt) == 0 || bytes.Equal(r.Prompt, []byte("null")) {
+		if len(r.prompt) == 0 || string(r.prompt) == "null" {
 			return nil, invalid("prompt is required", "prompt", "invalid_value")
 		}
-		switch r.Prompt[0] {
+		switch r.prompt[0] {
 		case '"', '[':
 		default:
 			return nil, invalid("prompt must be a string or an array", "prompt", "invalid_type")
 		}
 	}
-	p.api, p.prompt = api, r.Prompt
-	if r.Messages != nil {
-		p.messages = *r.Messages
-	}
+	p.api, p.prompt, p.messages = api, r.prompt, r.messages
 	if p.N > 1 {
 		p.NoPD = "n > 1 is not supported by the PD pipeline"
 		p.NoMigration = "n > 1"
 	}
-	if Declared(r.Tools) || Declared(r.Functions) {
+	if Declared(r.tools) || Declared(r.functions) {
 		// A continuation carries the text so far, not a half-sent tool
 		// call: the new attempt would start the call again.
 		p.Tools = true

@@ -1,6 +1,7 @@
 package oaiformat
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"strings"
@@ -73,11 +74,25 @@ func TestParseRequest(t *testing.T) {
 }
 
 // FuzzRead: no body crashes the reader, every refusal is an *Error with a
-// code, an accepted body has a sane model and n, and no accepted body
-// carries a hand-off field as an engine reads keys.
+// code, an accepted body has a sane model and n, no accepted body carries
+// a hand-off field as an engine reads keys, and Read decides as
+// readReference (the encoding/json decode it replaced) does: the same
+// acceptance, the same Code and Param of a refusal (and its Message, but
+// for invalid JSON and type errors, which name things differently), and
+// the same Request fields, prompt and messages included.
+//
+// Bodies with a member name that differs only in case from one Read knows
+// are left out: Read matches names exactly, as engines do, where
+// encoding/json folds case (see readFields and TestReadCaseSensitive).
+// Duplicate members need no exception: Read follows encoding/json there
+// (see TestReadDuplicates).
 func FuzzRead(f *testing.F) {
 	for _, tc := range parseCases {
 		f.Add(uint8(tc.api), []byte(tc.body))
+	}
+	for _, body := range readSeeds {
+		f.Add(uint8(wire.API_API_CHAT), []byte(body))
+		f.Add(uint8(wire.API_API_COMPLETION), []byte(body))
 	}
 	f.Fuzz(func(t *testing.T, api uint8, body []byte) {
 		a := wire.API_API_CHAT
@@ -85,6 +100,9 @@ func FuzzRead(f *testing.F) {
 			a = wire.API_API_COMPLETION
 		}
 		p, err := Read(a, body)
+		if !caseVariant(body) {
+			sameAsReference(t, a, body, p, err)
+		}
 		if err != nil {
 			var e *Error
 			if !errors.As(err, &e) || e.Code == "" || e.Message == "" {
@@ -107,6 +125,144 @@ func FuzzRead(f *testing.F) {
 	})
 }
 
+// sameAsReference fails t unless Read's answer p, err for body is
+// readReference's.
+func sameAsReference(t *testing.T, api wire.API, body []byte, p *Request, err error) {
+	t.Helper()
+	want, werr := readReference(api, body)
+	if (err == nil) != (werr == nil) {
+		t.Fatalf("%s %q: Read %v, reference %v", api, body, err, werr)
+	}
+	if err != nil {
+		var e, we *Error
+		if !errors.As(err, &e) || !errors.As(werr, &we) {
+			t.Fatalf("%q: refusals %v, %v not *Error", body, err, werr)
+		}
+		if e.Code != we.Code || e.Param != we.Param {
+			t.Fatalf("%s %q: Read refused %s (%s) %q, reference %s (%s) %q", api, body, e.Code, e.Param, e.Message, we.Code, we.Param, we.Message)
+		}
+		if e.Code != "invalid_json" && e.Code != "invalid_type" && e.Message != we.Message {
+			t.Fatalf("%q: message %q, reference %q", body, e.Message, we.Message)
+		}
+		return
+	}
+	if p.Model != want.Model || p.Stream != want.Stream || p.IncludeUsage != want.IncludeUsage ||
+		p.N != want.N || p.Tools != want.Tools || p.NoPD != want.NoPD || p.NoMigration != want.NoMigration ||
+		p.api != want.api {
+		t.Fatalf("%q: Read %+v, reference %+v", body, p, want)
+	}
+	if !bytes.Equal(p.prompt, want.prompt) {
+		t.Fatalf("%q: prompt %q, reference %q", body, p.prompt, want.prompt)
+	}
+	if len(p.messages) != len(want.messages) {
+		t.Fatalf("%q: %d messages, reference %d", body, len(p.messages), len(want.messages))
+	}
+	for i, m := range p.messages {
+		if w := want.messages[i]; m.Role != w.Role || !bytes.Equal(m.Content, w.Content) || (m.Content == nil) != (w.Content == nil) {
+			t.Fatalf("%q: message %d %q %q, reference %q %q", body, i, m.Role, m.Content, w.Role, w.Content)
+		}
+	}
+}
+
+// readNames are the member names Read knows, at any depth.
+var readNames = append([]string{
+	"model", "stream", "stream_options", "include_usage", "max_tokens", "max_completion_tokens", "n",
+	"messages", "role", "content", "prompt", "stop", "temperature", "top_p", "tools", "functions",
+}, HandoffFields...)
+
+// caseVariant reports whether the first JSON value in body has a member,
+// at any depth, whose name differs from one of readNames only in case (as
+// encoding/json folds it), which encoding/json reads as that member and
+// Read does not.
+func caseVariant(body []byte) bool {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.UseNumber() // a float64 would refuse 1e400
+	type level struct{ object, wantKey bool }
+	var stack []level
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return false
+		}
+		switch tok := tok.(type) {
+		case json.Delim:
+			switch tok {
+			case '{':
+				stack = append(stack, level{true, true})
+				continue
+			case '[':
+				stack = append(stack, level{})
+				continue
+			}
+			stack = stack[:len(stack)-1]
+		case string:
+			if n := len(stack); n > 0 && stack[n-1].wantKey {
+				for _, name := range readNames {
+					if tok != name && strings.EqualFold(tok, name) {
+						return true
+					}
+				}
+				stack[n-1].wantKey = false
+				continue
+			}
+		}
+		// A value ended.
+		if len(stack) == 0 {
+			return false
+		}
+		if top := &stack[len(stack)-1]; top.object {
+			top.wantKey = true
+		}
+	}
+}
+
+// readSeeds are bodies for FuzzRead and the tests below, as clients send
+// them and a few stranger ones.
+var readSeeds = []string{
+	benchChat,
+	benchPrompt16,
+	`{"model":"sim-model","prompt":"alpha bravo charlie","max_tokens":1,"stream":true,"stream_options":{"include_usage":true}}`,
+	`{"model":"m","prompt":["one prompt"],"stop":["\n\n","END"],"temperature":0.7,"top_p":0.95,"n":2,"max_tokens":16}`,
+	`{"model":"m","prompt":[[1,2,3]],"max_tokens":9007199254740993}`,
+	`{"model":"m","messages":[{"role":"system","content":"Be brief."},{"role":"user","content":[{"type":"text","text":"hi \u00e9\ud83d\ude00"},{"type":"image_url","image_url":{"url":"data:image/png;base64,AAAA"}}]}],"stream":true}`,
+	`{"model":"m","messages":[{"role":"user","content":"weather?"},{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"w","arguments":"{\"city\":\"Paris\"}"}}]},{"role":"tool","tool_call_id":"c1","content":"sunny"}],"tools":[{"type":"function","function":{"name":"w","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}}],"tool_choice":"auto"}`,
+	`{"messages":[{"role":"user","content":"x"}],"functions":[{"name":"f","parameters":{}}],"function_call":"auto"}`,
+	`{"messages":[{"role":"user","content":"x"}],"max_completion_tokens":100,"stop":"\n","temperature":0,"top_p":1,"seed":-1,"logit_bias":{"50256":-100}}`,
+	`{"messages":[{"role":"developer","content":"d"},{"role":"user","content":"u","name":"n"}],"response_format":{"type":"json_object"},"logprobs":true,"top_logprobs":5}`,
+	` {"messages" : [ { "role" : "user" , "content" : "spaced" } ] , "stream" : false } ` + "\n",
+	`{"m\u006fdel":"m\u00e9","messages":[{"r\u006fle":"\u0075ser","content":"escaped keys"}]}`,
+	`{"model":null,"stream":null,"stream_options":null,"max_tokens":null,"n":null,"temperature":null,"top_p":null,"stop":null,"tools":null,"functions":null,"messages":[{"role":"user","content":"nulls"}],"prompt":null}`,
+	`{"messages":[{"role":"user","content":"x"}],"max_tokens":1.0}`,
+	`{"messages":[{"role":"user","content":"x"}],"max_tokens":1e2}`,
+	`{"messages":[{"role":"user","content":"x"}],"max_tokens":-0}`,
+	`{"messages":[{"role":"user","content":"x"}],"max_tokens":9223372036854775807,"n":-9223372036854775808}`,
+	`{"messages":[{"role":"user","content":"x"}],"max_tokens":9223372036854775808}`,
+	`{"messages":[{"role":"user","content":"x"}],"temperature":1e400}`,
+	`{"messages":[{"role":"user","content":"x"}],"temperature":1e-400,"top_p":0.5E+0}`,
+	`{"messages":[{"role":"user","content":"x"}],"n":true}`,
+	`{"messages":[{"role":"user","content":"x"}],"stream_options":{"include_usage":1},"stream":true}`,
+	`{"messages":[{"role":"user","content":"x"}],"stream_options":[],"stream":true}`,
+	`{"messages":{"role":"user"}}`,
+	`{"messages":["user"]}`,
+	`{"messages":[{"role":["user"]}]}`,
+	`{"messages":[null]}`,
+	`{"messages":[{"role":"user","content":"x"}],"model":1,"stream":"x"}`,
+	`{"messages":[{"role":"user","content":"x"}],"model":1,"stream":"x"`,
+	`{"messages":[{"role":"user","content":"x"}],"model":1} x`,
+	`{"messages":[{"role":"user","content":"x"}],"stop":["a",null,""]}`,
+	`{"messages":[{"role":"user","content":"x"}],"stop":["a",1]}`,
+	`{"model":"a","model":"b","messages":[{"role":"user","content":"x"}],"max_tokens":0,"max_tokens":5}`,
+	`{"messages":[{"role":"user","content":"x"}],"messages":[{"content":"y"}]}`,
+	`{"messages":[{"role":"a","content":1},{"role":"b"},{"role":"c"}],"messages":[{"content":2}],"messages":[{},{},{},{}]}`,
+	`{"messages":[{"role":"a"}],"messages":[null]}`,
+	`{"messages":[{"role":"a"}],"messages":[],"messages":[{}]}`,
+	`{"messages":[{"role":"a"}],"messages":null,"messages":[{}]}`,
+	`{"stream":true,"stream_options":{"include_usage":true},"stream_options":{},"messages":[{"role":"user"}]}`,
+	`{"stream_options":{"include_usage":true},"stream_options":null,"messages":[{"role":"user"}]}`,
+	`null`, `"x"`, `12`, `[]`, `{}`, ``, ` `, `{"a":1}{}`, `{"a":[1,2,{"b":null}],"c":"\ud800"}`,
+	`{"prompt":"x","kv_transfer_params":null}`, `{"prompt":"x","disagg_prefill_dp_rank":0,"decode_tp_size":1}`,
+}
+
 // TestNoMigration: streams a continuation cannot resume are marked.
 func TestNoMigration(t *testing.T) {
 	const msgs = `"messages":[{"role":"user","content":"hi"}]`
@@ -125,6 +281,189 @@ func TestNoMigration(t *testing.T) {
 		}
 		if p.NoMigration != want {
 			t.Errorf("%s: NoMigration %q, want %q", body, p.NoMigration, want)
+		}
+	}
+}
+
+// TestReadCaseSensitive: the deliberate difference from encoding/json.
+// Read matches member names exactly, as vLLM and SGLang do, where
+// encoding/json would read "MODEL" as the model: a member spelled so is
+// someone else's member, passed through and never checked.
+func TestReadCaseSensitive(t *testing.T) {
+	const msgs = `"messages":[{"role":"user","content":"x"}]`
+	for _, tc := range []struct {
+		body     string
+		code     string // Read's refusal, "" if it accepts
+		refCode  string // readReference's
+		refModel string
+	}{
+		{`{"MODEL":"big",` + msgs + `}`, "", "", "big"},
+		{`{"Model":3,` + msgs + `}`, "", "invalid_type", ""},
+		{`{"Max_Tokens":0,` + msgs + `}`, "", "invalid_value", ""},
+		{`{"max_to\u212Aens":0,` + msgs + `}`, "", "invalid_value", ""}, // KELVIN SIGN folds to k
+		{`{"max_token\u017F":0,` + msgs + `}`, "", "invalid_value", ""}, // LONG S folds to s
+		{`{"KV_TRANSFER_PARAMS":{},` + msgs + `}`, "", "reserved_field", ""},
+		{`{"Stream_Options":{"include_usage":true},` + msgs + `}`, "", "invalid_value", ""},
+		{`{"stream":true,"stream_options":{"Include_Usage":"x"},` + msgs + `}`, "", "invalid_type", ""},
+		{`{"messages":[{"ROLE":"user","content":"x"}]}`, "invalid_value", "", ""},
+		{`{"\u0073tream":"x",` + msgs + `}`, "invalid_type", "invalid_type", ""}, // an escape, not a case variant
+	} {
+		body := []byte(tc.body)
+		p, err := Read(wire.API_API_CHAT, body)
+		want, werr := readReference(wire.API_API_CHAT, body)
+		var e, we *Error
+		switch {
+		case tc.refCode == "" && werr != nil, tc.refCode != "" && (!errors.As(werr, &we) || we.Code != tc.refCode):
+			t.Errorf("%s: reference %v, want code %q", body, werr, tc.refCode)
+		case werr == nil && want.Model != tc.refModel:
+			t.Errorf("%s: reference model %q, want %q", body, want.Model, tc.refModel)
+		}
+		switch {
+		case tc.code == "" && err != nil, tc.code != "" && (!errors.As(err, &e) || e.Code != tc.code):
+			t.Errorf("%s: Read %v, want code %q", body, err, tc.code)
+		case err == nil && p.Model != "":
+			t.Errorf("%s: Read model %q, want none", body, p.Model)
+		}
+		// Each body but the escaped one has a case variant, which FuzzRead
+		// leaves out; the escaped one it holds to the reference.
+		if v := caseVariant(body); v != (tc.body[2] != '\\') {
+			t.Errorf("%s: caseVariant %v", body, v)
+		}
+		if !caseVariant(body) {
+			sameAsReference(t, wire.API_API_CHAT, body, p, err)
+		}
+	}
+}
+
+// TestReadDuplicates: a duplicate member's last value wins, as with
+// encoding/json and Python's json; like encoding/json (unlike Python's
+// json, which replaces the value), a repeated stream_options or messages
+// decodes into what the earlier one left.
+func TestReadDuplicates(t *testing.T) {
+	for _, tc := range []struct {
+		body         string
+		code         string
+		model        string
+		includeUsage bool
+		roles        []string
+		contents     []string
+	}{
+		{`{"model":"a","model":"b","messages":[{"role":"user"}]}`, "", "b", false, []string{"user"}, []string{""}},
+		{`{"model":"a","model":null,"messages":[{"role":"user"}]}`, "", "", false, []string{"user"}, []string{""}},
+		{`{"max_tokens":0,"max_tokens":5,"messages":[{"role":"user"}]}`, "", "", false, []string{"user"}, []string{""}},
+		{`{"max_tokens":5,"max_tokens":0,"messages":[{"role":"user"}]}`, "invalid_value", "", false, nil, nil},
+		{`{"messages":[{"role":"user","role":"system","content":"a","content":"b"}]}`, "", "", false, []string{"system"}, []string{`"b"`}},
+		{`{"messages":[{"role":"user","content":"x"}],"messages":[{"content":"y"}]}`, "", "", false, []string{"user"}, []string{`"y"`}},
+		{`{"messages":[{"role":"a","content":1},{"role":"b"},{"role":"c"}],"messages":[{"content":2}],"messages":[{},{},{},{}]}`,
+			"invalid_value", "", false, nil, nil}, // the fourth element is new: no role
+		{`{"messages":[{"role":"a","content":1},{"role":"b"},{"role":"c"}],"messages":[{"content":2}],"messages":[{},{},{}]}`,
+			"", "", false, []string{"a", "b", "c"}, []string{"2", "", ""}},
+		{`{"messages":[{"role":"a"}],"messages":[null]}`, "", "", false, []string{"a"}, []string{""}},
+		{`{"messages":[{"role":"a"}],"messages":[],"messages":[{}]}`, "invalid_value", "", false, nil, nil},
+		{`{"messages":[{"role":"a"}],"messages":null,"messages":[{}]}`, "invalid_value", "", false, nil, nil},
+		{`{"stream":true,"stream_options":{"include_usage":true},"stream_options":{},"messages":[{"role":"u"}]}`, "", "", true, []string{"u"}, []string{""}},
+		{`{"stream":true,"stream_options":{"include_usage":true},"stream_options":null,"stream_options":{},"messages":[{"role":"u"}]}`, "", "", false, []string{"u"}, []string{""}},
+	} {
+		body := []byte(tc.body)
+		p, err := Read(wire.API_API_CHAT, body)
+		sameAsReference(t, wire.API_API_CHAT, body, p, err)
+		var e *Error
+		switch {
+		case tc.code != "":
+			if !errors.As(err, &e) || e.Code != tc.code {
+				t.Errorf("%s: %v, want code %s", body, err, tc.code)
+			}
+			continue
+		case err != nil:
+			t.Errorf("%s: %v", body, err)
+			continue
+		}
+		if p.Model != tc.model || p.IncludeUsage != tc.includeUsage || len(p.messages) != len(tc.roles) {
+			t.Errorf("%s: %+v", body, p)
+			continue
+		}
+		for i, m := range p.messages {
+			if m.Role != tc.roles[i] || string(m.Content) != tc.contents[i] {
+				t.Errorf("%s: message %d %q %q, want %q %q", body, i, m.Role, m.Content, tc.roles[i], tc.contents[i])
+			}
+		}
+	}
+}
+
+// TestReadErrors: refusals say what is wrong and where.
+func TestReadErrors(t *testing.T) {
+	for body, want := range map[string]struct{ code, param, msg string }{
+		`{`:                  {"invalid_json", "", "unexpected end of JSON input at offset 1"},
+		``:                   {"invalid_json", "", "unexpected end of JSON input at offset 0"},
+		`{"model":x}`:        {"invalid_json", "", "invalid character 'x' looking for beginning of value at offset 9"},
+		`{"model":"m"} {}`:   {"invalid_json", "", "data after the JSON object, at offset 14"},
+		`[1]`:                {"invalid_type", "", "request body: expected object, got JSON array"},
+		`{"max_tokens":"1"}`: {"invalid_type", "max_tokens", "max_tokens: expected int64, got JSON string"},
+		`{"max_tokens":1.5}`: {"invalid_type", "max_tokens", "max_tokens: expected int64, got JSON number 1.5"},
+		`{"stream_options":{"include_usage":"yes"}}`: {"invalid_type", "stream_options.include_usage", "got JSON string"},
+		`{"messages":[{"role":1}]}`:                  {"invalid_type", "messages.role", "messages.role: expected string, got JSON number"},
+		`{"messages":[{"role":1}],"model":2}`:        {"invalid_type", "messages.role", "messages.role"},
+		`{"messages":[{"role":1}],"model":2,}`:       {"invalid_json", "", "offset 35"},
+	} {
+		_, err := Read(wire.API_API_CHAT, []byte(body))
+		var e *Error
+		if !errors.As(err, &e) || e.Code != want.code || e.Param != want.param || !strings.Contains(e.Message, want.msg) {
+			t.Errorf("%s: %#v, want %+v", body, err, want)
+		}
+	}
+}
+
+// TestReadAllocs: an accepted chat body costs the Request, its messages
+// and the model id.
+func TestReadAllocs(t *testing.T) {
+	body := []byte(benchChat)
+	if n := testing.AllocsPerRun(100, func() {
+		if _, err := Read(wire.API_API_CHAT, body); err != nil {
+			t.Fatal(err)
+		}
+	}); n > 3 {
+		t.Errorf("%v allocations per Read, want at most 3", n)
+	}
+}
+
+// The bodies BenchmarkRead reads: a chat of about 1.1 kB (a system and a
+// user message, stream, max_tokens, temperature), and the loadgen's body
+// with a 16-word prompt.
+const (
+	benchChat = `{"model":"meta-llama/Llama-3.1-8B-Instruct","messages":[` +
+		`{"role":"system","content":"You are a careful assistant for a logistics company. Answer questions about shipments, ` +
+		`routes and delivery windows using only the facts given in the conversation. When a fact is missing, say so plainly ` +
+		`and suggest which document or team could supply it. Keep answers short: two or three sentences unless the user ` +
+		`asks for detail. Quote tracking numbers exactly as given, never reformat dates, and give weights in kilograms ` +
+		`with one decimal place. Do not speculate about customs delays or weather."},` +
+		`{"role":"user","content":"Shipment 4471-AX left the Rotterdam depot on 12 March at 06:40 with 18 pallets, ` +
+		`14.2 tonnes in total, bound for the Lyon cross-dock. The driver reported a 90 minute stop at the Belgian border ` +
+		`for a document check and a second stop near Metz to swap trailers. The Lyon team expects it before their 17:00 ` +
+		`cut-off, but the carrier's portal still shows the old trailer id. Which trailer id should the Lyon team use ` +
+		`when they book the unloading slot, and is the 17:00 cut-off still realistic given the two stops?"}],` +
+		`"stream":true,"max_tokens":256,"temperature":0.7}`
+	benchPrompt16 = `{"model":"sim-model","messages":[{"role":"user","content":"alpha bravo charlie delta echo foxtrot golf hotel ` +
+		`india juliet kilo lima mike november oscar papa"}],"max_tokens":1,"stream":true,"stream_options":{"include_usage":true}}`
+)
+
+// BenchmarkRead compares Read with readReference, the encoding/json decode
+// it replaced.
+func BenchmarkRead(b *testing.B) {
+	for _, body := range []struct{ name, body string }{{"chat1100B", benchChat}, {"prompt16", benchPrompt16}} {
+		for _, impl := range []struct {
+			name string
+			read func(wire.API, []byte) (*Request, error)
+		}{{"new", Read}, {"reference", readReference}} {
+			b.Run(body.name+"/"+impl.name, func(b *testing.B) {
+				d := []byte(body.body)
+				b.SetBytes(int64(len(d)))
+				b.ReportAllocs()
+				for b.Loop() {
+					if _, err := impl.read(wire.API_API_CHAT, d); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
 		}
 	}
 }
