@@ -219,9 +219,16 @@ func (e *env) tokenpath(d *doc) error {
 			return err
 		}
 		if dir := e.profiles; dir != "" {
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				return err
+			}
 			for i, who := range []string{"broker", "agent"} {
-				if data, err := os.ReadFile(psy.prof[i]); err == nil {
-					_ = os.WriteFile(filepath.Join(dir, fmt.Sprintf("%s-%dtok.pprof", who, ph.toks)), data, 0o644)
+				data, err := os.ReadFile(psy.prof[i])
+				if err == nil {
+					err = os.WriteFile(filepath.Join(dir, fmt.Sprintf("%s-%dtok.pprof", who, ph.toks)), data, 0o644)
+				}
+				if err != nil {
+					return fmt.Errorf("tokenpath: keep the %s profile: %w", who, err)
 				}
 			}
 		}
