@@ -18,8 +18,9 @@ import (
 // Two sim-engines (5 ms ITL, no TTFT cost). Per front end, interleaved:
 // 64 streams of 1-token requests (CPU per request), 64 streams of 64-token
 // requests (CPU per extra token: the difference per request over 63),
-// 64 streams of 16-token requests (TTFT against direct) and 256 streams of
-// 16-token requests (relayed tokens/s at saturation, TTFT at 256).
+// 64 streams of 16-token requests (TTFT against direct), 256 streams of
+// 16-token requests (relayed tokens/s at saturation, TTFT at 256) and one
+// stream of 16-token requests (the TTFT the path adds with nothing queued).
 // CPU is utime+stime from /proc of each group's processes over each run,
 // warm-up included, divided by every request (or token) of the run.
 func (e *env) tokenpath(d *doc) error {
@@ -81,6 +82,9 @@ func (e *env) tokenpath(d *doc) error {
 		{"per-token", 64, 64, false},
 		{"ttft64", 64, 16, false},
 		{"saturation", 256, 16, false},
+		// One stream: the latency the path adds with nothing queued, to
+		// tell it from the queueing of the 64-stream row.
+		{"idle", 1, 16, false},
 	}
 	type result struct {
 		rep      *loadgen.Report
