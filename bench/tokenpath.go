@@ -20,7 +20,8 @@ import (
 // requests (CPU per extra token: the difference per request over 63),
 // 64 streams of 16-token requests (TTFT against direct), 256 streams of
 // 16-token requests (relayed tokens/s at saturation, TTFT at 256) and one
-// stream of 16-token requests (the TTFT the path adds with nothing queued).
+// stream of 1-token requests (the TTFT the path adds with nothing queued;
+// 1 token, so that its window holds thousands of requests).
 // CPU is utime+stime from /proc of each group's processes over each run,
 // warm-up included, divided by every request (or token) of the run.
 func (e *env) tokenpath(d *doc) error {
@@ -84,7 +85,7 @@ func (e *env) tokenpath(d *doc) error {
 		{"saturation", 256, 16, false},
 		// One stream: the latency the path adds with nothing queued, to
 		// tell it from the queueing of the 64-stream row.
-		{"idle", 1, 16, false},
+		{"idle", 1, 1, false},
 	}
 	type result struct {
 		rep      *loadgen.Report
