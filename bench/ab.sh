@@ -44,7 +44,7 @@ toks, reqs, tps, ttft, itl = d["output_tokens"], d["requests"], d["output_tokens
 errs = d["errors"]
 nerr = (sum(errs.values()) and errs) if isinstance(errs, dict) else errs
 us = lambda t, n: 1e6 * t / hz / max(n, 1)
-print("%s: %.1f us CPU per token (broker %.1f, agents %.1f), %.0f us per request (broker %.0f, agents %.0f), %.0f tokens/s, TTFT p50 %.1f ms, ITL p50 %.2f ms, errors %s" % (
+print("%s: %.1f us CPU per token (broker %.1f, agents %.1f), %.0f us per request (broker %.0f, agents %.0f), %.0f tokens/s, TTFT p50 %.3f ms, ITL p50 %.2f ms, errors %s" % (
 	name, us(broker + agents, toks), us(broker, toks), us(agents, toks), us(broker + agents, reqs), us(broker, reqs), us(agents, reqs), tps, ttft, itl, nerr))
 ' "$((b1 - b0))" "$((g1 - g0))" "$bin"
 }
