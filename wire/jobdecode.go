@@ -15,10 +15,11 @@ import (
 // decoder for the jobs it pulls: proto.Unmarshal's generic, table-driven
 // decoder was a visible share of an agent's CPU on short requests.
 //
-// The scalar fields, the trace map and the two timestamps (deadline,
-// handoff_expires) are decoded here; the strings are copied, so keeping
-// one (a reply subject for a while after the job) does not keep data. A
-// job with a PD hand-off or a continuation, a field this decoder does not
+// The scalar fields, the trace map, the two timestamps (deadline,
+// handoff_expires) and the PD hand-off, on every job of a PD pool, are
+// decoded here; the strings are copied, so keeping one (a reply subject
+// for a while after the job) does not keep data. A job with a
+// continuation, a field this decoder does not
 // know (a newer broker's) or a known field with another wire type is
 // decoded by proto.Unmarshal instead, from the start, so that nested
 // messages and unknown fields come out exactly as it leaves them.
@@ -71,9 +72,9 @@ func DecodeJob(data []byte, job *Job) error {
 			b = b[n:]
 			job.Secret = v
 		case protowire.BytesType:
-			if num < 1 || num > 15 || num == 2 || num == 4 || num == 5 || num == 12 || num == 13 {
-				// Unknown, another wire type, or a PD hand-off or a
-				// continuation: rare, and left to proto.Unmarshal.
+			if num < 1 || num > 15 || num == 2 || num == 4 || num == 5 || num == 13 {
+				// Unknown, another wire type, or a continuation: rare,
+				// and left to proto.Unmarshal.
 				return unmarshalJob(data, job)
 			}
 			v, n := protowire.ConsumeBytes(b)
@@ -106,6 +107,8 @@ func DecodeJob(data []byte, job *Job) error {
 				job.ClientRequestId, err = copyString(v)
 			case 11:
 				job.BrokerId, err = copyString(v)
+			case 12:
+				job.Pd, err = decodePD(v, job.Pd)
 			case 14:
 				job.PdPair, err = copyString(v)
 			case 15:
@@ -168,6 +171,64 @@ func decodeTimestamp(data []byte, ts *timestamppb.Timestamp) (*timestamppb.Times
 		}
 	}
 	return ts, nil
+}
+
+// decodePD decodes a PDHandoff into pd, or a new one when pd is nil, and
+// returns it. As for a timestamp, decoding over an earlier occurrence is
+// proto's merge: every field is a scalar, a string or bytes, and the last
+// value of each wins. Its strings and its KV parameters are copied (a
+// hand-off is small, and a decode job's is kept while it runs); anything
+// else in it is left to proto.Unmarshal.
+func decodePD(data []byte, pd *PDHandoff) (*PDHandoff, error) {
+	if pd == nil {
+		pd = new(PDHandoff)
+	}
+	for len(data) > 0 {
+		num, typ, n := consumeTag(data)
+		if n < 0 {
+			return pd, protowire.ParseError(n)
+		}
+		data = data[n:]
+		switch {
+		case typ == protowire.VarintType && (num == 4 || num == 5):
+			v, n := protowire.ConsumeVarint(data)
+			if n < 0 {
+				return pd, protowire.ParseError(n)
+			}
+			data = data[n:]
+			if num == 4 {
+				pd.BootstrapPort = uint32(v)
+			} else {
+				pd.BootstrapRoom = v
+			}
+		case typ == protowire.BytesType && num >= 1 && num <= 6 && num != 4 && num != 5:
+			v, n := protowire.ConsumeBytes(data)
+			if n < 0 {
+				return pd, protowire.ParseError(n)
+			}
+			data = data[n:]
+			var err error
+			switch num {
+			case 1:
+				pd.Protocol, err = copyString(v)
+			case 2:
+				pd.PrefillAgent, err = copyString(v)
+			case 3:
+				pd.BootstrapHost, err = copyString(v)
+			case 6:
+				pd.KvTransferParamsJson = nil // as proto.Unmarshal leaves an empty proto3 bytes field
+				if len(v) > 0 {
+					pd.KvTransferParamsJson = append([]byte(nil), v...)
+				}
+			}
+			if err != nil {
+				return pd, err
+			}
+		default:
+			return pd, errFallback
+		}
+	}
+	return pd, nil
 }
 
 // decodeTraceEntry decodes one entry of a map<string, string> into m, as
