@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/switchyard-ai/switchyard/affinity"
 	"github.com/switchyard-ai/switchyard/dispatch"
@@ -203,6 +204,14 @@ type poolAffinity struct {
 	tree        *affinity.Tree
 	learnSubj   string
 	results     [numResults]atomic.Uint64
+	counters    [numResults]prometheus.Counter // the affinity metric's series of this pool
+}
+
+// count counts one affinity result of this pool, in its stats and its
+// metric.
+func (p *poolAffinity) count(r int) {
+	p.results[r].Add(1)
+	p.counters[r].Inc()
 }
 
 // agentLoad is what this broker knows of one agent between heartbeats:
@@ -217,6 +226,10 @@ func (b *Broker) affPool(model, pool string) *poolAffinity {
 	}
 	p := &poolAffinity{model: model, pool: pool, tree: affinity.NewTree(affinity.TreeConfig{MaxBlocks: b.cfg.Affinity.MaxBlocks, Blend: true})}
 	p.learnSubj, _ = b.subj.Learn(model, pool, b.cfg.ID)
+	// The metric's series are looked up once per pool, not per request.
+	for r, name := range resultNames {
+		p.counters[r] = b.metrics.affinity.WithLabelValues(model, pool, name)
+	}
 	v, _ := b.aff.pools.LoadOrStore(k, p)
 	return v.(*poolAffinity)
 }
@@ -284,8 +297,7 @@ func (c *Call) prefer(m *dispatch.Model, pool, pair, shared string) string {
 	p := b.affPool(c.Model, pool)
 	a.pool = p
 	if len(a.keys) == 0 {
-		p.results[resNoMatch].Add(1)
-		b.metrics.affinity.WithLabelValues(c.Model, pool, FallbackNoMatch).Inc()
+		p.count(resNoMatch)
 		return shared
 	}
 	var mbuf [16]affinity.Match
@@ -326,8 +338,7 @@ func (c *Call) prefer(m *dispatch.Model, pool, pair, shared string) string {
 	}
 	d := affinity.Choose(cands, b.cfg.Affinity.Guard)
 	r := resultOf(d.Reason)
-	p.results[r].Add(1)
-	b.metrics.affinity.WithLabelValues(c.Model, pool, resultNames[r]).Inc()
+	p.count(r)
 	if d.Index < 0 {
 		return shared
 	}
@@ -460,8 +471,7 @@ func (c *Call) moveOffer(ctx context.Context) error {
 	}
 	c.load.settleOffer()
 	c.jobSeq = 0
-	a.pool.results[resNotTaken].Add(1)
-	c.b.metrics.affinity.WithLabelValues(c.Model, a.pool.pool, FallbackNotTakenInTime).Inc()
+	a.pool.count(resNotTaken)
 	pctx, cancel := context.WithTimeout(ctx, c.b.publishTimeout)
 	defer cancel()
 	ack, err := c.b.js.Publish(pctx, a.shared, a.data)

@@ -68,12 +68,13 @@ type Broker struct {
 	// publishOnce), subscribed while Run runs.
 	ackPrefix string
 
-	metrics *Metrics
-	routes  sync.Map // model -> *routeStats
-	depth   atomic.Pointer[depthReading]
-	stream  atomic.Pointer[jetstream.Stream] // the jobs stream, once EnsureStream made it
-	flight  inFlight                         // jobs dispatched and not yet ended, per queue
-	aff     affinityState                    // prefix-cache affinity (affinity.go)
+	metrics  *Metrics
+	routeObs routeObsCache // per (model, route) metric children
+	routes   sync.Map      // model -> *routeStats
+	depth    atomic.Pointer[depthReading]
+	stream   atomic.Pointer[jetstream.Stream] // the jobs stream, once EnsureStream made it
+	flight   inFlight                         // jobs dispatched and not yet ended, per queue
+	aff      affinityState                    // prefix-cache affinity (affinity.go)
 	// jobDeletes tracks deletions of abandoned jobs in the background.
 	jobDeletes sync.WaitGroup
 

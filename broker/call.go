@@ -1040,11 +1040,11 @@ func (c *Call) deliver(ch *wire.Chunk) *wire.Chunk {
 		if c.firstToken.IsZero() {
 			c.firstToken = now
 			c.streamID = oaiformat.ChunkID(events[0].GetRaw())
-			c.b.metrics.ttft.WithLabelValues(c.Model, c.Route.String()).Observe(now.Sub(c.Started).Seconds())
+			c.b.obs(c.Model, c.Route).ttft.Observe(now.Sub(c.Started).Seconds())
 		}
 		// The observer is looked up once per route, not per token.
 		if c.itl == nil || c.itlRoute != c.Route {
-			c.itl, c.itlRoute = c.b.metrics.itl.WithLabelValues(c.Model, c.Route.String()), c.Route
+			c.itl, c.itlRoute = c.b.obs(c.Model, c.Route).itl, c.Route
 		}
 		if !c.lastToken.IsZero() {
 			c.itl.Observe(now.Sub(c.lastToken).Seconds())
@@ -1108,9 +1108,10 @@ func (c *Call) Close() {
 	c.logEnd(outcome)
 	m := c.b.metrics
 	m.inflight.Dec()
-	m.requests.WithLabelValues(c.Model, c.Route.String(), outcome).Inc()
-	m.e2e.WithLabelValues(c.Model, c.Route.String()).Observe(time.Since(c.Started).Seconds())
-	m.outputTokens.WithLabelValues(c.Model, c.Route.String()).Add(float64(c.tokens))
+	o := c.b.obs(c.Model, c.Route)
+	o.request(m, c.Model, c.Route, outcome)
+	o.e2e.Observe(time.Since(c.Started).Seconds())
+	o.tokens.Add(float64(c.tokens))
 	// A request that ended well needs no cancel; any other end may leave a
 	// leg running (the prefill of a PD request whose decode failed, or the
 	// engine request of a client that went away).

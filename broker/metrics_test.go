@@ -7,6 +7,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/switchyard-ai/switchyard/dispatch"
@@ -60,4 +61,36 @@ func TestMetricsGolden(t *testing.T) {
 	}
 	reg.MustRegister(b.Collector())
 	goldentest.Exposition(t, reg, "metrics.golden", *update)
+}
+
+// TestRouteObs: a model and route's metric children are looked up once and
+// count into the same series as the vectors' own lookups.
+func TestRouteObs(t *testing.T) {
+	m := NewMetrics()
+	b := &Broker{metrics: m}
+	o := b.obs("m", dispatch.RouteRegular)
+	if b.obs("m", dispatch.RouteRegular) != o || b.obs("m", dispatch.RoutePD) == o || b.obs("n", dispatch.RouteRegular) == o {
+		t.Fatal("obs does not map (model, route) to one entry each")
+	}
+	o.request(m, "m", dispatch.RouteRegular, OutcomeOK)
+	o.request(m, "m", dispatch.RouteRegular, OutcomeOK)
+	o.request(m, "m", dispatch.RouteRegular, "shed") // an outcome the cache does not hold
+	o.tokens.Add(5)
+	for _, tc := range []struct {
+		c    prometheus.Counter
+		want float64
+	}{
+		{m.requests.WithLabelValues("m", "regular", OutcomeOK), 2},
+		{m.requests.WithLabelValues("m", "regular", "shed"), 1},
+		{m.requests.WithLabelValues("m", "pd", OutcomeOK), 0},
+		{m.outputTokens.WithLabelValues("m", "regular"), 5},
+	} {
+		var got dto.Metric
+		if err := tc.c.Write(&got); err != nil {
+			t.Fatal(err)
+		}
+		if v := got.GetCounter().GetValue(); v != tc.want {
+			t.Fatalf("%v = %v, want %v", got.GetLabel(), v, tc.want)
+		}
+	}
 }
