@@ -89,10 +89,12 @@ type Call struct {
 	// attempt was last told to stop (see stopOther).
 	prefillSpeaker string
 	others         map[string]time.Time
-	failOnce       sync.Once
-	failed         chan struct{}
-	failErr        error
-	broken         chan brokenAttempt // a gap in an attempt's sequence
+	// failErr, once set, ends the call (see fail); broken is a gap found
+	// in an attempt's sequence, for the reader to repair. Both wake the
+	// reader through ready: its select waits on ready, the context and one
+	// timer, not on a channel per event.
+	failErr error
+	broken  *brokenAttempt
 
 	ended    atomic.Bool  // a final or error chunk was handed out
 	recancel atomic.Int64 // unix nanos of the last cancelAgain
@@ -199,8 +201,6 @@ func (b *Broker) submit(ctx context.Context, req Request) (*Call, error) {
 		req:      req,
 		body:     req.Body,
 		ready:    make(chan struct{}, 1),
-		failed:   make(chan struct{}),
-		broken:   make(chan brokenAttempt, 1),
 
 		publishBy: publishBy,
 	}
@@ -327,6 +327,7 @@ var (
 type brokenAttempt struct {
 	attempt uint32
 	err     error
+	current bool // set by next: the attempt is still the call's current one
 }
 
 // cancelAttempt tells agents to drop attempts up to and including attempt.
@@ -513,11 +514,11 @@ func (b *Broker) relay(c *Call, chunk *wire.Chunk, arrived int64) bool {
 			// reader repairs it with a retry or a migration.
 			want, attempt := c.nextSeq, c.attempt
 			c.nextSeq = ^uint64(0) // drop the rest of this attempt
-			c.mu.Unlock()
-			select {
-			case c.broken <- brokenAttempt{attempt, fmt.Errorf("%w: request %s: chunk %d missing (got %d)", ErrStreamBroken, c.ID, want, seq)}:
-			default:
+			if c.broken == nil {
+				c.broken = &brokenAttempt{attempt: attempt, err: fmt.Errorf("%w: request %s: chunk %d missing (got %d)", ErrStreamBroken, c.ID, want, seq)}
 			}
+			c.mu.Unlock()
+			c.wake()
 			return false
 		}
 		c.nextSeq++
@@ -541,21 +542,31 @@ func (b *Broker) relay(c *Call, chunk *wire.Chunk, arrived int64) bool {
 	return true
 }
 
-// next takes the first queued chunk, or nil with waiting set when there
-// is none: the next relayed chunk then signals ready.
-func (c *Call) next() *wire.Chunk {
+// next takes the first queued chunk. When there is none it returns the
+// call's failure, or else takes a gap found in an attempt's sequence
+// (current: in the attempt still running), or else returns nothing with
+// waiting set: the next relayed chunk then signals ready.
+func (c *Call) next() (*wire.Chunk, *brokenAttempt, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.qhead == len(c.queue) {
+		if c.failErr != nil {
+			return nil, nil, c.failErr
+		}
+		if br := c.broken; br != nil {
+			c.broken = nil
+			br.current = br.attempt == c.attempt
+			return nil, br, nil
+		}
 		c.waiting = true
-		return nil
+		return nil, nil, nil
 	}
 	ch := c.queue[c.qhead]
 	c.queue[c.qhead] = nil
 	if c.qhead++; c.qhead == len(c.queue) {
 		c.queue, c.qhead = c.queue[:0], 0
 	}
-	return ch
+	return ch, nil, nil
 }
 
 // stopOtherLocked reports whether an agent found running the current
@@ -603,11 +614,23 @@ func (b *Broker) getChunk() *wire.Chunk {
 // putChunk gives a chunk nobody reads any more back to the pool.
 func (b *Broker) putChunk(ch *wire.Chunk) { b.chunkPool.Put(ch) }
 
+// fail ends the call with err (the first failure stays): the reader
+// returns it once it has taken the chunks queued before.
 func (c *Call) fail(err error) {
-	c.failOnce.Do(func() {
+	c.mu.Lock()
+	if c.failErr == nil {
 		c.failErr = err
-		close(c.failed)
-	})
+	}
+	c.mu.Unlock()
+	c.wake()
+}
+
+// wake signals the reader, if it waits or is about to.
+func (c *Call) wake() {
+	select {
+	case c.ready <- struct{}{}:
+	default:
+	}
 }
 
 // Next returns the next chunk in sequence order: accepted, tokens, then one
@@ -642,24 +665,23 @@ func (c *Call) Next(ctx context.Context) (*wire.Chunk, error) {
 	for {
 		c.release()
 		// Chunks already queued win over a failure noticed later.
-		ch := c.next()
+		ch, br, failErr := c.next()
 		if ch == nil {
-			select {
-			case <-c.ready:
-				continue // (or a wake-up left from an earlier wait)
-			case <-c.failed:
-				return nil, c.failErr
-			case br := <-c.broken:
-				c.mu.Lock()
-				current := br.attempt == c.attempt
-				c.mu.Unlock()
-				if current {
+			if failErr != nil {
+				return nil, failErr
+			}
+			if br != nil {
+				if br.current {
 					if err := c.recover(ctx, br.err); err != nil {
 						return nil, err
 					}
 					c.restartStall()
 				}
 				continue
+			}
+			select {
+			case <-c.ready:
+				continue // (or a wake-up left from an earlier wait)
 			case <-ctx.Done():
 				return nil, ctx.Err()
 			case <-c.aff.move:

@@ -792,3 +792,47 @@ func TestOrphanCancelOnlyOwnRequests(t *testing.T) {
 	case <-time.After(200 * time.Millisecond):
 	}
 }
+
+// A reader that leaves more than ChunkBuffer chunks waiting is failed with
+// ErrSlowReader, after the chunks queued before the failure: the bound on
+// a slow client's memory, and its end.
+func TestSlowReaderFails(t *testing.T) {
+	const buffer = 4
+	r := newRig(t, Config{ChunkBuffer: buffer, StallTimeout: 5 * time.Second})
+	sent := make(chan struct{})
+	r.agent("fast", subjects.PoolRegular, "", 1, func(a *fakeAgent, job *wire.Job, say func(*wire.Chunk)) {
+		say(&wire.Chunk{Kind: wire.Chunk_KIND_ACCEPTED})
+		for range 3 * buffer {
+			say(token(" w"))
+		}
+		close(sent)
+	})
+	r.waitEligible("fast")
+	c := submit(t, r.b)
+	<-sent
+	testwait.For(t, 5*time.Second, 5*time.Millisecond, func() error {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if c.failErr == nil {
+			return errors.New("not failed yet")
+		}
+		return nil
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var got int
+	for {
+		_, err := c.Next(ctx)
+		if err != nil {
+			if !errors.Is(err, ErrSlowReader) {
+				t.Fatalf("Next: %v, want ErrSlowReader", err)
+			}
+			break
+		}
+		got++
+	}
+	if got != buffer {
+		t.Fatalf("read %d chunks before the failure, want the %d queued", got, buffer)
+	}
+	c.Close()
+}
