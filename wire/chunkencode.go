@@ -1,6 +1,7 @@
 package wire
 
 import (
+	"slices"
 	"unicode/utf8"
 
 	"google.golang.org/protobuf/encoding/protowire"
@@ -23,6 +24,12 @@ func AppendChunk(buf []byte, c *Chunk) ([]byte, error) {
 			return proto.MarshalOptions{}.MarshalAppend(buf, c)
 		}
 	}
+	// One growth of buf at most: an agent's buffer starts empty per job.
+	n := 64 + len(c.RequestId) + len(c.AgentId) + len(c.Raw) + len(c.FinishReason) + len(c.PrefillAgent)
+	for _, ev := range c.Events {
+		n += 16 + len(ev.Raw) + len(ev.DeltaText) + len(ev.FinishReason)
+	}
+	buf = slices.Grow(buf, n)
 	var err error
 	if buf, err = appendString(buf, 1, c.RequestId); err != nil {
 		return buf, err
