@@ -1,7 +1,6 @@
 package wire
 
 import (
-	"slices"
 	"unicode/utf8"
 
 	"google.golang.org/protobuf/encoding/protowire"
@@ -29,7 +28,12 @@ func AppendChunk(buf []byte, c *Chunk) ([]byte, error) {
 	for _, ev := range c.Events {
 		n += 16 + len(ev.Raw) + len(ev.DeltaText) + len(ev.FinishReason)
 	}
-	buf = slices.Grow(buf, n)
+	if cap(buf)-len(buf) < n {
+		// (slices.Grow allocates twice under the race detector.)
+		grown := make([]byte, len(buf), len(buf)+n)
+		copy(grown, buf)
+		buf = grown
+	}
 	var err error
 	if buf, err = appendString(buf, 1, c.RequestId); err != nil {
 		return buf, err
