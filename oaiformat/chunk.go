@@ -108,12 +108,19 @@ func RewriteChunk(raw []byte, id string, u *wire.Usage) []byte {
 	if quoted {
 		return rewriteChunkDecoded(raw, id, u)
 	}
+	// A member added to an empty object ({}) takes no comma before it.
 	if id != "" && !hasID {
-		out = append(out, `,"id":`...)
+		if len(out) > 1 {
+			out = append(out, ',')
+		}
+		out = append(out, `"id":`...)
 		out = AppendString(out, id)
 	}
 	if u != nil && !hasUsage {
-		out = append(out, `,"usage":`...)
+		if len(out) > 1 {
+			out = append(out, ',')
+		}
+		out = append(out, `"usage":`...)
 		out, _ = appendUsage(out, nil, u)
 	}
 	return append(out, '}')

@@ -21,6 +21,8 @@ func TestRewriteChunk(t *testing.T) {
 		{"usage members kept", `{"id":"b","choices":[],"usage":{"prompt_tokens":9,"completion_tokens":3,"total_tokens":12,"prompt_tokens_details":{"cached_tokens":4},"completion_tokens_details":{"reasoning_tokens":2}}}`, "a", u,
 			`{"id":"a","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":7,"total_tokens":12,"prompt_tokens_details":{"cached_tokens":4},"completion_tokens_details":{"reasoning_tokens":2}}}`},
 		{"usage added", `{"choices":[]}`, "", u, `{"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":7,"total_tokens":12}}`},
+		{"empty object", `{}`, "a", u, `{"id":"a","usage":{"prompt_tokens":5,"completion_tokens":7,"total_tokens":12}}`},
+		{"empty object, usage only", `{ }`, "", u, `{"usage":{"prompt_tokens":5,"completion_tokens":7,"total_tokens":12}}`},
 		{"not an object", `[1]`, "a", u, `[1]`},
 		{"nothing to do", `{"id":"b"}`, "", nil, `{"id":"b"}`},
 	} {
