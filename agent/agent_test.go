@@ -403,16 +403,8 @@ func TestSecondCopyNotRun(t *testing.T) {
 	}
 	f.publish(t, "r", time.Now().Add(time.Minute))
 	testwait.For(t, 10*time.Second, 5*time.Millisecond, func() error {
-		st, err := f.js.Stream(context.Background(), broker.DefaultStream)
-		if err != nil {
+		if err := f.streamEmpty(); err != nil {
 			return err
-		}
-		info, err := st.Info(context.Background())
-		if err != nil {
-			return err
-		}
-		if info.State.Msgs != 0 {
-			return fmt.Errorf("%d jobs still in the stream", info.State.Msgs)
 		}
 		// The second copy gave its slot back: it is not running.
 		if n := f.agent.SlotsHeld(); n != 1 {
@@ -426,6 +418,22 @@ func TestSecondCopyNotRun(t *testing.T) {
 	if err := f.nc.Publish("sy.cancel.r", nil); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// streamEmpty reports an error while jobs are left in the stream.
+func (f *fixture) streamEmpty() error {
+	st, err := f.js.Stream(context.Background(), broker.DefaultStream)
+	if err != nil {
+		return err
+	}
+	info, err := st.Info(context.Background())
+	if err != nil {
+		return err
+	}
+	if info.State.Msgs != 0 {
+		return fmt.Errorf("%d jobs still in the stream", info.State.Msgs)
+	}
+	return nil
 }
 
 // TestUndecodableJobDropped: a job that does not decode is taken off the
@@ -443,20 +451,7 @@ func TestUndecodableJobDropped(t *testing.T) {
 			t.Fatalf("got %v", c)
 		}
 	}
-	testwait.For(t, 10*time.Second, 5*time.Millisecond, func() error {
-		st, err := f.js.Stream(context.Background(), broker.DefaultStream)
-		if err != nil {
-			return err
-		}
-		info, err := st.Info(context.Background())
-		if err != nil {
-			return err
-		}
-		if info.State.Msgs != 0 {
-			return fmt.Errorf("%d jobs still in the stream", info.State.Msgs)
-		}
-		return nil
-	})
+	testwait.For(t, 10*time.Second, 5*time.Millisecond, f.streamEmpty)
 	if n := f.eng.calls.Load(); n != 1 {
 		t.Fatalf("engine called %d times", n)
 	}

@@ -177,15 +177,7 @@ func TestOfferMoveRace(t *testing.T) {
 			}
 			defer c.Close()
 			// The reader watches the offer: it reads from the start.
-			type result struct {
-				text string
-				err  error
-			}
-			done := make(chan result, 1)
-			go func() {
-				text, err := readAll(t, c)
-				done <- result{text, err}
-			}()
+			done := readInBackground(t, c)
 			// slow receives its offer and is slow to say so: the broker's
 			// wait ends, the job moves and fast takes the shared copy.
 			msg, job := fetchOne(t, held)
@@ -301,15 +293,7 @@ func TestOfferMoveRacePrefill(t *testing.T) {
 	if c.Route != dispatch.RoutePD {
 		t.Fatalf("route %s, want pd", c.Route)
 	}
-	type result struct {
-		text string
-		err  error
-	}
-	done := make(chan result, 1)
-	go func() {
-		text, err := readAll(t, c)
-		done <- result{text, err}
-	}()
+	done := readInBackground(t, c)
 	msg, job := fetchOne(t, held)
 	testwait.For(t, 10*time.Second, time.Millisecond, func() error {
 		c.mu.Lock()
@@ -336,4 +320,21 @@ func TestOfferMoveRacePrefill(t *testing.T) {
 	if err := r.b.metrics.secondRuns.WithLabelValues("prefill").Write(&m); err != nil || m.GetCounter().GetValue() != 1 {
 		t.Fatalf("second prefill runs stopped: %v (%v), want 1", m.GetCounter().GetValue(), err)
 	}
+}
+
+// readResult is what readAll gave a reader running beside the test.
+type readResult struct {
+	text string
+	err  error
+}
+
+// readInBackground reads c to its end beside the test, which goes on
+// playing the agents; the result comes on the channel.
+func readInBackground(t *testing.T, c *Call) <-chan readResult {
+	done := make(chan readResult, 1)
+	go func() {
+		text, err := readAll(t, c)
+		done <- readResult{text, err}
+	}()
+	return done
 }

@@ -1131,7 +1131,7 @@ func (c *Call) Close() {
 	m := c.b.metrics
 	m.inflight.Dec()
 	o := c.b.obs(c.Model, c.Route)
-	o.request(m, c.Model, c.Route, outcome)
+	o.request(m, outcome)
 	o.e2e.Observe(time.Since(c.Started).Seconds())
 	o.tokens.Add(float64(c.tokens))
 	// A request that ended well needs no cancel; any other end may leave a

@@ -72,9 +72,9 @@ func TestRouteObs(t *testing.T) {
 	if b.obs("m", dispatch.RouteRegular) != o || b.obs("m", dispatch.RoutePD) == o || b.obs("n", dispatch.RouteRegular) == o {
 		t.Fatal("obs does not map (model, route) to one entry each")
 	}
-	o.request(m, "m", dispatch.RouteRegular, OutcomeOK)
-	o.request(m, "m", dispatch.RouteRegular, OutcomeOK)
-	o.request(m, "m", dispatch.RouteRegular, "shed") // an outcome the cache does not hold
+	o.request(m, OutcomeOK)
+	o.request(m, OutcomeOK)
+	o.request(m, "shed") // an outcome the cache does not hold
 	o.tokens.Add(5)
 	for _, tc := range []struct {
 		c    prometheus.Counter

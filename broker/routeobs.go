@@ -12,6 +12,7 @@ import (
 // metrics: a label lookup hashes its values and takes the vector's lock,
 // four or five of them per request, so they are looked up once.
 type routeObs struct {
+	model, route   string
 	ttft, itl, e2e prometheus.Observer
 	tokens         prometheus.Counter
 	requests       map[string]prometheus.Counter // by outcome, filled as they happen
@@ -48,6 +49,7 @@ func (b *Broker) obs(model string, route dispatch.Route) *routeObs {
 	r := route.String()
 	m := b.metrics
 	o = &routeObs{
+		model: model, route: r,
 		ttft: m.ttft.WithLabelValues(model, r), itl: m.itl.WithLabelValues(model, r), e2e: m.e2e.WithLabelValues(model, r),
 		tokens:   m.outputTokens.WithLabelValues(model, r),
 		requests: make(map[string]prometheus.Counter, 3),
@@ -63,10 +65,10 @@ func (b *Broker) obs(model string, route dispatch.Route) *routeObs {
 }
 
 // request counts one ended request of outcome.
-func (o *routeObs) request(m *Metrics, model string, route dispatch.Route, outcome string) {
+func (o *routeObs) request(m *Metrics, outcome string) {
 	if ctr, ok := o.requests[outcome]; ok {
 		ctr.Inc()
 		return
 	}
-	m.requests.WithLabelValues(model, route.String(), outcome).Inc() // an outcome an ingress named itself
+	m.requests.WithLabelValues(o.model, o.route, outcome).Inc() // an outcome an ingress named itself
 }
