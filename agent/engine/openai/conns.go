@@ -4,12 +4,18 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/textproto"
 	"net/url"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
+
+	"github.com/switchyard-ai/switchyard/oaiformat"
 )
 
 // streamConns is the adapter's own pool of HTTP/1.1 connections for the
@@ -18,14 +24,20 @@ import (
 // and hands each request and response between them and the caller: three
 // goroutine hand-offs per engine request that showed as ~20% of the
 // agent's CPU on short requests. Here the job's goroutine writes the
-// request and reads the answer on the connection itself (http.ReadResponse
-// parses it, chunked bodies included). Everything else the adapter asks an
-// engine (health, models, load, embeddings) and every https engine still
-// go through net/http.
+// request and reads the answer on the connection itself. The request is
+// written by hand (writeRequest) and the answer's head read by hand
+// (readResponse), where http.NewRequest, Request.Write and
+// http.ReadResponse were another ~17% of an agent on short requests;
+// chunked bodies are decoded by net/http's own reader. Everything else
+// the adapter asks an engine (health, models, load, embeddings) and every
+// https engine still go through net/http.
 type streamConns struct {
-	addr string
-	dial func(ctx context.Context, network, addr string) (net.Conn, error)
-	max  int
+	addr   string // what to dial
+	host   string // the Host header: the base URL's host, as net/http sends it
+	prefix string // the base URL's path, before every request's
+	auth   string // the Authorization header's value, if any
+	dial   func(ctx context.Context, network, addr string) (net.Conn, error)
+	max    int
 
 	mu   sync.Mutex
 	idle []*engineConn
@@ -51,7 +63,9 @@ const drainWait = 50 * time.Millisecond
 
 func newStreamConns(base string, max int) *streamConns {
 	u, err := url.Parse(base)
-	if err != nil || u.Scheme != "http" || u.Host == "" {
+	// A base URL with credentials or a query is left to net/http.
+	if err != nil || u.Scheme != "http" || u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" ||
+		!validPath(u.EscapedPath()) {
 		return nil
 	}
 	addr := u.Host
@@ -59,7 +73,7 @@ func newStreamConns(base string, max int) *streamConns {
 		addr = net.JoinHostPort(u.Hostname(), "80")
 	}
 	d := &net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}
-	return &streamConns{addr: addr, dial: d.DialContext, max: max + 4}
+	return &streamConns{addr: addr, host: u.Host, prefix: strings.TrimRight(u.EscapedPath(), "/"), dial: d.DialContext, max: max + 4}
 }
 
 // get returns an idle connection (reused true) or a new one.
@@ -118,12 +132,20 @@ type stream struct {
 	close sync.Once
 }
 
-// do writes req on a pooled connection and reads the answer's head. A
+// engineRequest is one streaming post on the adapter's own connections:
+// a JSON body that asks for SSE.
+type engineRequest struct {
+	path      string // the endpoint's, after the base URL's
+	body      []byte
+	requestID string            // X-Request-Id, if any
+	trace     map[string]string // the job's trace context (oaiformat.TraceHeaders)
+}
+
+// do writes r on a pooled connection and reads the answer's head. A
 // reused connection that the engine closed while it sat idle fails before
 // any byte of an answer: the request is then sent once more on a new
 // connection (the engine never saw it).
-func (p *streamConns) do(req *http.Request) (*stream, error) {
-	ctx := req.Context()
+func (p *streamConns) do(ctx context.Context, r *engineRequest) (*stream, error) {
 	for try := 0; ; try++ {
 		ec, reused, err := p.get(ctx)
 		if err != nil {
@@ -132,7 +154,7 @@ func (p *streamConns) do(req *http.Request) (*stream, error) {
 		// A cancelled request breaks off at once: its reads and writes
 		// fail, and the connection is closed, which tells the engine.
 		stop := context.AfterFunc(ctx, func() { _ = ec.c.SetDeadline(longAgo) })
-		resp, err := p.roundTrip(ec, req)
+		resp, err := p.roundTrip(ec, r)
 		if err == nil {
 			return &stream{Response: resp, p: p, ec: ec, stop: stop}, nil
 		}
@@ -144,11 +166,6 @@ func (p *streamConns) do(req *http.Request) (*stream, error) {
 		if !reused || try > 0 || !errors.Is(err, errNoAnswer) {
 			return nil, err
 		}
-		if req.GetBody != nil {
-			if req.Body, err = req.GetBody(); err != nil {
-				return nil, err
-			}
-		}
 	}
 }
 
@@ -156,8 +173,8 @@ func (p *streamConns) do(req *http.Request) (*stream, error) {
 // answer.
 var errNoAnswer = errors.New("engine closed the connection before answering")
 
-func (p *streamConns) roundTrip(ec *engineConn, req *http.Request) (*http.Response, error) {
-	if err := req.Write(ec.bw); err != nil {
+func (p *streamConns) roundTrip(ec *engineConn, r *engineRequest) (*http.Response, error) {
+	if err := p.writeRequest(ec.bw, r); err != nil {
 		return nil, err
 	}
 	if err := ec.bw.Flush(); err != nil {
@@ -169,7 +186,71 @@ func (p *streamConns) roundTrip(ec *engineConn, req *http.Request) (*http.Respon
 		}
 		return nil, err
 	}
-	return http.ReadResponse(ec.br, req)
+	return readResponse(ec.br)
+}
+
+// writeRequest writes r's request line, header and body into bw: the
+// header net/http would send for the same request. A request id or trace
+// value the header cannot carry (a control character) is left out rather
+// than failing the job; net/http refused the whole request.
+func (p *streamConns) writeRequest(bw *bufio.Writer, r *engineRequest) error {
+	path := p.prefix + r.path
+	if !validPath(path) {
+		return fmt.Errorf("invalid request path %q", path)
+	}
+	if p.auth != "" && !validHeaderValue(p.auth) {
+		return errors.New("invalid API key: it cannot travel in an HTTP header")
+	}
+	bw.WriteString("POST ")
+	bw.WriteString(path)
+	bw.WriteString(" HTTP/1.1\r\nHost: ")
+	bw.WriteString(p.host)
+	bw.WriteString("\r\nUser-Agent: Go-http-client/1.1\r\nContent-Length: ")
+	var num [20]byte
+	bw.Write(strconv.AppendInt(num[:0], int64(len(r.body)), 10))
+	bw.WriteString("\r\nAccept: text/event-stream\r\nContent-Type: application/json\r\n")
+	header := func(name, value string) {
+		if value == "" || !validHeaderValue(value) {
+			return
+		}
+		bw.WriteString(name)
+		bw.WriteString(": ")
+		bw.WriteString(value)
+		bw.WriteString("\r\n")
+	}
+	header("Authorization", p.auth)
+	header("X-Request-Id", r.requestID)
+	for _, k := range oaiformat.TraceHeaders {
+		header(textproto.CanonicalMIMEHeaderKey(k), r.trace[k])
+	}
+	bw.WriteString("\r\n")
+	_, err := bw.Write(r.body)
+	return err
+}
+
+// validHeaderValue reports whether v can be a header field's value: no
+// control character but the tab (what net/http accepts).
+func validHeaderValue[T string | []byte](v T) bool {
+	for i := 0; i < len(v); i++ {
+		if b := v[i]; (b < ' ' && b != '\t') || b == 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+// validPath reports whether path can stand in a request line: empty (the
+// base URL's) or from "/", with no space or control character.
+func validPath(path string) bool {
+	if path != "" && path[0] != '/' {
+		return false
+	}
+	for i := 0; i < len(path); i++ {
+		if b := path[i]; b <= ' ' || b == 0x7f {
+			return false
+		}
+	}
+	return true
 }
 
 func isReset(err error) bool {

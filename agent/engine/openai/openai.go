@@ -71,6 +71,9 @@ func New(baseURL string, conns int, opts ...Option) (*Adapter, error) {
 	for _, o := range opts {
 		o(a)
 	}
+	if a.conns != nil && a.apiKey != "" {
+		a.conns.auth = "Bearer " + a.apiKey
+	}
 	return a, nil
 }
 
@@ -122,31 +125,38 @@ func (a *Adapter) Post(ctx context.Context, path string, body []byte, emit agent
 // X-Request-Id for all its legs and attempts, and the client's W3C trace
 // context, so the engine's logs and traces join the client's.
 func (a *Adapter) post(ctx context.Context, path string, body []byte, job *wire.Job, emit agent.Emit) error {
-	req, err := a.newRequest(ctx, http.MethodPost, path, body)
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Accept", "text/event-stream")
-	if job != nil {
-		req.Header.Set("X-Request-Id", oaiformat.RequestID(job))
-		for _, k := range oaiformat.TraceHeaders {
-			if v := job.GetTrace()[k]; v != "" {
-				req.Header.Set(k, v)
-			}
-		}
-	}
 	var resp *http.Response
 	var own *stream // the answer on one of the adapter's own connections
+	var err error
 	if a.conns != nil {
-		own, err = a.conns.do(req)
+		r := &engineRequest{path: path, body: body}
+		if job != nil {
+			r.requestID, r.trace = oaiformat.RequestID(job), job.GetTrace()
+		}
+		own, err = a.conns.do(ctx, r)
 		if err == nil {
 			resp = own.Response
 			defer own.Close()
 		} else if ctx.Err() == nil {
-			err = &url.Error{Op: req.Method, URL: req.URL.String(), Err: err}
+			err = &url.Error{Op: http.MethodPost, URL: a.base + path, Err: err}
 		}
-	} else if resp, err = a.client.Do(req); err == nil {
-		defer resp.Body.Close()
+	} else {
+		req, rerr := a.newRequest(ctx, http.MethodPost, path, body)
+		if rerr != nil {
+			return rerr
+		}
+		req.Header.Set("Accept", "text/event-stream")
+		if job != nil {
+			req.Header.Set("X-Request-Id", oaiformat.RequestID(job))
+			for _, k := range oaiformat.TraceHeaders {
+				if v := job.GetTrace()[k]; v != "" {
+					req.Header.Set(k, v)
+				}
+			}
+		}
+		if resp, err = a.client.Do(req); err == nil {
+			defer resp.Body.Close()
+		}
 	}
 	if err != nil {
 		if ctx.Err() != nil {
