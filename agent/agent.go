@@ -1085,7 +1085,7 @@ func (a *Agent) publishDecode(ctx context.Context, job *wire.Job, h *wire.PDHand
 	dj.PdPair = a.pair
 	expires := time.Now().Add(a.cfg.KVHold)
 	dj.HandoffExpires = timestamppb.New(expires)
-	data, err := proto.Marshal(dj)
+	data, err := wire.AppendJob(nil, dj)
 	if err != nil {
 		return err
 	}

@@ -13,7 +13,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/switchyard-ai/switchyard/dispatch"
@@ -266,7 +265,7 @@ func (c *Call) dispatch(ctx context.Context) error {
 		PdPair:          d.Pair,
 		Secret:          secret,
 	}
-	data, err := proto.Marshal(job)
+	data, err := wire.AppendJob(nil, job)
 	if err != nil {
 		return fmt.Errorf("broker: encode job: %w", err)
 	}
