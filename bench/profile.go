@@ -15,6 +15,7 @@ import (
 
 	"github.com/switchyard-ai/switchyard/internal/agentcmd"
 	"github.com/switchyard-ai/switchyard/internal/brokercmd"
+	"github.com/switchyard-ai/switchyard/internal/cli"
 	"github.com/switchyard-ai/switchyard/loadgen"
 )
 
@@ -38,6 +39,7 @@ func profiled(kind, file string, args []string) error {
 	run := brokercmd.Run
 	if kind == "__agent" {
 		run = agentcmd.Run
+		cli.TuneProcs(os.Getenv, cli.DefaultAgentProcs) // as cmd/worker-agent does
 	}
 	return run(ctx, args, os.Getenv, os.Stdout, os.Stderr)
 }

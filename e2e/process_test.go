@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -110,7 +111,15 @@ type child struct {
 
 func startChild(t testing.TB, bin string, args ...string) *child {
 	t.Helper()
+	return startChildEnv(t, bin, nil, args...)
+}
+
+// startChildEnv is startChild with env as the process's environment (nil:
+// the test's).
+func startChildEnv(t testing.TB, bin string, env []string, args ...string) *child {
+	t.Helper()
 	c := &child{cmd: exec.Command(bin, args...), out: &syncBuffer{}, done: make(chan struct{})}
+	c.cmd.Env = env
 	c.cmd.Stdout, c.cmd.Stderr = c.out, c.out
 	if err := c.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -537,6 +546,67 @@ func TestAgentSIGKILL(t *testing.T) {
 	if s := l.check(t); s.ok != s.total {
 		t.Fatalf("requests lost: %s", s)
 	}
+}
+
+// TestAgentProcs: the worker-agent command runs its Go scheduler on one
+// thread (cli.DefaultAgentProcs) unless GOMAXPROCS says otherwise, as its
+// own Go metrics report, and relays a stream either way.
+func TestAgentProcs(t *testing.T) {
+	bin := buildBinary(t, "github.com/switchyard-ai/switchyard/cmd/worker-agent", "worker-agent", false)
+	b := startBroker(t)
+	e := fastEngine(t, 4)
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "GOMAXPROCS=") {
+			env = append(env, kv)
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		env  []string
+		want string
+	}{
+		{"GOMAXPROCS unset", env, "1"},
+		{"GOMAXPROCS=2", append(slices.Clip(env), "GOMAXPROCS=2"), "2"},
+	} {
+		id := "procs-" + tc.want
+		metrics := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+		c := startChildEnv(t, bin, tc.env, "--nats-url", b.NATS, "--engine", "openai", "--engine-url", e.URL, "--id", id,
+			"--slots", "4", "--heartbeat", liveHeartbeat, "--log-level", "warn", "--slow-start", "0", "--metrics-listen", metrics)
+		waitEligible(t, b.HTTP, id)
+		got := ""
+		for deadline := time.Now().Add(10 * time.Second); got == "" && time.Now().Before(deadline); {
+			got = scrapeValue("http://"+metrics+"/metrics", "go_sched_gomaxprocs_threads")
+			if got == "" {
+				time.Sleep(50 * time.Millisecond)
+			}
+		}
+		if got != tc.want {
+			t.Fatalf("%s: go_sched_gomaxprocs_threads %q, want %s", tc.name, got, tc.want)
+		}
+		l := newLedger(30 * time.Second)
+		if o := l.stream(context.Background(), b.HTTP, "one thread is enough for "+id, 8, nil); o.done != 1 || o.agent != id {
+			t.Fatalf("stream through %s: %+v", id, o)
+		}
+		c.signal(t, syscall.SIGTERM)
+	}
+}
+
+// scrapeValue returns the value of an unlabelled series on a /metrics
+// page, "" if the page or the series is not there.
+func scrapeValue(url, name string) string {
+	resp, err := http.Get(url)
+	if err != nil {
+		return ""
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	for line := range strings.SplitSeq(string(body), "\n") {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			return v
+		}
+	}
+	return ""
 }
 
 // waitEngine reports whether e has a request running within d.

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"runtime"
 	"runtime/debug"
 	"strconv"
 	"strings"
@@ -130,6 +131,24 @@ func SetUsage(fs *flag.FlagSet, synopsis string, sections []Section) {
 // of issue 15. Four times the live heap between collections costs tens of
 // MiB at most.
 const DefaultGCPercent = 400
+
+// DefaultAgentProcs is the GOMAXPROCS the worker-agent command runs with
+// unless GOMAXPROCS is set. An agent relays one engine's streams, a
+// goroutine per stream that wakes once per token; with more than one P
+// the scheduler wakes another thread for nearly every such goroutine and
+// puts it back to sleep, which cost more than the work itself. On the
+// 2-core bench host one P took 14-25% off the agents' CPU per request and
+// 10-18% per token (docs/benchmarks.md, issue 15), and one P still
+// relays some 60,000 tokens/s, more than one engine makes.
+const DefaultAgentProcs = 1
+
+// TuneProcs sets GOMAXPROCS to n, unless the GOMAXPROCS environment
+// variable (read through getenv) chooses or n is not positive.
+func TuneProcs(getenv func(string) string, n int) {
+	if getenv("GOMAXPROCS") == "" && n > 0 {
+		runtime.GOMAXPROCS(n)
+	}
+}
 
 // TuneGC sets the collector's target to DefaultGCPercent, unless the GOGC
 // environment variable (read through getenv) chooses one.
