@@ -28,12 +28,7 @@ func AppendChunk(buf []byte, c *Chunk) ([]byte, error) {
 	for _, ev := range c.Events {
 		n += 16 + len(ev.Raw) + len(ev.DeltaText) + len(ev.FinishReason)
 	}
-	if cap(buf)-len(buf) < n {
-		// (slices.Grow allocates twice under the race detector.)
-		grown := make([]byte, len(buf), len(buf)+n)
-		copy(grown, buf)
-		buf = grown
-	}
+	buf = grow(buf, n)
 	var err error
 	if buf, err = appendString(buf, 1, c.RequestId); err != nil {
 		return buf, err
@@ -75,6 +70,17 @@ func AppendChunk(buf []byte, c *Chunk) ([]byte, error) {
 		buf = protowire.AppendFixed64(buf, c.Secret)
 	}
 	return buf, nil
+}
+
+// grow returns buf with room for n more bytes, in one allocation at most
+// (slices.Grow allocates twice under the race detector).
+func grow(buf []byte, n int) []byte {
+	if cap(buf)-len(buf) >= n {
+		return buf
+	}
+	grown := make([]byte, len(buf), len(buf)+n)
+	copy(grown, buf)
+	return grown
 }
 
 // appendVarint appends field num unless v is its zero value.

@@ -34,11 +34,7 @@ func AppendJob(buf []byte, j *Job) ([]byte, error) {
 	if c := j.Continuation; c != nil {
 		n += 16 + len(c.Text)
 	}
-	if cap(buf)-len(buf) < n {
-		grown := make([]byte, len(buf), len(buf)+n)
-		copy(grown, buf)
-		buf = grown
-	}
+	buf = grow(buf, n)
 	var err error
 	if buf, err = appendString(buf, 1, j.RequestId); err != nil {
 		return buf, err
