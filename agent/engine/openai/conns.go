@@ -220,13 +220,22 @@ func (p *streamConns) writeRequest(bw *bufio.Writer, r *engineRequest) error {
 	}
 	header("Authorization", p.auth)
 	header("X-Request-Id", r.requestID)
-	for _, k := range oaiformat.TraceHeaders {
-		header(textproto.CanonicalMIMEHeaderKey(k), r.trace[k])
+	for i, k := range oaiformat.TraceHeaders {
+		header(traceHeaderNames[i], r.trace[k])
 	}
 	bw.WriteString("\r\n")
 	_, err := bw.Write(r.body)
 	return err
 }
+
+// traceHeaderNames are oaiformat.TraceHeaders as header names.
+var traceHeaderNames = func() []string {
+	names := make([]string, len(oaiformat.TraceHeaders))
+	for i, k := range oaiformat.TraceHeaders {
+		names[i] = textproto.CanonicalMIMEHeaderKey(k)
+	}
+	return names
+}()
 
 // validHeaderValue reports whether v can be a header field's value: no
 // control character but the tab (what net/http accepts).
