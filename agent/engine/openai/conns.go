@@ -35,7 +35,7 @@ type streamConns struct {
 	addr   string // what to dial
 	host   string // the Host header: the base URL's host, as net/http sends it
 	prefix string // the base URL's path, before every request's
-	auth   string // the Authorization header's value, if any
+	auth   string // the Authorization header's value, if any (checked by New)
 	dial   func(ctx context.Context, network, addr string) (net.Conn, error)
 	max    int
 
@@ -197,9 +197,6 @@ func (p *streamConns) writeRequest(bw *bufio.Writer, r *engineRequest) error {
 	path := p.prefix + r.path
 	if !validPath(path) {
 		return fmt.Errorf("invalid request path %q", path)
-	}
-	if p.auth != "" && !validHeaderValue(p.auth) {
-		return errors.New("invalid API key: it cannot travel in an HTTP header")
 	}
 	bw.WriteString("POST ")
 	bw.WriteString(path)

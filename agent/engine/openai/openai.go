@@ -71,6 +71,9 @@ func New(baseURL string, conns int, opts ...Option) (*Adapter, error) {
 	for _, o := range opts {
 		o(a)
 	}
+	if !validHeaderValue(a.apiKey) {
+		return nil, errors.New("openai engine: the API key holds a control character, which no HTTP header can carry")
+	}
 	if a.conns != nil && a.apiKey != "" {
 		a.conns.auth = "Bearer " + a.apiKey
 	}

@@ -82,6 +82,17 @@ func TestWriteRequestAsServerReadsIt(t *testing.T) {
 	}
 }
 
+// An API key no header can carry is refused when the adapter is made, not
+// at every request.
+func TestNewRefusesUnsendableKey(t *testing.T) {
+	if _, err := New("http://127.0.0.1:1", 1, WithAPIKey("sk-1\r\nX-Injected: yes")); err == nil {
+		t.Fatal("a key with CRLF was taken")
+	}
+	if _, err := New("http://127.0.0.1:1", 1, WithAPIKey("sk-\tok")); err != nil {
+		t.Fatalf("a key with a tab (a valid header value) was refused: %v", err)
+	}
+}
+
 // rawEngine answers each request on a connection with the next of
 // answers, written as given, and counts its connections.
 type rawEngine struct {
