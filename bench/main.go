@@ -36,10 +36,13 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/switchyard-ai/switchyard/internal/cli"
 )
 
 func main() {
 	if len(os.Args) > 2 && (os.Args[1] == "__broker" || os.Args[1] == "__agent") {
+		cli.KeepSysmonAwake() // as the commands do
 		if err := profiled(os.Args[1], os.Args[2], os.Args[3:]); err != nil {
 			fmt.Fprintln(os.Stderr, "bench:", err)
 			os.Exit(1)

@@ -26,6 +26,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/switchyard-ai/switchyard/internal/cli"
 	"github.com/switchyard-ai/switchyard/internal/testwait"
 	"github.com/switchyard-ai/switchyard/simengine"
 )
@@ -590,6 +591,66 @@ func TestAgentProcs(t *testing.T) {
 		}
 		c.signal(t, syscall.SIGTERM)
 	}
+}
+
+// TestCommandsKeepSysmonAwake: the broker and worker-agent binaries start
+// themselves again with GODEBUG's schedtrace set (cli.KeepSysmonAwake),
+// keeping their arguments, PID and output, and relay a stream that way;
+// an operator's own schedtrace (here the opt-out, 0) is left alone.
+func TestCommandsKeepSysmonAwake(t *testing.T) {
+	brokerBin := buildBinary(t, "github.com/switchyard-ai/switchyard/cmd/broker", "broker", false)
+	agentBin := buildBinary(t, "github.com/switchyard-ai/switchyard/cmd/worker-agent", "worker-agent", false)
+	e := fastEngine(t, 4)
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "GODEBUG=") {
+			env = append(env, kv)
+		}
+	}
+	i := 0
+	for _, tc := range []struct {
+		name, want string
+		env        []string
+	}{
+		{"GODEBUG unset", "GODEBUG=" + cli.SysmonSetting, env},
+		{"GODEBUG=schedtrace=0", "GODEBUG=schedtrace=0", append(slices.Clip(env), "GODEBUG=schedtrace=0")},
+	} {
+		i++
+		bp := startChildEnv(t, brokerBin, tc.env, "--http", "127.0.0.1:0", "--grpc", "", "--nats-listen", "127.0.0.1:0",
+			"--data-dir", t.TempDir(), "--heartbeat-interval", "100ms", "--slow-start", "0", "--log-level", "warn")
+		base, natsURL, _ := waitBroker(t, bp.out, bp.exited)
+		id := "sysmon-" + strconv.Itoa(i)
+		ap := startChildEnv(t, agentBin, tc.env, "--nats-url", natsURL, "--engine", "openai", "--engine-url", e.URL, "--id", id,
+			"--slots", "4", "--heartbeat", liveHeartbeat, "--log-level", "warn", "--slow-start", "0")
+		waitEligible(t, base, id)
+		for _, c := range []*child{bp, ap} {
+			if got := procGODEBUG(t, c.cmd.Process.Pid); got != tc.want {
+				t.Errorf("%s: %s runs with %q, want %q", tc.name, c.cmd.Path, got, tc.want)
+			}
+		}
+		l := newLedger(30 * time.Second)
+		if o := l.stream(context.Background(), base, "relayed after a re-exec by "+id, 8, nil); o.done != 1 || o.agent != id {
+			t.Fatalf("%s: stream: %+v", tc.name, o)
+		}
+		ap.signal(t, syscall.SIGTERM)
+		bp.signal(t, syscall.SIGTERM)
+	}
+}
+
+// procGODEBUG is the GODEBUG entry of the environment process pid's
+// image started with (/proc/PID/environ), "" if it has none.
+func procGODEBUG(t testing.TB, pid int) string {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for kv := range strings.SplitSeq(string(b), "\x00") {
+		if strings.HasPrefix(kv, "GODEBUG=") {
+			return kv
+		}
+	}
+	return ""
 }
 
 // scrapeValue returns the value of an unlabelled series on a /metrics

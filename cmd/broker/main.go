@@ -18,9 +18,11 @@ import (
 	"syscall"
 
 	"github.com/switchyard-ai/switchyard/internal/brokercmd"
+	"github.com/switchyard-ai/switchyard/internal/cli"
 )
 
 func main() {
+	cli.KeepSysmonAwake() // may start this binary again, first
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr); err != nil {

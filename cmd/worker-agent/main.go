@@ -18,6 +18,7 @@ import (
 )
 
 func main() {
+	cli.KeepSysmonAwake() // may start this binary again, first
 	// The process's, not run's: in-process callers (tests) keep theirs.
 	cli.TuneProcs(os.Getenv, cli.DefaultAgentProcs)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
