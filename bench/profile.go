@@ -16,6 +16,7 @@ import (
 	"github.com/switchyard-ai/switchyard/internal/agentcmd"
 	"github.com/switchyard-ai/switchyard/internal/brokercmd"
 	"github.com/switchyard-ai/switchyard/internal/cli"
+	"github.com/switchyard-ai/switchyard/internal/procs"
 	"github.com/switchyard-ai/switchyard/loadgen"
 )
 
@@ -37,6 +38,9 @@ func profiled(kind, file string, args []string) error {
 	}
 	defer pprof.StopCPUProfile()
 	run := brokercmd.Run
+	if kind == "__broker" {
+		procs.Start(ctx, os.Getenv) // as cmd/broker does
+	}
 	if kind == "__agent" {
 		run = agentcmd.Run
 		cli.TuneProcs(os.Getenv, cli.DefaultAgentProcs) // as cmd/worker-agent does

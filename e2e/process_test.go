@@ -593,43 +593,53 @@ func TestAgentProcs(t *testing.T) {
 	}
 }
 
-// TestCommandsKeepSysmonAwake: the broker and worker-agent binaries start
+// TestCommandsTuneTheRuntime: the broker and worker-agent binaries start
 // themselves again with GODEBUG's schedtrace set (cli.KeepSysmonAwake),
 // keeping their arguments, PID and output, and relay a stream that way;
-// an operator's own schedtrace (here the opt-out, 0) is left alone.
-func TestCommandsKeepSysmonAwake(t *testing.T) {
+// an operator's own schedtrace (here the opt-out, 0) is left alone. The
+// broker sizes GOMAXPROCS to its load (procs.Adapt: one P while idle)
+// unless GOMAXPROCS is set.
+func TestCommandsTuneTheRuntime(t *testing.T) {
 	brokerBin := buildBinary(t, "github.com/switchyard-ai/switchyard/cmd/broker", "broker", false)
 	agentBin := buildBinary(t, "github.com/switchyard-ai/switchyard/cmd/worker-agent", "worker-agent", false)
 	e := fastEngine(t, 4)
 	var env []string
 	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "GODEBUG=") {
+		if !strings.HasPrefix(kv, "GODEBUG=") && !strings.HasPrefix(kv, "GOMAXPROCS=") {
 			env = append(env, kv)
 		}
 	}
 	i := 0
 	for _, tc := range []struct {
-		name, want string
-		env        []string
+		name, godebug, procs string
+		env                  []string
 	}{
-		{"GODEBUG unset", "GODEBUG=" + cli.SysmonSetting, env},
-		{"GODEBUG=schedtrace=0", "GODEBUG=schedtrace=0", append(slices.Clip(env), "GODEBUG=schedtrace=0")},
+		{"GODEBUG and GOMAXPROCS unset", "GODEBUG=" + cli.SysmonSetting, "1", env},
+		{"GODEBUG=schedtrace=0 GOMAXPROCS=2", "GODEBUG=schedtrace=0", "2", append(slices.Clip(env), "GODEBUG=schedtrace=0", "GOMAXPROCS=2")},
 	} {
 		i++
 		bp := startChildEnv(t, brokerBin, tc.env, "--http", "127.0.0.1:0", "--grpc", "", "--nats-listen", "127.0.0.1:0",
 			"--data-dir", t.TempDir(), "--heartbeat-interval", "100ms", "--slow-start", "0", "--log-level", "warn")
 		base, natsURL, _ := waitBroker(t, bp.out, bp.exited)
-		id := "sysmon-" + strconv.Itoa(i)
+		id := "tuned-" + strconv.Itoa(i)
 		ap := startChildEnv(t, agentBin, tc.env, "--nats-url", natsURL, "--engine", "openai", "--engine-url", e.URL, "--id", id,
 			"--slots", "4", "--heartbeat", liveHeartbeat, "--log-level", "warn", "--slow-start", "0")
 		waitEligible(t, base, id)
 		for _, c := range []*child{bp, ap} {
-			if got := procGODEBUG(t, c.cmd.Process.Pid); got != tc.want {
-				t.Errorf("%s: %s runs with %q, want %q", tc.name, c.cmd.Path, got, tc.want)
+			if got := procGODEBUG(t, c.cmd.Process.Pid); got != tc.godebug {
+				t.Errorf("%s: %s runs with %q, want %q", tc.name, c.cmd.Path, got, tc.godebug)
 			}
 		}
+		// Idle but for heartbeats: Adapt settles on one P within a few
+		// periods of the start's work.
+		testwait.For(t, 20*time.Second, 50*time.Millisecond, func() error {
+			if got := scrapeValue(base+"/metrics", "go_sched_gomaxprocs_threads"); got != tc.procs {
+				return fmt.Errorf("%s: broker's go_sched_gomaxprocs_threads %q, want %s", tc.name, got, tc.procs)
+			}
+			return nil
+		})
 		l := newLedger(30 * time.Second)
-		if o := l.stream(context.Background(), base, "relayed after a re-exec by "+id, 8, nil); o.done != 1 || o.agent != id {
+		if o := l.stream(context.Background(), base, "relayed by a tuned "+id, 8, nil); o.done != 1 || o.agent != id {
 			t.Fatalf("%s: stream: %+v", tc.name, o)
 		}
 		ap.signal(t, syscall.SIGTERM)
