@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
 # A/B of two builds on the same machine, back to back: CPU per relayed token
 # and per request (broker and agents, from /proc), output tokens/s and TTFT
-# p50.
+# p50 and p99.
 #
 #   git worktree add /tmp/before <commit> && (cd /tmp/before && go build -o /tmp/before-bin/ ./cmd/...)
 #   go build -o /tmp/after-bin/ ./cmd/...
-#   bench/ab.sh /tmp/before-bin /tmp/after-bin        # STREAMS=128 REQUESTS=3000 ITL=1ms TOKENS=32 ROUNDS=2
+#   bench/ab.sh /tmp/before-bin /tmp/after-bin        # STREAMS=128 REQUESTS=3000 ITL=1ms TOKENS=32 ROUNDS=2 WARMUP=0
 #
 # Two sim-engines, a broker on embedded NATS and two agents per run, on
 # fixed loopback ports (18001, 18002, 18080, 14222); the load generator is
 # the second build's. Interleave rounds: this machine's speed drifts.
 set -euo pipefail
 [ $# -ge 1 ] || { echo "usage: $0 BIN_A [BIN_B ...]" >&2; exit 2; }
-STREAMS=${STREAMS:-128} REQUESTS=${REQUESTS:-3000} ITL=${ITL:-1ms} TOKENS=${TOKENS:-32} ROUNDS=${ROUNDS:-2}
+STREAMS=${STREAMS:-128} REQUESTS=${REQUESTS:-3000} ITL=${ITL:-1ms} TOKENS=${TOKENS:-32} ROUNDS=${ROUNDS:-2} WARMUP=${WARMUP:-0}
 last="${*: -1}"
 pids=()
 stop() { for p in "${pids[@]:-}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; pids=(); }
@@ -31,7 +31,7 @@ one() {
 	sleep 2
 	local b0 b1 g0 g1 out
 	b0=$(cpu "$bp") g0=$(cpu "$a1" "$a2")
-	out=$("$last/loadgen" --url http://127.0.0.1:18080 --model sim-model --concurrency "$STREAMS" --requests "$REQUESTS" \
+	out=$("$last/loadgen" --url http://127.0.0.1:18080 --model sim-model --concurrency "$STREAMS" --requests "$REQUESTS" --warmup "$WARMUP" \
 		--prompt-tokens 16 --max-tokens "$TOKENS" --json 2>/dev/null)
 	b1=$(cpu "$bp") g1=$(cpu "$a1" "$a2")
 	stop
@@ -40,12 +40,12 @@ one() {
 import json, sys
 d = json.load(sys.stdin)
 broker, agents, hz, name = int(sys.argv[1]), int(sys.argv[2]), 100, sys.argv[3]
-toks, reqs, tps, ttft, itl = d["output_tokens"], d["requests"], d["output_tokens_per_s"], d["ttft_ms"]["p50"], d["itl_ms"]["p50"]
+toks, reqs, tps, ttft, ttft99, itl = d["output_tokens"], d["requests"], d["output_tokens_per_s"], d["ttft_ms"]["p50"], d["ttft_ms"]["p99"], d["itl_ms"]["p50"]
 errs = d["errors"]
 nerr = (sum(errs.values()) and errs) if isinstance(errs, dict) else errs
 us = lambda t, n: 1e6 * t / hz / max(n, 1)
-print("%s: %.1f us CPU per token (broker %.1f, agents %.1f), %.0f us per request (broker %.0f, agents %.0f), %.0f tokens/s, TTFT p50 %.3f ms, ITL p50 %.2f ms, errors %s" % (
-	name, us(broker + agents, toks), us(broker, toks), us(agents, toks), us(broker + agents, reqs), us(broker, reqs), us(agents, reqs), tps, ttft, itl, nerr))
+print("%s: %.1f us CPU per token (broker %.1f, agents %.1f), %.0f us per request (broker %.0f, agents %.0f), %.0f tokens/s, TTFT p50 %.3f ms, p99 %.3f ms, ITL p50 %.2f ms, errors %s" % (
+	name, us(broker + agents, toks), us(broker, toks), us(agents, toks), us(broker + agents, reqs), us(broker, reqs), us(agents, reqs), tps, ttft, ttft99, itl, nerr))
 ' "$((b1 - b0))" "$((g1 - g0))" "$bin"
 }
 for _ in $(seq "$ROUNDS"); do
