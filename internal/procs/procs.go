@@ -6,7 +6,6 @@ import (
 	"math"
 	"runtime"
 	"runtime/metrics"
-	"syscall"
 	"time"
 )
 
@@ -80,15 +79,6 @@ func next(n, max int, used float64, wait time.Duration) int {
 		return n - 1
 	}
 	return n
-}
-
-// cpuTime is the process's user and system CPU time so far.
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 func cloneHist(h *metrics.Float64Histogram) *metrics.Float64Histogram {
