@@ -821,7 +821,8 @@ func (a *Agent) handle(ctx context.Context, msg jetstream.Msg) {
 		}
 		// A plain ack: nothing waits for its confirmation any more, so the
 		// server's reply would only cost a message and a goroutine per job.
-		if err := msg.Ack(); err != nil {
+		// It leaves with the accepted chunk, in the outbox's next flush.
+		if err := a.out.ack(msg); err != nil {
 			a.log.Warn("job ack not sent", "request", id, "err", err)
 		}
 		// Until the first token the broker hears from this attempt only

@@ -1,10 +1,12 @@
 package agent
 
 import (
+	"context"
 	"fmt"
 	"testing"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/switchyard-ai/switchyard/internal/natstest"
@@ -132,4 +134,103 @@ func TestOutboxBigChunkStartsAMessage(t *testing.T) {
 	if fmt.Sprint(kinds) != "[[KIND_ACCEPTED] [KIND_FINAL] [KIND_ACCEPTED]]" {
 		t.Fatalf("messages hold %v, want [ACCEPTED] [FINAL] [ACCEPTED]", kinds)
 	}
+}
+
+// A job's ack given to the outbox waits for its next flush and goes out
+// in it, ahead of the chunks gathered meanwhile (one write for the ack
+// and the accepted chunk); an outbox not running acks at once.
+func TestOutboxAcksWithItsFlush(t *testing.T) {
+	out, sub := hopStream(t, false)
+	o := out.a.out
+	ctx := context.Background()
+	js, err := jetstream.New(out.a.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "J", Subjects: []string{"j.>"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cons, err := st.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: "c", AckPolicy: jetstream.AckExplicitPolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fetch := func() jetstream.Msg {
+		t.Helper()
+		if _, err := js.Publish(ctx, "j.1", []byte("job")); err != nil {
+			t.Fatal(err)
+		}
+		b, err := cons.Fetch(1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for m := range b.Messages() {
+			return m
+		}
+		t.Fatalf("no job: %v", b.Error())
+		return nil
+	}
+	ackPending := func() int {
+		t.Helper()
+		if err := out.a.nc.Flush(); err != nil { // what was published has reached the server
+			t.Fatal(err)
+		}
+		info, err := cons.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.NumAckPending
+	}
+
+	o.mu.Lock()
+	o.running = true // gather without a flushing goroutine
+	o.mu.Unlock()
+	job := fetch()
+	order := &orderedAck{Msg: job, nc: out.a.nc, sub: sub}
+	if err := o.ack(order); err != nil {
+		t.Fatal(err)
+	}
+	if err := out.send(&wire.Chunk{Kind: wire.Chunk_KIND_ACCEPTED}); err != nil {
+		t.Fatal(err)
+	}
+	if n := ackPending(); n != 1 {
+		t.Fatalf("before the flush: %d jobs waiting for their ack, want 1", n)
+	}
+	o.mu.Lock()
+	_ = o.flushLocked()
+	o.mu.Unlock()
+	if n := ackPending(); n != 0 || !order.acked || order.chunksBefore != 0 {
+		t.Fatalf("after the flush: %d jobs waiting for their ack, acked %v with %d chunk messages out before it; want 0, true, 0",
+			n, order.acked, order.chunksBefore)
+	}
+	if m, err := sub.NextMsg(5e9); err != nil || m.Data[0] != wire.FrameMarker {
+		t.Fatalf("accepted chunk: %v", err)
+	}
+
+	o.mu.Lock()
+	o.running = false
+	o.mu.Unlock()
+	if err := o.ack(fetch()); err != nil {
+		t.Fatal(err)
+	}
+	if n := ackPending(); n != 0 {
+		t.Fatalf("outbox not running: %d jobs waiting for their ack, want 0", n)
+	}
+}
+
+// orderedAck records, when it acks, how many chunk messages had reached
+// sub (on nc) before.
+type orderedAck struct {
+	jetstream.Msg
+	nc           *nats.Conn
+	sub          *nats.Subscription
+	acked        bool
+	chunksBefore int
+}
+
+func (a *orderedAck) Ack() error {
+	_ = a.nc.Flush()
+	a.chunksBefore, _, _ = a.sub.Pending()
+	a.acked = true
+	return a.Msg.Ack()
 }

@@ -29,8 +29,12 @@ type outbox struct {
 	mu      sync.Mutex // guards everything below
 	pending []*batchMsg
 	spare   []*batchMsg
-	running bool // the flushing goroutine runs; else put publishes at once
+	acks    []acker // jobs to ack in the next flush, before its messages
+	running bool    // the flushing goroutine runs; else put publishes at once
 }
+
+// acker is the part of a jetstream.Msg the outbox uses.
+type acker interface{ Ack() error }
 
 // batchMsg is one message being gathered for one reply subject.
 type batchMsg struct {
@@ -73,6 +77,26 @@ func (o *outbox) put(subject string, enc []byte) error {
 	return nil
 }
 
+// ack acks m (a plain JetStream ack) in the next flush, ahead of the
+// chunks pending then: a job's ack and its accepted chunk leave in one
+// write. Acked alone, the ack was the connection's flusher's first work
+// when the job's goroutine parked, and the chunks a second write (and a
+// second read and wake-up of the server) after the outbox's turn.
+func (o *outbox) ack(m acker) error {
+	o.mu.Lock()
+	if !o.running {
+		o.mu.Unlock()
+		return m.Ack()
+	}
+	o.acks = append(o.acks, m)
+	o.mu.Unlock()
+	select {
+	case o.kick <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
 // open returns the message being gathered for subject, starting one when
 // there is none or the last is full. Called with mu held.
 func (o *outbox) open(subject string) *batchMsg {
@@ -107,6 +131,15 @@ func (o *outbox) fresh(subject string) *batchMsg {
 // buffer), so a stream waits at most one flush to add its chunk.
 func (o *outbox) flushLocked() error {
 	var first error
+	for i, m := range o.acks {
+		// It fails only on a closed connection (a reconnecting one buffers
+		// it) or a job acked already. An unacked job is offered again after
+		// AckWait, and the broker listens only to the first agent that
+		// spoke for its attempt, as when an ack is lost in a failover.
+		_ = m.Ack()
+		o.acks[i] = nil
+	}
+	o.acks = o.acks[:0]
 	for i, m := range o.pending {
 		if err := o.nc.Publish(m.subject, m.buf); err != nil && first == nil {
 			first = err
