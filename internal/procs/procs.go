@@ -9,8 +9,8 @@ import (
 	"time"
 )
 
-// Period is how often Adapt reads the load.
-const Period = 100 * time.Millisecond
+// period is how often Adapt reads the load.
+const period = 100 * time.Millisecond
 
 // The rule (next): double the Ps when they were more than upUse busy over
 // a period or a goroutine's wait for a P reached upLat at the 99th
@@ -24,7 +24,7 @@ const (
 
 // Adapt runs until ctx ends, moving GOMAXPROCS between 1 and max (0: the
 // runtime's GOMAXPROCS when Adapt starts) by the CPU the process used in
-// each Period and how long its goroutines waited for a P, then sets max
+// each period and how long its goroutines waited for a P, then sets max
 // again. It starts at one P.
 //
 // Why: a relay's goroutines each wake for a short piece of work (a token,
@@ -47,7 +47,7 @@ func Adapt(ctx context.Context, max int) {
 	metrics.Read(s)
 	prevH := cloneHist(s[0].Value.Float64Histogram())
 	prevCPU, prevT := cpuTime(), time.Now()
-	t := time.NewTicker(Period)
+	t := time.NewTicker(period)
 	defer t.Stop()
 	for {
 		select {
