@@ -181,6 +181,7 @@ func (b *Broker) EnsureStream(ctx context.Context) error {
 		DiscardNewPerSubject: true,
 		MaxMsgsPerSubject:    int64(b.cfg.QueueMax),
 		MaxAge:               maxAge,
+		Duplicates:           min(b.dupWindow(), maxAge),
 		Storage:              b.storage(),
 		Replicas:             b.cfg.Replicas,
 	}
@@ -201,6 +202,17 @@ func (b *Broker) EnsureStream(ctx context.Context) error {
 	}
 	b.stream.Store(&st)
 	return nil
+}
+
+// dupWindow is how long the jobs stream remembers a job's message id
+// (Nats-Msg-Id): every try of one publish, the broker's (within
+// PublishWait) and a prefill agent's decode job (within its KV hold), with
+// the last try's own timeout on top. JetStream's default of two minutes
+// kept every job's id that long: at 7,500 jobs a second some 900,000
+// entries, about 90 MB of the broker's live heap that each collection
+// marks.
+func (b *Broker) dupWindow() time.Duration {
+	return max(b.cfg.PublishWait, b.cfg.KVHold) + 2*b.publishTimeout
 }
 
 func (b *Broker) storage() jetstream.StorageType {

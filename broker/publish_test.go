@@ -318,3 +318,64 @@ func processCPU() time.Duration {
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
+
+// TestStreamDuplicateWindow: the jobs stream remembers a job's message id
+// for as long as a publish of it may be tried again (the broker's publish
+// wait, a prefill agent's KV hold, and the last try's timeout), not for
+// JetStream's default two minutes; never longer than the stream keeps
+// jobs. Within the window a second store of one id is a duplicate.
+func TestStreamDuplicateWindow(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+		want time.Duration
+	}{
+		{"defaults", Config{}, DefaultKVHold + 2*200*time.Millisecond},
+		{"publish wait longer than the KV hold", Config{PublishWait: time.Minute, KVHold: 5 * time.Second}, time.Minute + 2*200*time.Millisecond},
+		{"bounded by the jobs' age", Config{PublishWait: 10 * time.Minute, RequestTimeout: time.Second}, time.Second + time.Minute},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := natstest.RunJetStream(t)
+			nc, err := nats.Connect(s.ClientURL())
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(nc.Close)
+			b, err := New(nc, tc.cfg, WithLogger(slog.New(slog.DiscardHandler)), WithPublishTimeout(200*time.Millisecond))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if err := b.EnsureStream(ctx); err != nil {
+				t.Fatal(err)
+			}
+			js, err := jetstream.New(nc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			st, err := js.Stream(ctx, b.cfg.Stream)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := st.CachedInfo().Config.Duplicates; got != tc.want {
+				t.Fatalf("duplicate window %s, want %s", got, tc.want)
+			}
+			subject, err := b.subj.Jobs("m", "regular")
+			if err != nil {
+				t.Fatal(err)
+			}
+			first, err := b.publishJob(ctx, subject, []byte("job"), jobMsgID("r1", 0), time.Now().Add(5*time.Second))
+			if err != nil {
+				t.Fatal(err)
+			}
+			again, err := b.publishJob(ctx, subject, []byte("job"), jobMsgID("r1", 0), time.Now().Add(5*time.Second))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !again.Duplicate || again.Sequence != first.Sequence {
+				t.Fatalf("second store of one id: %+v, want a duplicate of %d", again, first.Sequence)
+			}
+		})
+	}
+}
