@@ -66,7 +66,7 @@ func run(ctx context.Context, args []string) error {
 	quick := fs.Bool("quick", false, "shorter measurement windows (a smoke run; figures are noisier)")
 	only := fs.String("only", strings.Join(scenarios, ","), "comma-separated scenarios: "+strings.Join(scenarios, ","))
 	keep := fs.Bool("keep", false, "keep the scratch directory (process logs, configs, profiles)")
-	profiles := fs.String("profiles", "", "directory to copy the tokenpath scenario's CPU profiles to (broker-<n>tok.pprof, agent-<n>tok.pprof)")
+	profiles := fs.String("profiles", "", "directory to copy the tokenpath scenario's profiles to: CPU (broker-<n>tok.pprof, agent-<n>tok.pprof) and heap (broker-<n>tok.allocs.pprof, agent-<n>tok.allocs.pprof)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

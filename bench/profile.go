@@ -22,7 +22,8 @@ import (
 
 // profiled is the re-executed form of this program: "__broker FILE args"
 // or "__agent FILE args" runs the broker or worker-agent command in this
-// process under a CPU profile written to FILE when it stops (on SIGTERM).
+// process under a CPU profile written to FILE when it stops (on SIGTERM),
+// and its heap profile to FILE.allocs.
 // There is no pprof endpoint in either command, and running them here
 // keeps the load generator out of the profile.
 func profiled(kind, file string, args []string) error {
@@ -37,6 +38,15 @@ func profiled(kind, file string, args []string) error {
 		return err
 	}
 	defer pprof.StopCPUProfile()
+	// The heap profile (allocations since the start, at the runtime's
+	// default sampling, and what was in use at the last collection) goes
+	// beside the CPU profile.
+	defer func() {
+		if a, err := os.Create(file + ".allocs"); err == nil {
+			_ = pprof.Lookup("allocs").WriteTo(a, 0)
+			a.Close()
+		}
+	}()
 	run := brokercmd.Run
 	if kind == "__broker" {
 		procs.Start(ctx, os.Getenv) // as cmd/broker does

@@ -228,12 +228,14 @@ func (e *env) tokenpath(d *doc) error {
 				return err
 			}
 			for i, who := range []string{"broker", "agent"} {
-				data, err := os.ReadFile(psy.prof[i])
-				if err == nil {
-					err = os.WriteFile(filepath.Join(dir, fmt.Sprintf("%s-%dtok.pprof", who, ph.toks)), data, 0o644)
-				}
-				if err != nil {
-					return fmt.Errorf("tokenpath: keep the %s profile: %w", who, err)
+				for _, kind := range []string{"", ".allocs"} {
+					data, err := os.ReadFile(psy.prof[i] + kind)
+					if err == nil {
+						err = os.WriteFile(filepath.Join(dir, fmt.Sprintf("%s-%dtok%s.pprof", who, ph.toks, kind)), data, 0o644)
+					}
+					if err != nil {
+						return fmt.Errorf("tokenpath: keep the %s profile: %w", who, err)
+					}
 				}
 			}
 		}
