@@ -43,13 +43,19 @@ func TestNotNow(t *testing.T) {
 // publishRig is a broker that is not running, for its publishes alone.
 func publishRig(t *testing.T) (*Broker, jetstream.JetStream) {
 	t.Helper()
+	return publishRigWith(t, Config{})
+}
+
+// publishRigWith is publishRig with the broker's configuration.
+func publishRigWith(t *testing.T, cfg Config) (*Broker, jetstream.JetStream) {
+	t.Helper()
 	s := natstest.RunJetStream(t)
 	nc, err := nats.Connect(s.ClientURL())
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
-	b, err := New(nc, Config{}, WithLogger(slog.New(slog.DiscardHandler)), WithPublishTimeout(200*time.Millisecond))
+	b, err := New(nc, cfg, WithLogger(slog.New(slog.DiscardHandler)), WithPublishTimeout(200*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -335,23 +341,10 @@ func TestStreamDuplicateWindow(t *testing.T) {
 		{"bounded by the jobs' age", Config{PublishWait: 10 * time.Minute, RequestTimeout: time.Second}, time.Second + time.Minute},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := natstest.RunJetStream(t)
-			nc, err := nats.Connect(s.ClientURL())
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(nc.Close)
-			b, err := New(nc, tc.cfg, WithLogger(slog.New(slog.DiscardHandler)), WithPublishTimeout(200*time.Millisecond))
-			if err != nil {
-				t.Fatal(err)
-			}
+			b, js := publishRigWith(t, tc.cfg)
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			if err := b.EnsureStream(ctx); err != nil {
-				t.Fatal(err)
-			}
-			js, err := jetstream.New(nc)
-			if err != nil {
 				t.Fatal(err)
 			}
 			st, err := js.Stream(ctx, b.cfg.Stream)
