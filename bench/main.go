@@ -49,6 +49,21 @@ func main() {
 		}
 		return
 	}
+	if len(os.Args) > 1 && (os.Args[1] == echoArg || os.Args[1] == pingArg) {
+		var err error
+		if os.Args[1] == echoArg {
+			err = runEcho()
+		} else if len(os.Args) == 4 {
+			err = runPing(os.Args[2], os.Args[3])
+		} else {
+			err = fmt.Errorf("usage: %s ADDR COUNT", pingArg)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", os.Args[1], err)
+			os.Exit(1)
+		}
+		return
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := run(ctx, os.Args[1:])
 	stop()

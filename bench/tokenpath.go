@@ -21,7 +21,8 @@ import (
 // 64 streams of 16-token requests (TTFT against direct), 256 streams of
 // 16-token requests (relayed tokens/s at saturation, TTFT at 256) and one
 // stream of 1-token requests (the TTFT the path adds with nothing queued;
-// 1 token, so that its window holds thousands of requests).
+// 1 token, so that its window holds thousands of requests). Then the
+// process hops' floor (hopFloor).
 // CPU is utime+stime from /proc of each group's processes over each run,
 // warm-up included, divided by every request (or token) of the run.
 func (e *env) tokenpath(d *doc) error {
@@ -178,6 +179,23 @@ func (e *env) tokenpath(d *doc) error {
 		}
 	}
 	fmt.Fprintf(&b, "\n")
+	// The hops' floor, on the machine as it is in this run.
+	const trips = 20000
+	hops, err := e.hopFloor(trips)
+	if err != nil {
+		return err
+	}
+	idleAdded := func(f string) float64 {
+		return res["idle"][f].rep.TTFT.P50 - res["idle"]["direct"].rep.TTFT.P50
+	}
+	var hopText []string
+	for _, h := range hops {
+		hopText = append(hopText, fmt.Sprintf("%s p50 and %s p99 %s", fmtMS(h.p50), fmtMS(h.p99), h.where))
+	}
+	fmt.Fprintf(&b, "Process hops in this run: a round trip of 32 bytes between two processes of this program over loopback (%s one after another) took %s. "+
+		"On the first token's path nginx has two one-way hops more than direct and Switchyard four (the broker and an agent, each way), "+
+		"so with nothing queued the least either adds is about one round trip (nginx) and two (Switchyard). At one stream nginx added %s and Switchyard %s.\n\n",
+		fmtInt(trips), strings.Join(hopText, "; "), fmtDelta(idleAdded("nginx")), fmtDelta(idleAdded("Switchyard")))
 
 	// The goals of issue 15.
 	reqRatio := perReq("per-request", "Switchyard", "") / perReq("per-request", "nginx", "")
