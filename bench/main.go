@@ -49,6 +49,14 @@ func main() {
 		}
 		return
 	}
+	if len(os.Args) == 3 && os.Args[1] == goproxyArg {
+		cli.KeepSysmonAwake() // as the broker does
+		if err := runGoProxy(os.Args[2]); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", goproxyArg, err)
+			os.Exit(1)
+		}
+		return
+	}
 	if len(os.Args) > 1 && (os.Args[1] == echoArg || os.Args[1] == pingArg) {
 		var err error
 		if os.Args[1] == echoArg {

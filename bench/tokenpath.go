@@ -12,8 +12,9 @@ import (
 )
 
 // tokenpath is issue 15's table: what the token path costs per request and
-// per token, by process group, against nginx and HAProxy in front of the
-// same engines in one run, with the ratios the issue asks for.
+// per token, by process group, against nginx, HAProxy and a Go reverse
+// proxy (goproxy.go: the floor of a Go front end) in front of the same
+// engines in one run, with the ratios the issue asks for.
 //
 // Two sim-engines (5 ms ITL, no TTFT cost). Per front end, interleaved:
 // 64 streams of 1-token requests (CPU per request), 64 streams of 64-token
@@ -54,6 +55,10 @@ func (e *env) tokenpath(d *doc) error {
 	if err != nil {
 		return err
 	}
+	gp, gpp, err := e.startGoProxy("tp", engines)
+	if err != nil {
+		return err
+	}
 	type group struct {
 		name string
 		pids []int
@@ -73,6 +78,7 @@ func (e *env) tokenpath(d *doc) error {
 		{"Switchyard", sy.url, nil, []group{{"broker", []int{sy.broker.pid()}}, {"agents", agentPIDs}}},
 		{"nginx", rr, nil, []group{{"nginx", []int{ngx}}}},
 		{"HAProxy", hp, nil, []group{{"HAProxy", []int{hpp}}}},
+		{"Go proxy", gp, nil, []group{{"Go proxy", []int{gpp}}}},
 	}
 	type phase struct {
 		name          string
@@ -155,18 +161,24 @@ func (e *env) tokenpath(d *doc) error {
 		"direct is the client calling the engines itself. Closed-loop streams, 16-word prompts, %s measured after %s of warm-up per row; %d round(s) with the front ends interleaved, the round with the lower front-end CPU per request kept. "+
 		"CPU is utime+stime from /proc of each group's processes over the whole run (warm-up included) divided by every request of the run; the broker's figure includes its embedded NATS server.\n\n",
 		nEngines, spec, win, warm, rounds)
-	fmt.Fprintf(&b, "| at 64 streams | Switchyard | broker | agents | nginx | HAProxy | Switchyard / nginx | broker / nginx |\n|---|---|---|---|---|---|---|---|\n")
-	fmt.Fprintf(&b, "| CPU per request (1-token requests) | %.3f ms | %.3f ms | %.3f ms | %.3f ms | %.3f ms | %.2fx | %.2fx |\n",
-		perReq("per-request", "Switchyard", ""), perReq("per-request", "Switchyard", "broker"), perReq("per-request", "Switchyard", "agents"),
-		perReq("per-request", "nginx", ""), perReq("per-request", "HAProxy", ""),
-		perReq("per-request", "Switchyard", "")/perReq("per-request", "nginx", ""), perReq("per-request", "Switchyard", "broker")/perReq("per-request", "nginx", ""))
-	fmt.Fprintf(&b, "| CPU per request (64-token requests) | %.3f ms | %.3f ms | %.3f ms | %.3f ms | %.3f ms | %.2fx | %.2fx |\n",
-		perReq("per-token", "Switchyard", ""), perReq("per-token", "Switchyard", "broker"), perReq("per-token", "Switchyard", "agents"),
-		perReq("per-token", "nginx", ""), perReq("per-token", "HAProxy", ""),
-		perReq("per-token", "Switchyard", "")/perReq("per-token", "nginx", ""), perReq("per-token", "Switchyard", "broker")/perReq("per-token", "nginx", ""))
-	fmt.Fprintf(&b, "| CPU per extra token (64-token minus 1-token, over 63) | %.1f µs | %.1f µs | %.1f µs | %.1f µs | %.1f µs | %.2fx | %.2fx |\n",
-		perTok("Switchyard", ""), perTok("Switchyard", "broker"), perTok("Switchyard", "agents"), perTok("nginx", ""), perTok("HAProxy", ""),
-		perTok("Switchyard", "")/perTok("nginx", ""), perTok("Switchyard", "broker")/perTok("nginx", ""))
+	fmt.Fprintf(&b, "The Go proxy is the floor of a front end built as the broker is: Go's net/http server and http.Transport (httputil.ReverseProxy, round robin, every chunk flushed), "+
+		"the runtime tuned as cmd/broker tunes it, and nothing else: no NATS, no validation, no JSON. What the broker costs beyond it is Switchyard's; what it costs beyond nginx is Go's.\n\n")
+	fmt.Fprintf(&b, "| at 64 streams | Switchyard | broker | agents | nginx | HAProxy | Go proxy | Switchyard / nginx | broker / nginx | Go proxy / nginx | broker / Go proxy |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
+	fmtUnit := func(v float64, unit string) string {
+		if unit == "ms" {
+			return fmt.Sprintf("%.3f ms", v)
+		}
+		return fmt.Sprintf("%.1f %s", v, unit)
+	}
+	row := func(what, unit string, f func(front, group string) float64) {
+		sy, br, ng, gop := f("Switchyard", ""), f("Switchyard", "broker"), f("nginx", ""), f("Go proxy", "")
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %.2fx | %.2fx | %.2fx | %.2fx |\n", what,
+			fmtUnit(sy, unit), fmtUnit(br, unit), fmtUnit(f("Switchyard", "agents"), unit), fmtUnit(ng, unit),
+			fmtUnit(f("HAProxy", ""), unit), fmtUnit(gop, unit), sy/ng, br/ng, gop/ng, br/gop)
+	}
+	row("CPU per request (1-token requests)", "ms", func(f, g string) float64 { return perReq("per-request", f, g) })
+	row("CPU per request (64-token requests)", "ms", func(f, g string) float64 { return perReq("per-token", f, g) })
+	row("CPU per extra token (64-token minus 1-token, over 63)", "µs", perTok)
 	fmt.Fprintf(&b, "\n| run | front end | requests/s | output tokens/s | TTFT p50 | TTFT p99 | added TTFT p50 | added TTFT p99 | ITL p50 | errors (by kind) | engines' CPU per request |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, ph := range phases {
 		dr := res[ph.name]["direct"].rep
@@ -194,8 +206,8 @@ func (e *env) tokenpath(d *doc) error {
 	}
 	fmt.Fprintf(&b, "Process hops in this run: a round trip of 32 bytes between two processes of this program over loopback (%s one after another) took %s. "+
 		"On the first token's path nginx has two one-way hops more than direct and Switchyard four (the broker and an agent, each way), "+
-		"so with nothing queued the least either adds is about one round trip (nginx) and two (Switchyard). At one stream nginx added %s and Switchyard %s.\n\n",
-		fmtInt(trips), strings.Join(hopText, "; "), fmtDelta(idleAdded("nginx")), fmtDelta(idleAdded("Switchyard")))
+		"so with nothing queued the least either adds is about one round trip (nginx) and two (Switchyard). At one stream nginx added %s, the Go proxy %s and Switchyard %s.\n\n",
+		fmtInt(trips), strings.Join(hopText, "; "), fmtDelta(idleAdded("nginx")), fmtDelta(idleAdded("Go proxy")), fmtDelta(idleAdded("Switchyard")))
 
 	// The goals of issue 15.
 	reqRatio := perReq("per-request", "Switchyard", "") / perReq("per-request", "nginx", "")
@@ -216,6 +228,10 @@ func (e *env) tokenpath(d *doc) error {
 	d.target("issue 15: added TTFT p50 at 64 streams", "≤ 0.5 ms", fmtDelta(add50), add50 <= 0.5)
 	d.target("issue 15: added TTFT p99 at 64 streams", "≤ 2 ms", fmtDelta(add99), add99 <= 2)
 	d.target("issue 15: added TTFT p50 at 256 streams", "≤ 2x nginx's ("+fmtDelta(nAdd256)+")", fmtDelta(sAdd256), sAdd256 <= 2*max(nAdd256, 0.05))
+	gpReq := perReq("per-request", "Go proxy", "") / perReq("per-request", "nginx", "")
+	gpTok := perTok("Go proxy", "") / perTok("nginx", "")
+	fmt.Fprintf(&b, "The Go proxy's floor in this run: %.2fx nginx's CPU per request and %.2fx per extra token. "+
+		"A goal below these ratios asks the broker to cost less than Go's net/http alone costs on this machine.\n\n", gpReq, gpTok)
 	d.add(b.String())
 	if err := sy.stop(); err != nil {
 		e.logf("tokenpath: stopping Switchyard: %v", err)

@@ -1,0 +1,112 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"os/signal"
+	"regexp"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/switchyard-ai/switchyard/internal/cli"
+	"github.com/switchyard-ai/switchyard/internal/procs"
+)
+
+// The Go proxy is the floor of a front end written as the broker's is: Go's
+// net/http server in front, an http.Transport behind, round robin over the
+// engines, each chunk flushed as it comes (httputil.ReverseProxy with
+// FlushInterval -1), and the runtime tuned as cmd/broker tunes it (the
+// collector's target, the sysmon setting, the adaptive GOMAXPROCS). It has
+// no NATS, no validation and no JSON: whatever Switchyard's broker costs
+// beyond it is Switchyard's; what it costs beyond nginx is Go's net/http
+// and runtime on this machine, which the broker cannot go below.
+
+// goproxyArg is the re-executed form of this program that serves the Go
+// proxy: "__goproxy HOST:PORT[,HOST:PORT...]".
+const goproxyArg = "__goproxy"
+
+var goproxyListening = regexp.MustCompile(`^goproxy listening on (\S+)$`)
+
+// newGoProxy returns a reverse proxy that sends each request to the next
+// of upstreams (host:port) in turn and streams its response back.
+func newGoProxy(upstreams []string) (*httputil.ReverseProxy, error) {
+	if len(upstreams) == 0 {
+		return nil, errors.New("goproxy: no upstreams")
+	}
+	targets := make([]*url.URL, len(upstreams))
+	for i, u := range upstreams {
+		t, err := url.Parse("http://" + u)
+		if err != nil || t.Host == "" {
+			return nil, fmt.Errorf("goproxy: upstream %q: want host:port", u)
+		}
+		targets[i] = t
+	}
+	var next atomic.Uint64
+	return &httputil.ReverseProxy{
+		Rewrite: func(r *httputil.ProxyRequest) {
+			r.SetURL(targets[(next.Add(1)-1)%uint64(len(targets))])
+		},
+		// Kept-alive connections to the engines, as many as nginx's
+		// keepalive 1024; no gzip, as nginx passes bytes through.
+		Transport: &http.Transport{
+			MaxIdleConns: 4096, MaxIdleConnsPerHost: 1024, IdleConnTimeout: 120 * time.Second,
+			DisableCompression: true,
+		},
+		FlushInterval: -1,
+	}, nil
+}
+
+// runGoProxy serves the Go proxy on a random loopback port until SIGTERM
+// or SIGINT, after printing the address.
+func runGoProxy(upstreams string) error {
+	procsCtx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	cli.TuneGC(os.Getenv)            // as the broker does
+	procs.Start(procsCtx, os.Getenv) // as cmd/broker does
+	p, err := newGoProxy(strings.Split(upstreams, ","))
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: p, ReadHeaderTimeout: 10 * time.Second}
+	fmt.Printf("goproxy listening on %s\n", ln.Addr())
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-procsCtx.Done():
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		return srv.Shutdown(ctx)
+	}
+}
+
+// startGoProxy starts the Go proxy in front of engines and returns its URL
+// and process id.
+func (e *env) startGoProxy(tag string, engines []string) (string, int, error) {
+	p, err := e.sup.start("goproxy-"+tag, e.self, goproxyArg, strings.Join(engines, ","))
+	if err != nil {
+		return "", 0, err
+	}
+	m, err := p.waitFor(e.ctx, goproxyListening, 20*time.Second)
+	if err != nil {
+		return "", 0, err
+	}
+	u := "http://" + m[1]
+	if err := e.waitHTTP(u + "/v1/models"); err != nil {
+		return "", 0, fmt.Errorf("goproxy: %w", err)
+	}
+	return u, p.pid(), nil
+}
