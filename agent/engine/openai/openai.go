@@ -182,93 +182,48 @@ func (a *Adapter) post(ctx context.Context, path string, body []byte, job *wire.
 		}
 		return emit(data, false)
 	}
-	err = ReadSSE(resp.Body, emit)
+	if own != nil {
+		err = own.readSSE(emit)
+	} else {
+		err = ReadSSE(resp.Body, emit)
+	}
 	if err != nil && own != nil {
 		own.bad = true // ended mid-stream: the connection is not reused
 	}
 	return err
 }
 
-// sseReaders recycles ReadSSE's buffers: a fresh 64 KiB per engine request
-// was most of the agent's garbage.
-var sseReaders = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 64<<10) }}
+// sseBufs recycles ReadSSE's read buffers: a fresh 64 KiB per engine
+// request was most of the agent's garbage.
+var sseBufs = sync.Pool{New: func() any { b := make([]byte, 64<<10); return &b }}
 
 // ReadSSE calls emit with the data of each server-sent event until
 // "data: [DONE]" or the end of the body. An error event (an object with an
 // "error" member, as vLLM sends mid-stream) ends the stream with that error.
 // emit's more is true when the next whole event is already read, so a burst
 // of events that arrived in one read can travel on as one message.
+//
+// It reads body, already decoded (net/http's), through the parser that
+// stream.readSSE feeds from the connection itself.
 func ReadSSE(body io.Reader, emit agent.Emit) error {
-	br := sseReaders.Get().(*bufio.Reader)
-	br.Reset(body)
-	defer func() {
-		br.Reset(nil)
-		sseReaders.Put(br)
-	}()
-	var data []byte
+	bp := sseBufs.Get().(*[]byte)
+	defer sseBufs.Put(bp)
+	buf := *bp
+	f := newFeed(framedByClose, -1)
 	for {
-		line, err := br.ReadSlice('\n')
-		if errors.Is(err, bufio.ErrBufferFull) {
-			// A long line (a big chunk): gather it whole.
-			full := append([]byte(nil), line...)
-			for errors.Is(err, bufio.ErrBufferFull) {
-				line, err = br.ReadSlice('\n')
-				full = append(full, line...)
+		n, err := body.Read(buf)
+		if n > 0 {
+			if done, ferr := f.push(buf[:n], emit); done {
+				return ferr
 			}
-			line = full
-		}
-		if len(line) == 0 && err != nil {
-			if errors.Is(err, io.EOF) {
-				return &wire.Error{Code: wire.CodeEngine, Message: "engine closed the stream before [DONE]"}
-			}
-			return &wire.Error{Code: wire.CodeEngine, Message: "reading engine stream: " + err.Error()}
-		}
-		line = bytes.TrimRight(line, "\r\n")
-		switch {
-		case len(line) == 0:
-			// End of an event.
-			if len(data) > 0 {
-				if bytes.Equal(data, []byte("[DONE]")) {
-					return nil
-				}
-				if e := eventError(data); e != nil {
-					return e
-				}
-				if err := emit(data, eventBuffered(br)); err != nil {
-					return err
-				}
-				data = data[:0]
-			}
-		case bytes.HasPrefix(line, []byte("data:")):
-			v := bytes.TrimPrefix(line[5:], []byte(" "))
-			if len(data) > 0 {
-				data = append(data, '\n')
-			}
-			data = append(data, v...)
-		default:
-			// event:, id:, retry: and comments carry nothing we relay.
 		}
 		if err != nil {
-			if errors.Is(err, io.EOF) && len(data) > 0 && bytes.Equal(data, []byte("[DONE]")) {
-				return nil
-			}
 			if errors.Is(err, io.EOF) {
-				return &wire.Error{Code: wire.CodeEngine, Message: "engine closed the stream before [DONE]"}
+				return f.eof(emit)
 			}
-			return &wire.Error{Code: wire.CodeEngine, Message: "reading engine stream: " + err.Error()}
+			return f.broken(emit, err)
 		}
 	}
-}
-
-// eventBuffered reports whether br holds the end of another event: the
-// next chunk can be read without waiting on the engine.
-func eventBuffered(br *bufio.Reader) bool {
-	n := br.Buffered()
-	if n == 0 {
-		return false
-	}
-	next, _ := br.Peek(n)
-	return bytes.Contains(next, []byte("\n\n")) || bytes.Contains(next, []byte("\r\n\r\n"))
 }
 
 func eventError(data []byte) *wire.Error {
