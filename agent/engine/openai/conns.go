@@ -107,9 +107,7 @@ func (p *streamConns) fresh(ctx context.Context) (*engineConn, error) {
 		return nil, err
 	}
 	ec := &engineConn{c: c, br: bufio.NewReaderSize(c, 16<<10), bw: bufio.NewWriterSize(c, 8<<10)}
-	if sc, ok := c.(syscall.Conn); ok {
-		ec.rc, _ = sc.SyscallConn()
-	}
+	ec.rc = rawConn(c)
 	return ec, nil
 }
 
@@ -346,50 +344,16 @@ func (s *stream) readSSE(emit agent.Emit) error {
 	return s.pump(emit)
 }
 
-// sysRead is the read(2) of pump (a test counts its calls).
-var sysRead = syscall.Read
-
 // pump reads the connection into the feed until the stream ends (or, with
 // emit nil, until the body ends), returning how it ended.
 func (s *stream) pump(emit agent.Emit) error {
-	f, ec := &s.feed, s.ec
-	if ec.buf == nil {
-		ec.buf = make([]byte, 16<<10)
+	if s.ec.buf == nil {
+		s.ec.buf = make([]byte, 16<<10)
 	}
-	if ec.rc == nil {
+	if s.ec.rc == nil {
 		return s.pumpConn(emit)
 	}
-	var result error
-	ended := false
-	finish := func(done bool, err error) bool {
-		ended, result = done || emit == nil && f.bodyDone, err
-		return ended
-	}
-	err := ec.rc.Read(func(fd uintptr) bool {
-		for {
-			n, errno := sysRead(int(fd), ec.buf)
-			switch {
-			case errno == syscall.EINTR:
-				continue
-			case errno == syscall.EAGAIN:
-				return false
-			case errno != nil:
-				return finish(true, f.broken(emit, errno))
-			case n == 0:
-				return finish(true, f.eof(emit))
-			}
-			if finish(f.push(ec.buf[:n], emit)) {
-				return true
-			}
-			if n < len(ec.buf) {
-				return false // the socket is empty: wait for the next arrival
-			}
-		}
-	})
-	if err != nil && !ended {
-		return f.broken(emit, err)
-	}
-	return result
+	return s.pumpRaw(emit)
 }
 
 // pumpConn is pump for a connection that is not a socket: it reads
