@@ -57,4 +57,3 @@ func TestStreamOneReadPerToken(t *testing.T) {
 		t.Fatalf("%d of %d engine reads found the socket empty, for %d tokens", e, calls.Load(), tokens)
 	}
 }
-
