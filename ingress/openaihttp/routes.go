@@ -24,6 +24,14 @@ func (s *Server) routes() {
 	})
 }
 
+// Streamed reports whether a request is one of the completion posts, the
+// requests a broker serves by the thousand a second: its HTTP server takes
+// these on its own connections (internal/h1) and hands the rest to
+// net/http. The request target must be the path alone, as clients send it.
+func Streamed(method, target string) bool {
+	return method == http.MethodPost && (target == "/v1/chat/completions" || target == "/v1/completions")
+}
+
 // handle registers h for exactly one method; others get 405 in OpenAI's shape.
 func (s *Server) handle(path, method string, h http.HandlerFunc) {
 	s.mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {

@@ -1,0 +1,162 @@
+package h1
+
+import (
+	"errors"
+	"net/http"
+	"strconv"
+	"time"
+)
+
+// response is the http.ResponseWriter of one request served here. It
+// writes to the connection itself, with no buffered writer between: a
+// response that is flushed goes out chunked, one write(2) per flush, and
+// its end with the handler's last bytes; one that is never flushed goes
+// out whole when the handler returns, with its length. Like net/http's, it
+// belongs to the handler's goroutine.
+type response struct {
+	c      *conn
+	header http.Header
+	status int
+	// body holds the body bytes not yet written: unframed until the head
+	// goes out, framed as chunks after.
+	body     []byte
+	wroteHdr bool // the status is set
+	headOut  bool // the head went out (chunked from there on)
+	closeAft bool // the connection ends after this response
+	done     bool // the handler returned
+	err      error
+}
+
+// maxUnflushed bounds what a response that is never flushed keeps before
+// it goes out chunked anyway.
+const maxUnflushed = 64 << 10
+
+var (
+	_ http.ResponseWriter = (*response)(nil)
+	_ http.Flusher        = (*response)(nil)
+)
+
+// errHandlerDone is a write after the handler returned.
+var errHandlerDone = errors.New("h1: write after the handler returned")
+
+func (w *response) Header() http.Header { return w.header }
+
+// WriteHeader sets the status; the head goes out with the first flush or
+// at the end. Interim (1xx) statuses are not sent.
+func (w *response) WriteHeader(code int) {
+	if w.wroteHdr || w.done {
+		return
+	}
+	if code < 100 || code > 999 {
+		panic("h1: invalid WriteHeader code " + strconv.Itoa(code))
+	}
+	if code < 200 {
+		return
+	}
+	w.status, w.wroteHdr = code, true
+	if hasToken(w.header["Connection"], "close") {
+		w.closeAft = true
+	}
+}
+
+func (w *response) Write(p []byte) (int, error) {
+	if w.done {
+		return 0, errHandlerDone
+	}
+	if !w.wroteHdr {
+		w.WriteHeader(http.StatusOK)
+	}
+	if w.err != nil {
+		return 0, w.err
+	}
+	if len(p) == 0 {
+		return 0, nil
+	}
+	if w.headOut {
+		w.body = appendChunk(w.body, p)
+		return len(p), nil
+	}
+	w.body = append(w.body, p...)
+	if len(w.body) > maxUnflushed {
+		if err := w.FlushError(); err != nil {
+			return 0, err
+		}
+	}
+	return len(p), nil
+}
+
+// Flush sends what is written so far.
+func (w *response) Flush() { _ = w.FlushError() }
+
+// FlushError is Flush with the write's error (see http.ResponseController).
+func (w *response) FlushError() error {
+	if w.done {
+		return errHandlerDone
+	}
+	if !w.wroteHdr {
+		w.WriteHeader(http.StatusOK)
+	}
+	if w.err != nil {
+		return w.err
+	}
+	if !w.headOut {
+		out := w.c.appendHead(w.c.out[:0], w, -1)
+		out = appendChunk(out, w.body)
+		w.c.keepOut(out)
+		w.headOut = true
+		w.body = w.body[:0]
+		return w.write(out)
+	}
+	if len(w.body) == 0 {
+		return nil
+	}
+	err := w.write(w.body)
+	w.body = w.body[:0]
+	return err
+}
+
+// write sends b.
+func (w *response) write(b []byte) error {
+	_, err := w.c.nc.Write(b)
+	if err != nil {
+		w.err, w.closeAft = err, true
+	}
+	return err
+}
+
+// SetWriteDeadline bounds the writes of this response.
+func (w *response) SetWriteDeadline(t time.Time) error { return w.c.nc.SetWriteDeadline(t) }
+
+// SetReadDeadline does nothing: the body is read before the handler runs.
+func (w *response) SetReadDeadline(time.Time) error { return nil }
+
+// finish ends the response when the handler returns: what is left goes
+// out in one write, with the chunked body's end, or whole with its length.
+func (w *response) finish() error {
+	if !w.wroteHdr {
+		w.WriteHeader(http.StatusOK)
+	}
+	w.done = true
+	if w.err != nil {
+		return w.err
+	}
+	if w.headOut {
+		w.body = append(w.body, "0\r\n\r\n"...)
+		return w.write(w.body)
+	}
+	out := w.c.appendHead(w.c.out[:0], w, len(w.body))
+	out = append(out, w.body...)
+	w.c.keepOut(out)
+	return w.write(out)
+}
+
+// appendChunk appends p as one chunk of a chunked body.
+func appendChunk(b, p []byte) []byte {
+	if len(p) == 0 {
+		return b
+	}
+	b = strconv.AppendUint(b, uint64(len(p)), 16)
+	b = append(b, "\r\n"...)
+	b = append(b, p...)
+	return append(b, "\r\n"...)
+}

@@ -1,0 +1,402 @@
+package h1
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/switchyard-ai/switchyard/internal/testwait"
+)
+
+// fast is the route served here in these tests.
+func fast(method, target string) bool { return method == http.MethodPost && target == "/fast" }
+
+// testServer serves h (for /fast) and a fallback that says so in a
+// header, on a loopback port.
+func testServer(t *testing.T, h http.HandlerFunc, opts ...func(*Server)) (*Server, string) {
+	t.Helper()
+	mux := http.NewServeMux()
+	mux.HandleFunc("/fast", h)
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Served-By", "fallback")
+		body, _ := io.ReadAll(r.Body)
+		fmt.Fprintf(w, "%s %s %d", r.Method, r.URL.Path, len(body))
+	})
+	fb := http.NewServeMux()
+	fb.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Served-By", "fallback")
+		body, _ := io.ReadAll(r.Body)
+		fmt.Fprintf(w, "%s %s %d", r.Method, r.URL.Path, len(body))
+	})
+	s := &Server{
+		Handler:  mux,
+		Fast:     fast,
+		Fallback: &http.Server{Handler: fb},
+		MaxBody:  1 << 20,
+		Log:      slog.New(slog.NewTextHandler(io.Discard, nil)),
+	}
+	for _, o := range opts {
+		o(s)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(ln) }()
+	t.Cleanup(func() {
+		_ = s.Close()
+		if err := <-done; !errors.Is(err, ErrServerClosed) {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+	return s, ln.Addr().String()
+}
+
+func echo(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	w.Header().Set("Content-Type", "text/plain")
+	w.Header().Set("X-Served-By", "h1")
+	fmt.Fprintf(w, "%s %s %s", r.Method, r.URL.Path, body)
+}
+
+// raw sends req on a new connection and returns it with a reader.
+func raw(t *testing.T, addr string) (net.Conn, *bufio.Reader) {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c, bufio.NewReader(c)
+}
+
+func readResp(t *testing.T, br *bufio.Reader) (*http.Response, string) {
+	t.Helper()
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp, string(body)
+}
+
+// TestServesAndKeepsAlive: the fast route is served here, whole answers
+// with their length, on one kept-alive connection.
+func TestServesAndKeepsAlive(t *testing.T) {
+	_, addr := testServer(t, echo)
+	var conns atomic.Int32
+	tr := &http.Transport{DialContext: func(ctx context.Context, n, a string) (net.Conn, error) {
+		conns.Add(1)
+		return (&net.Dialer{}).DialContext(ctx, n, a)
+	}}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr}
+	for i := range 3 {
+		resp, err := client.Post("http://"+addr+"/fast", "application/json", strings.NewReader(fmt.Sprintf(`{"n":%d}`, i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if want := fmt.Sprintf(`POST /fast {"n":%d}`, i); string(body) != want || resp.Header.Get("X-Served-By") != "h1" {
+			t.Fatalf("request %d: %q by %q, want %q by h1", i, body, resp.Header.Get("X-Served-By"), want)
+		}
+		if resp.ContentLength != int64(len(body)) || resp.Header.Get("Date") == "" {
+			t.Fatalf("request %d: length %d, Date %q", i, resp.ContentLength, resp.Header.Get("Date"))
+		}
+	}
+	if n := conns.Load(); n != 1 {
+		t.Fatalf("3 requests on %d connections, want 1", n)
+	}
+}
+
+// TestStreamsChunked: flushed writes go out as chunks as they are made;
+// the body ends when the handler returns.
+func TestStreamsChunked(t *testing.T) {
+	next := make(chan struct{})
+	_, addr := testServer(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		for i := range 3 {
+			fmt.Fprintf(w, "data: %d\n\n", i)
+			http.NewResponseController(w).Flush()
+			<-next
+		}
+		fmt.Fprint(w, "data: [DONE]\n\n")
+	})
+	c, br := raw(t, addr)
+	fmt.Fprintf(c, "POST /fast HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.TransferEncoding) != 1 || resp.TransferEncoding[0] != "chunked" {
+		t.Fatalf("transfer encoding %v, want chunked", resp.TransferEncoding)
+	}
+	line := bufio.NewReader(resp.Body)
+	for i := range 3 {
+		l, err := line.ReadString('\n')
+		if err != nil || l != fmt.Sprintf("data: %d\n", i) {
+			t.Fatalf("event %d: %q, %v", i, l, err)
+		}
+		_, _ = line.ReadString('\n')
+		next <- struct{}{}
+	}
+	rest, err := io.ReadAll(line)
+	if err != nil || string(rest) != "data: [DONE]\n\n" {
+		t.Fatalf("the end: %q, %v", rest, err)
+	}
+}
+
+// TestHandsOver: a request this server does not take goes, with its
+// connection, to the fallback: another route, a chunked body, HTTP/1.0,
+// a body over MaxBody, a folded or malformed header (answered 400 there),
+// a head too long (431). Later requests on that connection stay there.
+func TestHandsOver(t *testing.T) {
+	_, addr := testServer(t, echo, func(s *Server) {
+		s.MaxBody = 10
+		s.MaxHeaderBytes, s.Fallback.MaxHeaderBytes = 1<<10, 1<<10
+	})
+	for _, tc := range []struct {
+		name, req string
+		status    int
+	}{
+		{"another route", "GET /models HTTP/1.1\r\nHost: x\r\n\r\n", 200},
+		{"a query", "POST /fast?x=1 HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}", 200},
+		{"chunked body", "POST /fast HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n", 200},
+		{"HTTP/1.0", "POST /fast HTTP/1.0\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}", 200},
+		{"body over the bound", "POST /fast HTTP/1.1\r\nHost: x\r\nContent-Length: 11\r\n\r\n01234567890", 200},
+		{"folded header", "POST /fast HTTP/1.1\r\nHost: x\r\nX-A: a\r\n b\r\nContent-Length: 2\r\n\r\n{}", 200},
+		{"no host", "POST /fast HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}", 400},
+		{"two lengths", "POST /fast HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}", 400},
+		{"bare LF", "POST /fast HTTP/1.1\nHost: x\nContent-Length: 2\n\n{}", 200},
+		{"head too long", "POST /fast HTTP/1.1\r\nHost: x\r\nX-Long: " + strings.Repeat("a", 8<<10) + "\r\n\r\n", 431},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, br := raw(t, addr)
+			if _, err := io.WriteString(c, tc.req); err != nil {
+				t.Fatal(err)
+			}
+			resp, body := readResp(t, br)
+			if resp.StatusCode != tc.status {
+				t.Fatalf("status %d (%q), want %d", resp.StatusCode, body, tc.status)
+			}
+			if tc.status == 200 && resp.Header.Get("X-Served-By") != "fallback" {
+				t.Fatalf("served by %q: %q", resp.Header.Get("X-Served-By"), body)
+			}
+			if tc.status != 200 || resp.Close {
+				return
+			}
+			// The connection stays with the fallback.
+			fmt.Fprintf(c, "POST /fast HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+			if resp, body := readResp(t, br); resp.Header.Get("X-Served-By") != "fallback" {
+				t.Fatalf("next request served by %q: %q", resp.Header.Get("X-Served-By"), body)
+			}
+		})
+	}
+}
+
+// TestPipelined: requests sent together are answered in order.
+func TestPipelined(t *testing.T) {
+	_, addr := testServer(t, echo)
+	c, br := raw(t, addr)
+	fmt.Fprintf(c, "POST /fast HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\naPOST /fast HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nbGET /other HTTP/1.1\r\nHost: x\r\n\r\n")
+	for _, want := range []string{"POST /fast a", "POST /fast b", "GET /other 0"} {
+		if _, body := readResp(t, br); body != want {
+			t.Fatalf("got %q, want %q", body, want)
+		}
+	}
+}
+
+// TestExpectContinue: a client that waits for 100 Continue gets it, and
+// its body is read after.
+func TestExpectContinue(t *testing.T) {
+	_, addr := testServer(t, echo)
+	c, br := raw(t, addr)
+	fmt.Fprintf(c, "POST /fast HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n")
+	line, err := br.ReadString('\n')
+	if err != nil || line != "HTTP/1.1 100 Continue\r\n" {
+		t.Fatalf("interim answer %q, %v", line, err)
+	}
+	if l, _ := br.ReadString('\n'); l != "\r\n" {
+		t.Fatalf("after 100: %q", l)
+	}
+	io.WriteString(c, "hello")
+	if _, body := readResp(t, br); body != "POST /fast hello" {
+		t.Fatalf("got %q", body)
+	}
+}
+
+// TestClientGoneCancels: a client that hangs up while its request runs
+// cancels the request's context at once.
+func TestClientGoneCancels(t *testing.T) {
+	cancelled := make(chan time.Time, 1)
+	started := make(chan struct{})
+	_, addr := testServer(t, func(w http.ResponseWriter, r *http.Request) {
+		close(started)
+		<-r.Context().Done()
+		cancelled <- time.Now()
+	})
+	c, _ := raw(t, addr)
+	fmt.Fprintf(c, "POST /fast HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+	<-started
+	closed := time.Now()
+	c.Close()
+	select {
+	case at := <-cancelled:
+		if d := at.Sub(closed); d > time.Second {
+			t.Fatalf("cancelled %s after the client left", d)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the request's context was not cancelled")
+	}
+}
+
+// TestBodyTimeout: a body that does not come in time is a 408 in
+// OpenAI's shape, and the connection's end.
+func TestBodyTimeout(t *testing.T) {
+	_, addr := testServer(t, echo, func(s *Server) { s.BodyReadTimeout = 50 * time.Millisecond })
+	c, br := raw(t, addr)
+	fmt.Fprintf(c, "POST /fast HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n{}")
+	resp, body := readResp(t, br)
+	if resp.StatusCode != http.StatusRequestTimeout || !strings.Contains(body, `"code":"body_timeout"`) || !resp.Close {
+		t.Fatalf("status %d, %q, close %v", resp.StatusCode, body, resp.Close)
+	}
+}
+
+// TestIdleTimeout: a kept-alive connection that stays idle is closed.
+func TestIdleTimeout(t *testing.T) {
+	_, addr := testServer(t, echo, func(s *Server) { s.IdleTimeout = 50 * time.Millisecond })
+	c, br := raw(t, addr)
+	fmt.Fprintf(c, "POST /fast HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+	readResp(t, br)
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := br.ReadByte(); err != io.EOF {
+		t.Fatalf("idle connection: %v, want the server to close it", err)
+	}
+}
+
+// TestConnectionClose: a request that asks for the connection's end gets
+// it after its answer, which says so.
+func TestConnectionClose(t *testing.T) {
+	_, addr := testServer(t, echo)
+	c, br := raw(t, addr)
+	fmt.Fprintf(c, "POST /fast HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 2\r\n\r\n{}")
+	resp, _ := readResp(t, br)
+	if !resp.Close {
+		t.Fatal("answer without Connection: close")
+	}
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := br.ReadByte(); err != io.EOF {
+		t.Fatalf("after the answer: %v, want EOF", err)
+	}
+}
+
+// TestPanicClosesConnection: a handler that panics loses its connection,
+// not the server.
+func TestPanicClosesConnection(t *testing.T) {
+	_, addr := testServer(t, func(w http.ResponseWriter, r *http.Request) { panic("boom") })
+	c, br := raw(t, addr)
+	fmt.Fprintf(c, "POST /fast HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := br.ReadByte(); err != io.EOF {
+		t.Fatalf("after the panic: %v, want EOF", err)
+	}
+	c2, br2 := raw(t, addr)
+	fmt.Fprintf(c2, "GET /x HTTP/1.1\r\nHost: x\r\n\r\n")
+	if resp, _ := readResp(t, br2); resp.StatusCode != 200 {
+		t.Fatalf("the server after a panic: %d", resp.StatusCode)
+	}
+}
+
+// TestShutdownFinishesStreams: Shutdown closes idle connections at once,
+// lets a running stream finish, and refuses new connections.
+func TestShutdownFinishesStreams(t *testing.T) {
+	release := make(chan struct{})
+	started := make(chan struct{}, 1)
+	s, addr := testServer(t, func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, "data: first\n\n")
+		http.NewResponseController(w).Flush()
+		started <- struct{}{}
+		<-release
+		fmt.Fprint(w, "data: last\n\n")
+	})
+	idle, idleBr := raw(t, addr)
+	fmt.Fprintf(idle, "GET /x HTTP/1.1\r\nHost: x\r\n\r\n")
+	readResp(t, idleBr) // now with the fallback, idle
+	idle2, idle2Br := raw(t, addr)
+	_ = idle2 // connected, nothing sent
+	busy, busyBr := raw(t, addr)
+	fmt.Fprintf(busy, "POST /fast HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+	<-started
+	shut := make(chan error, 1)
+	go func() { shut <- s.Shutdown(context.Background()) }()
+	for _, br := range []*bufio.Reader{idleBr, idle2Br} {
+		if _, err := br.ReadByte(); err != io.EOF {
+			t.Fatalf("idle connection at shutdown: %v, want EOF", err)
+		}
+	}
+	testwait.For(t, 5*time.Second, 5*time.Millisecond, func() error {
+		if c, err := net.Dial("tcp", addr); err == nil {
+			c.Close()
+			return errors.New("still accepting")
+		}
+		return nil
+	})
+	select {
+	case err := <-shut:
+		t.Fatalf("Shutdown returned (%v) with a stream running", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(release)
+	_, body := readResp(t, busyBr)
+	if body != "data: first\n\ndata: last\n\n" {
+		t.Fatalf("the stream at shutdown: %q", body)
+	}
+	if err := <-shut; err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+}
+
+// TestTLS: over TLS, HTTP/1.1 is served here and h2 by the fallback.
+func TestTLS(t *testing.T) {
+	cert := httptest.NewTLSServer(http.NotFoundHandler())
+	tlsCert := cert.TLS.Certificates
+	pool := cert.Client().Transport.(*http.Transport).TLSClientConfig.RootCAs
+	cert.Close()
+	_, addr := testServer(t, echo, func(s *Server) { s.TLSConfig = &tls.Config{Certificates: tlsCert} })
+	for _, h2 := range []bool{false, true} {
+		tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, ServerName: "example.com"}, ForceAttemptHTTP2: h2}
+		if !h2 {
+			tr.TLSNextProto = map[string]func(string, *tls.Conn) http.RoundTripper{}
+		}
+		resp, err := (&http.Client{Transport: tr}).Post("https://"+addr+"/fast", "text/plain", strings.NewReader("hi"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		tr.CloseIdleConnections()
+		want := "h1"
+		if h2 {
+			want = "fallback"
+		}
+		if resp.Header.Get("X-Served-By") != want || (h2 && resp.ProtoMajor != 2) {
+			t.Fatalf("h2 %v: %s by %q (%q), want %s", h2, resp.Proto, resp.Header.Get("X-Served-By"), body, want)
+		}
+	}
+}
