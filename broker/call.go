@@ -94,6 +94,13 @@ type Call struct {
 	// timer, not on a channel per event.
 	failErr error
 	broken  *brokenAttempt
+	// direct is the reader's direct sink (see SetDirect); directOff is set
+	// for good by a new attempt, directStop while the reader has a sink's
+	// leftovers to flush, which flushAsk tells it (see ErrFlush).
+	direct     func([]*wire.Event) DirectResult
+	directOff  bool
+	directStop bool
+	flushAsk   bool
 
 	ended    atomic.Bool  // a final or error chunk was handed out
 	recancel atomic.Int64 // unix nanos of the last cancelAgain
@@ -522,6 +529,16 @@ func (b *Broker) relay(c *Call, chunk *wire.Chunk, arrived int64) bool {
 		}
 		c.nextSeq++
 	}
+	if c.directOK(chunk) {
+		// The reader waits and nothing is queued: write it from here.
+		wake := c.deliverDirect(chunk)
+		c.mu.Unlock()
+		c.arrived.Store(arrived)
+		if wake {
+			c.wake()
+		}
+		return false // written (or the writer's): the chunk goes back
+	}
 	if len(c.queue)-c.qhead >= c.b.cfg.ChunkBuffer {
 		c.mu.Unlock()
 		c.fail(fmt.Errorf("%w: request %s: client reads too slowly (%d chunks buffered)", ErrSlowReader, c.ID, c.b.cfg.ChunkBuffer))
@@ -548,6 +565,11 @@ func (b *Broker) relay(c *Call, chunk *wire.Chunk, arrived int64) bool {
 func (c *Call) next() (*wire.Chunk, *brokenAttempt, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.flushAsk {
+		// A direct sink's leftovers go before any chunk queued after them.
+		c.flushAsk = false
+		return nil, nil, ErrFlush
+	}
 	if c.qhead == len(c.queue) {
 		if c.failErr != nil {
 			return nil, nil, c.failErr
@@ -682,8 +704,10 @@ func (c *Call) Next(ctx context.Context) (*wire.Chunk, error) {
 			case <-c.ready:
 				continue // (or a wake-up left from an earlier wait)
 			case <-ctx.Done():
+				c.claim()
 				return nil, ctx.Err()
 			case <-c.aff.move:
+				c.claim()
 				if err := c.moveOffer(ctx); err != nil {
 					if err := c.recover(ctx, err); err != nil {
 						return nil, err
@@ -692,6 +716,7 @@ func (c *Call) Next(ctx context.Context) (*wire.Chunk, error) {
 				}
 				continue
 			case <-c.timer.C:
+				c.claim()
 				c.armed = time.Time{}
 				now := time.Now()
 				if !now.Before(c.Deadline) {

@@ -24,12 +24,13 @@ func (s *Server) routes() {
 	})
 }
 
-// Streamed reports whether a request is one of the completion posts, the
-// requests a broker serves by the thousand a second: its HTTP server takes
-// these on its own connections (internal/h1) and hands the rest to
-// net/http. The request target must be the path alone, as clients send it.
-func Streamed(method, target string) bool {
-	return method == http.MethodPost && (target == "/v1/chat/completions" || target == "/v1/completions")
+// OnLoop reports whether a request is served by the broker's own HTTP/1.1
+// loop (internal/h1): GET and POST, on every route. Any other method
+// (HEAD's bodiless answers, OPTIONS) goes to net/http, and its connection
+// with it for good: a client that mixed them would lose the loop for its
+// completion posts, so the loop takes every route such a client uses.
+func OnLoop(method, _ string) bool {
+	return method == http.MethodPost || method == http.MethodGet
 }
 
 // handle registers h for exactly one method; others get 405 in OpenAI's shape.

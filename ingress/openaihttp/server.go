@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
 	"time"
 
 	"github.com/switchyard-ai/switchyard/broker"
+	"github.com/switchyard-ai/switchyard/internal/h1"
 	"github.com/switchyard-ai/switchyard/oaiformat"
 	"github.com/switchyard-ai/switchyard/wire"
 )
@@ -254,6 +256,25 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, call *broker.Cal
 	// the body's terminating chunk when the handler returns, one write(2)
 	// and one wake-up of the client instead of two.
 	var events [][]byte
+	// Once the head is out, a writer that can write without waiting (the
+	// broker's own HTTP/1.1 loop) takes the tokens from the reply
+	// goroutine itself (broker.Call.SetDirect): no wake-up of this
+	// goroutine per token.
+	nowWriter, direct := w.(interface{ WriteNow([]byte) error })
+	var dbuf []byte
+	sink := func(evs []*wire.Event) broker.DirectResult {
+		dbuf = dbuf[:0]
+		for _, ev := range evs {
+			dbuf = appendEvent(dbuf, ev.GetRaw())
+		}
+		switch err := nowWriter.WriteNow(dbuf); {
+		case err == nil:
+			return broker.DirectDone
+		case errors.Is(err, h1.ErrWouldBlock):
+			return broker.DirectPending
+		}
+		return broker.DirectFailed
+	}
 	fail := func(e *apiError) {
 		if !started {
 			writeError(w, e)
@@ -263,6 +284,17 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, call *broker.Cal
 	}
 	for {
 		c, err := call.Next(ctx)
+		if errors.Is(err, broker.ErrFlush) {
+			// The reply goroutine left bytes in the writer (a slow client)
+			// or its write failed: write them here, within the write
+			// timeout, then let it go on.
+			if put() != nil || rc.Flush() != nil {
+				call.SetOutcome(broker.OutcomeCancelled)
+				return
+			}
+			call.ResumeDirect()
+			continue
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				call.SetOutcome(broker.OutcomeCancelled)
@@ -278,7 +310,8 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, call *broker.Cal
 			w.Header().Set("X-Switchyard-Route", call.Route.String())
 			w.Header().Set("X-Switchyard-Agent", agentHeader(c))
 		case wire.Chunk_KIND_TOKEN:
-			if !started {
+			first := !started
+			if first {
 				start()
 			}
 			events = events[:0]
@@ -288,6 +321,9 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, call *broker.Cal
 			if err := write(events...); err != nil {
 				call.SetOutcome(broker.OutcomeCancelled)
 				return
+			}
+			if first && direct {
+				call.SetDirect(sink)
 			}
 		case wire.Chunk_KIND_FINAL:
 			if !started {

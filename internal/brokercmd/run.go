@@ -418,7 +418,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if o.httpLoop {
 		loop := &h1.Server{
 			Handler:           handler,
-			Fast:              openaihttp.Streamed,
+			Fast:              openaihttp.OnLoop,
 			Fallback:          netSrv,
 			MaxBody:           o.maxBody,
 			MaxHeaderBytes:    netSrv.MaxHeaderBytes,

@@ -13,6 +13,7 @@ import (
 	"runtime/debug"
 	"strconv"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -47,6 +48,9 @@ type conn struct {
 	peek []byte // what watch reads
 	resp response
 	out  []byte // the response's head, reused
+	now  []byte // WriteNow's chunk, reused
+	// rc is nc's socket when nc is plain TCP (see WriteNow).
+	rc syscall.RawConn
 }
 
 // maxKeptBuffer bounds the buffers a connection keeps between requests.
@@ -85,6 +89,7 @@ func (c *conn) serve() {
 			return
 		}
 	}
+	c.rc = rawOf(c.nc)
 	go c.handle()
 	defer close(c.reqs)
 	c.buf = make([]byte, 0, 4096)

@@ -1,5 +1,6 @@
-// Package h1 is the broker's own HTTP/1.1 server for the requests it
-// serves by the thousand a second: the completion posts.
+// Package h1 is the broker's own HTTP/1.1 server, for the requests it
+// serves by the thousand a second (the completion posts) and the rest of
+// its plain GETs and POSTs.
 //
 // net/http spends, per request on a kept-alive connection, a goroutine
 // for the background read that notices a client going away, a deadline
@@ -13,9 +14,15 @@
 // response writes straight to the connection, one write(2) per flush.
 //
 // It serves only what it is sure of: HTTP/1.1 requests with a
-// Content-Length body, one Host and plain CRLF lines, for the routes Fast
-// names. Anything else (another route, a chunked body, HTTP/1.0, an odd
-// header, h2 over TLS) goes, with its connection and the bytes read so
-// far, to a net/http server with the same handler, which serves it and
-// every later request on that connection as it always did.
+// Content-Length body, one Host and plain CRLF lines, for the methods and
+// routes Fast names. Anything else (another method, a chunked body,
+// HTTP/1.0, an odd header, h2 over TLS) goes, with its connection and the
+// bytes read so far, to a net/http server with the same handler, which
+// serves it and every later request on that connection as it always did.
+//
+// A handler gets a ResponseWriter with Flush and what
+// http.ResponseController asks of one (SetWriteDeadline; SetReadDeadline
+// does nothing, the body being read before the handler runs), and
+// WriteNow, for a relay that writes a stream's events from a goroutine of
+// its own.
 package h1

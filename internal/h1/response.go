@@ -124,6 +124,50 @@ func (w *response) write(b []byte) error {
 	return err
 }
 
+// ErrWouldBlock is WriteNow's answer when it could not write everything
+// at once: what it took waits in the response for the handler's next
+// Flush.
+var ErrWouldBlock = errors.New("h1: write would block")
+
+// WriteNow writes p as one chunk of a flushed (chunked) response at once,
+// without waiting, from any goroutine while the handler's goroutine does
+// not use the response (the caller's synchronization says when). It is
+// for a relay that receives a stream's events on a goroutine of its own:
+// writing them there saves waking the handler per event. When the
+// connection cannot take p whole now (its send buffer is full, bytes of
+// an earlier write still wait, the head is not out, TLS), the rest is kept
+// and ErrWouldBlock returned: the handler must Flush before it writes
+// again. Any other error is the connection's, and the response's from then.
+func (w *response) WriteNow(p []byte) error {
+	if w.err != nil {
+		return w.err
+	}
+	switch {
+	case w.done:
+		return errHandlerDone
+	case !w.headOut:
+		w.body = append(w.body, p...) // unframed until the head goes
+		return ErrWouldBlock
+	case len(w.body) > 0 || w.c.rc == nil:
+		w.body = appendChunk(w.body, p)
+		return ErrWouldBlock
+	}
+	b := appendChunk(w.c.now[:0], p)
+	if cap(b) <= maxKeptBuffer {
+		w.c.now = b[:0]
+	}
+	n, err := tryWrite(w.c.rc, b)
+	if err != nil {
+		w.err, w.closeAft = err, true
+		return err
+	}
+	if n < len(b) {
+		w.body = append(w.body, b[n:]...)
+		return ErrWouldBlock
+	}
+	return nil
+}
+
 // SetWriteDeadline bounds the writes of this response.
 func (w *response) SetWriteDeadline(t time.Time) error { return w.c.nc.SetWriteDeadline(t) }
 

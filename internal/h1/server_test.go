@@ -400,3 +400,88 @@ func TestTLS(t *testing.T) {
 		}
 	}
 }
+
+// smallSendBuffers sets a small send buffer on every accepted connection,
+// so that a client that stops reading fills it quickly.
+type smallSendBuffers struct{ net.Listener }
+
+func (l smallSendBuffers) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetWriteBuffer(4096)
+	}
+	return c, err
+}
+
+// TestWriteNow: once the head is out, WriteNow writes a chunk at once from
+// another goroutine; when the client stops reading and the connection
+// cannot take more, it keeps the rest and says ErrWouldBlock, and the
+// handler's Flush sends it when the client reads again: every byte, in
+// order.
+func TestWriteNow(t *testing.T) {
+	type nower interface{ WriteNow([]byte) error }
+	blocked := make(chan int, 1)
+	s := &Server{Fast: fast, Fallback: &http.Server{Handler: http.NotFoundHandler()}, MaxBody: 1 << 20,
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	s.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, "head\n")
+		http.NewResponseController(w).Flush()
+		nw := w.(nower)
+		// The handler's goroutine waits while another writes, as the
+		// broker's reply goroutine does while its reader waits in Next.
+		done := make(chan int)
+		go func() {
+			i := 0
+			for ; i < 100000; i++ {
+				err := nw.WriteNow(fmt.Appendf(nil, "line %d\n", i))
+				if errors.Is(err, ErrWouldBlock) {
+					break
+				}
+				if err != nil {
+					t.Errorf("WriteNow %d: %v", i, err)
+					break
+				}
+			}
+			done <- i
+		}()
+		n := <-done
+		blocked <- n
+		if err := http.NewResponseController(w).Flush(); err != nil {
+			t.Errorf("Flush after WriteNow: %v", err)
+		}
+		fmt.Fprint(w, "tail\n")
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(smallSendBuffers{ln}) }()
+	defer func() { s.Close(); <-served }()
+
+	c, br := raw(t, ln.Addr().String())
+	_ = c.(*net.TCPConn).SetReadBuffer(4096)
+	fmt.Fprintf(c, "POST /fast HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+	var n int
+	select {
+	case n = <-blocked: // the client reads nothing meanwhile
+	case <-time.After(10 * time.Second):
+		t.Fatal("WriteNow never found the connection full")
+	}
+	if n == 0 || n == 100000 {
+		t.Fatalf("WriteNow blocked after %d lines", n)
+	}
+	resp, body := readResp(t, br)
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	var want strings.Builder
+	want.WriteString("head\n")
+	for i := range n + 1 { // the line that would block is kept, not lost
+		fmt.Fprintf(&want, "line %d\n", i)
+	}
+	want.WriteString("tail\n")
+	if body != want.String() {
+		t.Fatalf("got %d bytes, want %d (WriteNow blocked at line %d)", len(body), want.Len(), n)
+	}
+}

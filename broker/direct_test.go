@@ -1,0 +1,214 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/switchyard-ai/switchyard/internal/testwait"
+	"github.com/switchyard-ai/switchyard/wire"
+)
+
+// replyOf is a reply message of the given chunks of c's attempt 0, with
+// sequence numbers from seq.
+func replyOf(t testing.TB, c *Call, seq uint64, chunks ...*wire.Chunk) *nats.Msg {
+	t.Helper()
+	data := []byte{wire.FrameMarker}
+	for _, ch := range chunks {
+		ch.RequestId, ch.AgentId, ch.Seq, ch.Secret = c.ID, "a1", seq, 42
+		seq++
+		var err error
+		if data, err = wire.AppendFrame(data, ch); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return &nats.Msg{Subject: "sy.reply.b.chunks", Data: data}
+}
+
+// directSink records what reaches it and answers with result.
+type directSink struct {
+	mu     sync.Mutex
+	texts  []string
+	result DirectResult
+}
+
+func (s *directSink) take(evs []*wire.Event) DirectResult {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, ev := range evs {
+		s.texts = append(s.texts, ev.GetDeltaText())
+	}
+	return s.result
+}
+
+func (s *directSink) got() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.texts...)
+}
+
+// reader runs Next on c in a goroutine, as an SSE handler does, and
+// reports what it read.
+func reader(t *testing.T, c *Call) (<-chan string, func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	out := make(chan string, 64)
+	go func() {
+		defer close(out)
+		for {
+			ch, err := c.Next(ctx)
+			switch {
+			case errors.Is(err, ErrFlush):
+				out <- "flush"
+				continue
+			case err != nil:
+				out <- "err: " + err.Error()
+				return
+			}
+			switch ch.GetKind() {
+			case wire.Chunk_KIND_TOKEN:
+				for _, ev := range ch.GetEvents() {
+					out <- "token" + ev.GetDeltaText()
+				}
+			case wire.Chunk_KIND_FINAL:
+				out <- "final"
+				return
+			}
+		}
+	}()
+	return out, cancel
+}
+
+// waitParked waits until c's reader waits in Next.
+func waitParked(t *testing.T, c *Call) {
+	t.Helper()
+	testwait.For(t, 5*time.Second, time.Millisecond, func() error {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if !c.waiting {
+			return errors.New("the reader does not wait")
+		}
+		return nil
+	})
+}
+
+// TestDirectTokens: after the first token, while the reader waits, token
+// chunks go to the direct sink on the reply goroutine and the reader is
+// not woken for them; its accounting (text sent, tokens) counts them, and
+// the final chunk still comes through Next.
+func TestDirectTokens(t *testing.T) {
+	b, c, _ := hopCall(t, 0)
+	c.Deadline = time.Now().Add(time.Hour)
+	out, stop := reader(t, c)
+	defer stop()
+	b.onReply(replyOf(t, c, 0, token(" first")))
+	if got := <-out; got != "token first" {
+		t.Fatalf("first token through Next: %q", got)
+	}
+	sink := &directSink{}
+	c.SetDirect(sink.take)
+	waitParked(t, c)
+	for i := range 5 {
+		b.onReply(replyOf(t, c, uint64(1+i), token(fmt.Sprintf(" w%d", i))))
+	}
+	if got := strings.Join(sink.got(), ""); got != " w0 w1 w2 w3 w4" {
+		t.Fatalf("the sink got %q", got)
+	}
+	// The reply goroutine (this one) did the reader's accounting.
+	if c.tokens != 6 || c.sent.String() != " first w0 w1 w2 w3 w4" {
+		t.Fatalf("accounting: %d tokens, sent %q", c.tokens, c.sent.String())
+	}
+	select {
+	case got := <-out:
+		t.Fatalf("the reader was given %q for a direct token", got)
+	default:
+	}
+	b.onReply(replyOf(t, c, 6, final()))
+	if got := <-out; got != "final" {
+		t.Fatalf("after the direct tokens, Next gave %q, want the final chunk", got)
+	}
+}
+
+// TestDirectPendingKeepsOrder: a sink that could not write everything
+// stops the direct path; Next returns ErrFlush before any chunk queued
+// after it, and once resumed the sink takes tokens again.
+func TestDirectPendingKeepsOrder(t *testing.T) {
+	b, c, _ := hopCall(t, 0)
+	c.Deadline = time.Now().Add(time.Hour)
+	out, stop := reader(t, c)
+	defer stop()
+	b.onReply(replyOf(t, c, 0, token(" first")))
+	<-out
+	sink := &directSink{result: DirectPending}
+	c.SetDirect(sink.take)
+	waitParked(t, c)
+	b.onReply(replyOf(t, c, 1, token(" slow"), token(" queued")))
+	if got := <-out; got != "flush" {
+		t.Fatalf("after a pending write Next gave %q, want ErrFlush", got)
+	}
+	if got := <-out; got != "token queued" {
+		t.Fatalf("then %q, want the token queued behind the pending one", got)
+	}
+	if got := sink.got(); len(got) != 1 || got[0] != " slow" {
+		t.Fatalf("the sink got %q, want only the token before the stop", got)
+	}
+	sink.mu.Lock()
+	sink.result = DirectDone
+	sink.mu.Unlock()
+	c.ResumeDirect()
+	waitParked(t, c)
+	b.onReply(replyOf(t, c, 3, token(" again")))
+	if got := sink.got(); len(got) != 2 || got[1] != " again" {
+		t.Fatalf("after ResumeDirect the sink got %q", got)
+	}
+}
+
+// TestDirectOffAfterNewAttempt: a new attempt's chunks never go to the
+// sink (a migration's are checked against the text already sent).
+func TestDirectOffAfterNewAttempt(t *testing.T) {
+	b, c, _ := hopCall(t, 0)
+	c.Deadline = time.Now().Add(time.Hour)
+	c.firstToken = time.Now()
+	sink := &directSink{}
+	c.SetDirect(sink.take)
+	c.mu.Lock()
+	c.directOff = true // what abandon sets
+	c.waiting = true
+	c.mu.Unlock()
+	b.onReply(replyOf(t, c, 0, token(" x")))
+	if len(sink.got()) != 0 {
+		t.Fatal("a chunk went to the sink after a new attempt")
+	}
+	if ch, _, _ := c.next(); ch == nil || ch.GetEvents()[0].GetDeltaText() != " x" {
+		t.Fatalf("the chunk was not queued: %v", ch)
+	}
+}
+
+// TestDirectAllocs: a token handed to the direct sink allocates nothing on
+// the reply goroutine.
+func TestDirectAllocs(t *testing.T) {
+	b, c, m := hopCall(t, 1)
+	c.Deadline = time.Now().Add(time.Hour)
+	c.firstToken = time.Now()
+	c.SetDirect(func([]*wire.Event) DirectResult { return DirectDone })
+	// The reader waits (as in Next), and nothing is queued; the first run
+	// warms the chunk pool and the observers.
+	allocs := testing.AllocsPerRun(200, func() {
+		c.mu.Lock()
+		c.nextSeq, c.waiting = 0, true
+		c.mu.Unlock()
+		b.onReply(m)
+	})
+	if n := len(c.queue) - c.qhead; n > 0 {
+		t.Fatalf("%d chunks queued: the direct path was not taken", n)
+	}
+	if allocs > 0 {
+		t.Fatalf("a direct token: %.1f allocations, want 0", allocs)
+	}
+}
