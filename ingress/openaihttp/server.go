@@ -260,7 +260,11 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, call *broker.Cal
 	// broker's own HTTP/1.1 loop) takes the tokens from the reply
 	// goroutine itself (broker.Call.SetDirect): no wake-up of this
 	// goroutine per token.
-	nowWriter, direct := w.(interface{ WriteNow([]byte) error })
+	nowWriter, direct := w.(interface {
+		WriteNow([]byte) error
+		WritesNow() bool
+	})
+	direct = direct && nowWriter.WritesNow()
 	var dbuf []byte
 	sink := func(evs []*wire.Event) broker.DirectResult {
 		dbuf = dbuf[:0]

@@ -35,9 +35,10 @@ type conn struct {
 	// tells the reader that its response is out.
 	reqs chan *http.Request
 	done chan struct{}
-	// idle is set while the connection waits for a request with nothing
-	// of one read: Shutdown may close it.
-	idle atomic.Bool
+	// state is connIdle while the connection waits for a request with
+	// nothing of one read (Shutdown may close it), connServing while a
+	// request runs, connReading once bytes of a next request came.
+	state atomic.Int32
 	// closeAfter is set by the handler goroutine before done: the
 	// response asked for the connection's end (or failed).
 	closeAfter bool
@@ -52,6 +53,13 @@ type conn struct {
 	// rc is nc's socket when nc is plain TCP (see WriteNow).
 	rc syscall.RawConn
 }
+
+// A connection's states (conn.state).
+const (
+	connIdle int32 = iota
+	connServing
+	connReading
+)
 
 // maxKeptBuffer bounds the buffers a connection keeps between requests.
 const maxKeptBuffer = 64 << 10
@@ -102,6 +110,7 @@ func (c *conn) serve() {
 			handedOff = c.srv.handoff.give(&prefixConn{Conn: c.nc, pre: bytes.Clone(c.buf[c.r:])})
 			return
 		}
+		c.state.Store(connServing)
 		c.reqs <- req
 		if !c.watch() || c.closeAfter || c.srv.shutting.Load() {
 			return
@@ -125,7 +134,9 @@ func (c *conn) watch() bool {
 		c.peek = make([]byte, 4096)
 	}
 	n, err := c.nc.Read(c.peek)
-	c.idle.Store(false)
+	if n > 0 {
+		c.state.Store(connReading)
+	}
 	if err != nil && n == 0 {
 		var ne net.Error
 		if !(errors.As(err, &ne) && ne.Timeout()) || !c.handlerIdle() {
@@ -178,13 +189,12 @@ func (c *conn) next() (*http.Request, bool, error) {
 	// The head: wait for its first byte as long as the idle timeout
 	// allows (set when the last response went out), then for the rest as
 	// long as the header timeout.
-	c.idle.Store(len(c.buf) == c.r)
 	if c.r == len(c.buf) {
 		if err := c.fill(0); err != nil {
 			return nil, false, err
 		}
 	}
-	c.idle.Store(false)
+	c.state.Store(connReading)
 	headerBy := time.Time{}
 	for {
 		end := bytes.Index(c.buf[c.r:], crlfcrlf)
@@ -359,7 +369,8 @@ func (c *conn) serveOne(req *http.Request) {
 		if !c.closeAfter {
 			_ = c.nc.SetReadDeadline(time.Now().Add(c.srv.IdleTimeout))
 			_ = c.nc.SetWriteDeadline(time.Time{})
-			c.idle.Store(true) // until the reader has bytes again
+			// Idle, unless the reader already has bytes of the next one.
+			c.state.CompareAndSwap(connServing, connIdle)
 		}
 	}()
 	c.srv.Handler.ServeHTTP(w, req)

@@ -168,6 +168,11 @@ func (w *response) WriteNow(p []byte) error {
 	return nil
 }
 
+// WritesNow reports whether WriteNow can write at all on this connection
+// (plain TCP on a unix system): over TLS it only ever keeps what it is
+// given for the handler.
+func (w *response) WritesNow() bool { return w.c.rc != nil }
+
 // SetWriteDeadline bounds the writes of this response.
 func (w *response) SetWriteDeadline(t time.Time) error { return w.c.nc.SetWriteDeadline(t) }
 

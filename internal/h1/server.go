@@ -133,7 +133,6 @@ func (s *Server) newConn(nc net.Conn) *conn {
 		return nil
 	}
 	c := &conn{srv: s, raw: nc, nc: nc, reqs: make(chan *http.Request), done: make(chan struct{}, 1)}
-	c.idle.Store(true)
 	s.conns[c] = struct{}{}
 	return c
 }
@@ -205,7 +204,7 @@ func (s *Server) closeIdle() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for c := range s.conns {
-		if c.idle.Load() {
+		if c.state.Load() == connIdle {
 			_ = c.raw.Close()
 		}
 	}
