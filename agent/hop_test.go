@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"fmt"
+	"math"
 	"testing"
 	"time"
 
@@ -55,11 +56,18 @@ func TestEmitTokenAllocs(t *testing.T) {
 	if err := out.emit(tokenChunk, false); err != nil { // warm the buffers
 		t.Fatal(err)
 	}
-	allocs := testing.AllocsPerRun(200, func() {
-		if err := out.emit(tokenChunk, false); err != nil {
-			t.Fatal(err)
-		}
-	})
+	// AllocsPerRun counts the whole process's allocations, the embedded
+	// server's handling of these publishes among them, which a loaded
+	// machine (or the race detector) may delay into the count: the least
+	// of a few batches is emit's own.
+	allocs := math.Inf(1)
+	for range 5 {
+		allocs = min(allocs, testing.AllocsPerRun(200, func() {
+			if err := out.emit(tokenChunk, false); err != nil {
+				t.Fatal(err)
+			}
+		}))
+	}
 	if allocs > 1 {
 		t.Fatalf("emit: %.1f allocations per token, want at most 1 (the delta text)", allocs)
 	}
