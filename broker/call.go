@@ -97,10 +97,11 @@ type Call struct {
 	// direct is the reader's direct sink (see SetDirect); directOff is set
 	// for good by a new attempt, directStop while the reader has a sink's
 	// leftovers to flush, which flushAsk tells it (see ErrFlush).
-	direct     func([]*wire.Event) DirectResult
+	direct     DirectSink
 	directOff  bool
 	directStop bool
 	flushAsk   bool
+	unsent     bool // the sink holds events not yet flushed (in Broker.unsent)
 
 	ended    atomic.Bool  // a final or error chunk was handed out
 	recancel atomic.Int64 // unix nanos of the last cancelAgain
@@ -420,6 +421,15 @@ func (b *Broker) onReply(m *nats.Msg) {
 		b.metrics.droppedChunks.WithLabelValues("undecodable").Inc()
 		b.log.Debug("undecodable reply message", "subject", m.Subject, "err", err)
 	}
+	// Direct tokens go out once nothing more waits (a burst of messages
+	// costs a stream one write), or every flushEvery messages under a
+	// backlog that does not end.
+	if len(b.unsent) > 0 {
+		if b.unflushed++; b.unflushed >= flushEvery || !morePending(m) {
+			b.unflushed = 0
+			b.flushDirect()
+		}
+	}
 }
 
 // onChunk takes one chunk to its Call. A chunk that is not its attempt's
@@ -530,14 +540,14 @@ func (b *Broker) relay(c *Call, chunk *wire.Chunk, arrived int64) bool {
 		c.nextSeq++
 	}
 	if c.directOK(chunk) {
-		// The reader waits and nothing is queued: write it from here.
-		wake := c.deliverDirect(chunk)
+		// The reader waits and nothing is queued: its writer takes the
+		// token from here (see SetDirect).
+		if c.deliverDirect(chunk) {
+			b.unsent = append(b.unsent, c)
+		}
 		c.mu.Unlock()
 		c.arrived.Store(arrived)
-		if wake {
-			c.wake()
-		}
-		return false // written (or the writer's): the chunk goes back
+		return false // in the writer now: the chunk goes back
 	}
 	if len(c.queue)-c.qhead >= c.b.cfg.ChunkBuffer {
 		c.mu.Unlock()

@@ -3,47 +3,59 @@ package broker
 import (
 	"errors"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/switchyard-ai/switchyard/wire"
 )
 
-// DirectResult is what a direct sink (see Call.SetDirect) made of the
-// events it was given.
+// DirectSink takes a call's token events on the broker's reply goroutine
+// (see Call.SetDirect): Add puts them in the reader's writer without
+// writing, Flush writes what was added without waiting. Neither may
+// block, and Add must not keep the events.
+type DirectSink interface {
+	Add(events []*wire.Event)
+	Flush() DirectResult
+}
+
+// DirectResult is what a direct sink's Flush made of the bytes it held.
 type DirectResult uint8
 
 const (
-	// DirectDone: the events are written.
+	// DirectDone: everything added is written.
 	DirectDone DirectResult = iota
-	// DirectPending: the sink took the events, but some of its bytes wait
-	// in its writer (the client reads slowly): the reader must flush them.
+	// DirectPending: some of it waits in the writer (the client reads
+	// slowly): the reader must flush it.
 	DirectPending
 	// DirectFailed: the write failed; the reader learns how from its
 	// writer.
 	DirectFailed
 )
 
-// ErrFlush is what Next returns when a direct sink left work for the
-// reader (DirectPending or DirectFailed): the reader flushes its writer
-// (or ends the request on its error), calls ResumeDirect and reads on.
-// It is not the call's end.
+// ErrFlush is what Next returns when its writer holds bytes a direct sink
+// added and did not write (DirectPending or DirectFailed, or the reader
+// woke before the reply goroutine flushed them): the reader flushes its
+// writer (or ends the request on its error), calls ResumeDirect and reads
+// on. It is not the call's end.
 var ErrFlush = errors.New("broker: the direct sink left bytes for the reader to write")
 
 // SetDirect lets the reply goroutine hand the call's token chunks to sink
-// itself while the reader waits in Next, instead of queueing each and
-// waking the reader for it: a streaming reader whose writer can write
-// without waiting (internal/h1's WriteNow) then costs no goroutine
-// wake-up per token, the largest cost of a token in the broker after its
-// write(2). Call it once the response's head is out (after the first
-// token was read); the final, error and keep-alive chunks, and every chunk
-// while the reader is not waiting or something else is queued, still come
-// through Next, in order.
+// while the reader waits in Next, instead of queueing each and waking the
+// reader for it: a streaming reader whose writer can write without
+// waiting (internal/h1) then costs no goroutine wake-up per token, the
+// largest cost of a token in the broker after its write(2). The reply
+// goroutine adds the tokens of every message to their sinks and flushes
+// them once it has no message left waiting, so a busy broker writes a
+// stream's burst of tokens in one write(2), as a reader that found them
+// queued would. Call it once the response's head is out (after the first
+// token was read); the final, error and keep-alive chunks, and every
+// chunk while the reader is not waiting or something else is queued,
+// still come through Next, in order (the sink's writer is the reader's).
 //
-// sink runs on the reply goroutine with the call's lock held: it must not
-// block, nor keep the events after it returns. Between the reader's Next
-// calls it is the only user of the reader's writer; Next does not return
-// until a sink call in progress has returned. No chunk goes to it after a
-// migration (whose chunks the reader checks against the text already
-// sent).
-func (c *Call) SetDirect(sink func(events []*wire.Event) DirectResult) {
+// The sink runs with the call's lock held; Next does not return while a
+// sink call is in progress, and from its return until the reader waits
+// again no sink call is made. No chunk goes to it after a retry or a
+// migration (whose chunks the reader checks against the text sent).
+func (c *Call) SetDirect(sink DirectSink) {
 	c.mu.Lock()
 	c.direct = sink
 	c.mu.Unlock()
@@ -66,23 +78,65 @@ func (c *Call) directOK(chunk *wire.Chunk) bool {
 		len(chunk.GetEvents()) > 0 && !c.firstToken.IsZero()
 }
 
-// deliverDirect does for chunk what the reader's Next and its writer
-// would: the reader's bookkeeping (deliver), then the sink's write. It
-// reports whether the reader must be woken to finish the write. c.mu is
-// held, and the reader waits (see directOK), so the reader's state is
-// this goroutine's until c.mu is released.
-func (c *Call) deliverDirect(chunk *wire.Chunk) (wake bool) {
+// deliverDirect does for chunk what the reader's Next would (deliver's
+// accounting) and adds its events to the sink; it reports whether the
+// call's sink now holds events to flush and did not before. c.mu is held, and
+// the reader waits (see directOK): its state is this goroutine's until
+// c.mu is released.
+func (c *Call) deliverDirect(chunk *wire.Chunk) (newlyUnsent bool) {
 	now := c.b.now()
 	c.heard, c.asked = now, now
 	c.deliver(chunk)
 	c.b.metrics.directChunks.Inc()
-	if c.direct(chunk.GetEvents()) == DirectDone {
+	c.direct.Add(chunk.GetEvents())
+	if c.unsent {
 		return false
 	}
-	// The writer holds bytes, or failed: the reader takes over, and no
-	// chunk goes past it until it has flushed.
-	c.directStop, c.flushAsk, c.waiting = true, true, false
+	c.unsent = true
 	return true
+}
+
+// flushDirect writes what the direct sinks of the calls in Broker.unsent hold. A
+// sink that cannot write it all, or whose reader woke meanwhile, leaves
+// the rest to the reader: it is woken, and Next returns ErrFlush before
+// anything else.
+func (b *Broker) flushDirect() {
+	for i, c := range b.unsent {
+		b.unsent[i] = nil
+		c.mu.Lock()
+		c.unsent = false
+		wake := false
+		switch {
+		case c.waiting && !c.directStop:
+			if c.direct.Flush() != DirectDone {
+				c.directStop, c.flushAsk, c.waiting = true, true, false
+				wake = true
+			}
+		default:
+			// The reader woke (a timer, a queued chunk): the writer is
+			// its own again, and it writes what was added first.
+			c.flushAsk = true
+		}
+		c.mu.Unlock()
+		if wake {
+			c.wake()
+		}
+	}
+	b.unsent = b.unsent[:0]
+}
+
+// flushEvery bounds the reply messages whose direct tokens wait for one
+// flush while more messages keep coming.
+const flushEvery = 16
+
+// morePending reports whether more messages wait for the reply goroutine
+// after m: their tokens may join the same flush.
+func morePending(m *nats.Msg) bool {
+	if m.Sub == nil {
+		return false
+	}
+	n, _, err := m.Sub.Pending()
+	return err == nil && n > 0
 }
 
 // claim makes the reader the owner of its state again after a wake-up

@@ -31,18 +31,31 @@ func replyOf(t testing.TB, c *Call, seq uint64, chunks ...*wire.Chunk) *nats.Msg
 	return &nats.Msg{Subject: "sy.reply.b.chunks", Data: data}
 }
 
-// directSink records what reaches it and answers with result.
+// directSink records what reaches it: the events added, and at each
+// Flush the text written, or kept (result DirectPending).
 type directSink struct {
-	mu     sync.Mutex
-	texts  []string
-	result DirectResult
+	mu      sync.Mutex
+	added   []string // added and not flushed yet
+	texts   []string // flushed
+	flushes int
+	result  DirectResult
 }
 
-func (s *directSink) take(evs []*wire.Event) DirectResult {
+func (s *directSink) Add(evs []*wire.Event) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, ev := range evs {
-		s.texts = append(s.texts, ev.GetDeltaText())
+		s.added = append(s.added, ev.GetDeltaText())
+	}
+}
+
+func (s *directSink) Flush() DirectResult {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.flushes++
+	if s.result == DirectDone {
+		s.texts = append(s.texts, s.added...)
+		s.added = s.added[:0]
 	}
 	return s.result
 }
@@ -112,7 +125,7 @@ func TestDirectTokens(t *testing.T) {
 		t.Fatalf("first token through Next: %q", got)
 	}
 	sink := &directSink{}
-	c.SetDirect(sink.take)
+	c.SetDirect(sink)
 	waitParked(t, c)
 	for i := range 5 {
 		b.onReply(replyOf(t, c, uint64(1+i), token(fmt.Sprintf(" w%d", i))))
@@ -146,26 +159,58 @@ func TestDirectPendingKeepsOrder(t *testing.T) {
 	b.onReply(replyOf(t, c, 0, token(" first")))
 	<-out
 	sink := &directSink{result: DirectPending}
-	c.SetDirect(sink.take)
+	c.SetDirect(sink)
 	waitParked(t, c)
-	b.onReply(replyOf(t, c, 1, token(" slow"), token(" queued")))
+	// Two tokens in one message: both added, one flush, which keeps them.
+	b.onReply(replyOf(t, c, 1, token(" slow"), token(" too")))
 	if got := <-out; got != "flush" {
 		t.Fatalf("after a pending write Next gave %q, want ErrFlush", got)
 	}
-	if got := <-out; got != "token queued" {
-		t.Fatalf("then %q, want the token queued behind the pending one", got)
+	if sink.flushes != 1 || len(sink.added) != 2 {
+		t.Fatalf("%d flushes for %d tokens added, want one for two", sink.flushes, len(sink.added))
 	}
-	if got := sink.got(); len(got) != 1 || got[0] != " slow" {
-		t.Fatalf("the sink got %q, want only the token before the stop", got)
+	// Until the reader resumes, tokens are queued behind what it flushes.
+	b.onReply(replyOf(t, c, 3, token(" queued")))
+	if got := <-out; got != "token queued" {
+		t.Fatalf("then %q, want the token queued behind the pending ones", got)
 	}
 	sink.mu.Lock()
-	sink.result = DirectDone
+	sink.result, sink.added = DirectDone, nil // the reader flushed them
 	sink.mu.Unlock()
 	c.ResumeDirect()
 	waitParked(t, c)
-	b.onReply(replyOf(t, c, 3, token(" again")))
-	if got := sink.got(); len(got) != 2 || got[1] != " again" {
-		t.Fatalf("after ResumeDirect the sink got %q", got)
+	b.onReply(replyOf(t, c, 4, token(" again")))
+	if got := sink.got(); len(got) != 1 || got[0] != " again" {
+		t.Fatalf("after ResumeDirect the sink wrote %q", got)
+	}
+}
+
+// TestDirectReaderWokeFirst: events added to the sink whose reader woke
+// before the flush (here: a final chunk of the same message, queued
+// behind them) are the reader's to write: no flush from the reply
+// goroutine, and Next says ErrFlush if the reader asks again.
+func TestDirectReaderWokeFirst(t *testing.T) {
+	b, c, _ := hopCall(t, 0)
+	c.Deadline = time.Now().Add(time.Hour)
+	out, stop := reader(t, c)
+	defer stop()
+	b.onReply(replyOf(t, c, 0, token(" first")))
+	<-out
+	sink := &directSink{}
+	c.SetDirect(sink)
+	waitParked(t, c)
+	b.onReply(replyOf(t, c, 1, token(" last"), final()))
+	// The reader may come before the flush (the final at once) or after
+	// it (ErrFlush first): the writer's bytes are in order either way.
+	got := <-out
+	if got == "flush" {
+		got = <-out
+	}
+	if got != "final" {
+		t.Fatalf("Next gave %q, want the final chunk", got)
+	}
+	if sink.flushes != 0 || len(sink.added) != 1 {
+		t.Fatalf("%d flushes, %d added: the reply goroutine wrote on the reader's writer", sink.flushes, len(sink.added))
 	}
 }
 
@@ -176,13 +221,13 @@ func TestDirectOffAfterNewAttempt(t *testing.T) {
 	c.Deadline = time.Now().Add(time.Hour)
 	c.firstToken = time.Now()
 	sink := &directSink{}
-	c.SetDirect(sink.take)
+	c.SetDirect(sink)
 	c.mu.Lock()
 	c.directOff = true // what abandon sets
 	c.waiting = true
 	c.mu.Unlock()
 	b.onReply(replyOf(t, c, 0, token(" x")))
-	if len(sink.got()) != 0 {
+	if len(sink.added) != 0 {
 		t.Fatal("a chunk went to the sink after a new attempt")
 	}
 	if ch, _, _ := c.next(); ch == nil || ch.GetEvents()[0].GetDeltaText() != " x" {
@@ -196,7 +241,7 @@ func TestDirectAllocs(t *testing.T) {
 	b, c, m := hopCall(t, 1)
 	c.Deadline = time.Now().Add(time.Hour)
 	c.firstToken = time.Now()
-	c.SetDirect(func([]*wire.Event) DirectResult { return DirectDone })
+	c.SetDirect(nopSink{})
 	// The reader waits (as in Next), and nothing is queued; the first run
 	// warms the chunk pool and the observers.
 	allocs := testing.AllocsPerRun(200, func() {
@@ -212,3 +257,9 @@ func TestDirectAllocs(t *testing.T) {
 		t.Fatalf("a direct token: %.1f allocations, want 0", allocs)
 	}
 }
+
+// nopSink writes everything at once.
+type nopSink struct{}
+
+func (nopSink) Add([]*wire.Event)    {}
+func (nopSink) Flush() DirectResult { return DirectDone }

@@ -260,24 +260,9 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, call *broker.Cal
 	// broker's own HTTP/1.1 loop) takes the tokens from the reply
 	// goroutine itself (broker.Call.SetDirect): no wake-up of this
 	// goroutine per token.
-	nowWriter, direct := w.(interface {
-		WriteNow([]byte) error
-		WritesNow() bool
-	})
-	direct = direct && nowWriter.WritesNow()
-	var dbuf []byte
-	sink := func(evs []*wire.Event) broker.DirectResult {
-		dbuf = dbuf[:0]
-		for _, ev := range evs {
-			dbuf = appendEvent(dbuf, ev.GetRaw())
-		}
-		switch err := nowWriter.WriteNow(dbuf); {
-		case err == nil:
-			return broker.DirectDone
-		case errors.Is(err, h1.ErrWouldBlock):
-			return broker.DirectPending
-		}
-		return broker.DirectFailed
+	var sink *directSink
+	if nw, ok := w.(nowWriter); ok && nw.WritesNow() {
+		sink = &directSink{w: nw}
 	}
 	fail := func(e *apiError) {
 		if !started {
@@ -326,7 +311,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, call *broker.Cal
 				call.SetOutcome(broker.OutcomeCancelled)
 				return
 			}
-			if first && direct {
+			if first && sink != nil {
 				call.SetDirect(sink)
 			}
 		case wire.Chunk_KIND_FINAL:
@@ -344,6 +329,39 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, call *broker.Cal
 			return
 		}
 	}
+}
+
+// nowWriter is a ResponseWriter that can write from another goroutine
+// without waiting (internal/h1's).
+type nowWriter interface {
+	AppendNow([]byte)
+	FlushNow() error
+	WritesNow() bool
+}
+
+// directSink is a stream's broker.DirectSink: the events as SSE, into the
+// response.
+type directSink struct {
+	w   nowWriter
+	buf []byte
+}
+
+func (s *directSink) Add(evs []*wire.Event) {
+	s.buf = s.buf[:0]
+	for _, ev := range evs {
+		s.buf = appendEvent(s.buf, ev.GetRaw())
+	}
+	s.w.AppendNow(s.buf)
+}
+
+func (s *directSink) Flush() broker.DirectResult {
+	switch err := s.w.FlushNow(); {
+	case err == nil:
+		return broker.DirectDone
+	case errors.Is(err, h1.ErrWouldBlock):
+		return broker.DirectPending
+	}
+	return broker.DirectFailed
 }
 
 type usage struct {

@@ -49,8 +49,7 @@ type conn struct {
 	peek []byte // what watch reads
 	resp response
 	out  []byte // the response's head, reused
-	now  []byte // WriteNow's chunk, reused
-	// rc is nc's socket when nc is plain TCP (see WriteNow).
+	// rc is nc's socket when nc is plain TCP (see FlushNow).
 	rc syscall.RawConn
 }
 

@@ -124,51 +124,58 @@ func (w *response) write(b []byte) error {
 	return err
 }
 
-// ErrWouldBlock is WriteNow's answer when it could not write everything
-// at once: what it took waits in the response for the handler's next
+// ErrWouldBlock is FlushNow's answer when the connection could not take
+// everything now: the rest waits in the response for the handler's next
 // Flush.
 var ErrWouldBlock = errors.New("h1: write would block")
 
-// WriteNow writes p as one chunk of a flushed (chunked) response at once,
-// without waiting, from any goroutine while the handler's goroutine does
-// not use the response (the caller's synchronization says when). It is
-// for a relay that receives a stream's events on a goroutine of its own:
-// writing them there saves waking the handler per event. When the
-// connection cannot take p whole now (its send buffer is full, bytes of
-// an earlier write still wait, the head is not out, TLS), the rest is kept
-// and ErrWouldBlock returned: the handler must Flush before it writes
-// again. Any other error is the connection's, and the response's from then.
-func (w *response) WriteNow(p []byte) error {
-	if w.err != nil {
-		return w.err
-	}
+// AppendNow and FlushNow let a relay that receives a stream's events on a
+// goroutine of its own write them there, saving a wake-up of the handler
+// per event: AppendNow adds p to the body (as one chunk once the head is
+// out) without writing; FlushNow writes what the body holds with one
+// write(2) that does not wait. Either may be called from any goroutine
+// while the handler's does not use the response (the caller's
+// synchronization says when). FlushNow returns ErrWouldBlock when the
+// head is not out yet, the connection's send buffer is full (a client
+// that reads slowly) or it cannot write without waiting (TLS): the rest
+// is kept, and the handler's next Flush writes it, in order. Any other
+// error is the connection's, and the response's from then.
+func (w *response) AppendNow(p []byte) {
 	switch {
+	case w.done || len(p) == 0:
+	case w.headOut:
+		w.body = appendChunk(w.body, p)
+	default:
+		w.body = append(w.body, p...) // unframed until the head goes
+	}
+}
+
+// FlushNow: see AppendNow.
+func (w *response) FlushNow() error {
+	switch {
+	case w.err != nil:
+		return w.err
 	case w.done:
 		return errHandlerDone
-	case !w.headOut:
-		w.body = append(w.body, p...) // unframed until the head goes
-		return ErrWouldBlock
-	case len(w.body) > 0 || w.c.rc == nil:
-		w.body = appendChunk(w.body, p)
+	case len(w.body) == 0:
+		return nil
+	case !w.headOut || w.c.rc == nil:
 		return ErrWouldBlock
 	}
-	b := appendChunk(w.c.now[:0], p)
-	if cap(b) <= maxKeptBuffer {
-		w.c.now = b[:0]
-	}
-	n, err := tryWrite(w.c.rc, b)
+	n, err := tryWrite(w.c.rc, w.body)
 	if err != nil {
 		w.err, w.closeAft = err, true
 		return err
 	}
-	if n < len(b) {
-		w.body = append(w.body, b[n:]...)
+	if n < len(w.body) {
+		w.body = w.body[:copy(w.body, w.body[n:])]
 		return ErrWouldBlock
 	}
+	w.body = w.body[:0]
 	return nil
 }
 
-// WritesNow reports whether WriteNow can write at all on this connection
+// WritesNow reports whether FlushNow can write at all on this connection
 // (plain TCP on a unix system): over TLS it only ever keeps what it is
 // given for the handler.
 func (w *response) WritesNow() bool { return w.c.rc != nil }

@@ -413,32 +413,44 @@ func (l smallSendBuffers) Accept() (net.Conn, error) {
 	return c, err
 }
 
-// TestWriteNow: once the head is out, WriteNow writes a chunk at once from
-// another goroutine; when the client stops reading and the connection
-// cannot take more, it keeps the rest and says ErrWouldBlock, and the
-// handler's Flush sends it when the client reads again: every byte, in
-// order.
-func TestWriteNow(t *testing.T) {
-	type nower interface{ WriteNow([]byte) error }
+// TestFlushNow: once the head is out, AppendNow and FlushNow write a chunk
+// at once from another goroutine; when the client stops reading and the
+// connection cannot take more, FlushNow keeps the rest and says
+// ErrWouldBlock, and the handler's Flush sends it when the client reads
+// again: every byte, in order.
+func TestFlushNow(t *testing.T) {
+	type nower interface {
+		AppendNow([]byte)
+		FlushNow() error
+		WritesNow() bool
+	}
 	blocked := make(chan int, 1)
 	s := &Server{Fast: fast, Fallback: &http.Server{Handler: http.NotFoundHandler()}, MaxBody: 1 << 20,
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	s.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		nw := w.(nower)
+		if !nw.WritesNow() {
+			t.Error("a plain TCP connection cannot write now")
+		}
+		nw.AppendNow([]byte("x")) // before the head: kept for the handler
+		if err := nw.FlushNow(); !errors.Is(err, ErrWouldBlock) {
+			t.Errorf("FlushNow before the head: %v, want ErrWouldBlock", err)
+		}
 		fmt.Fprint(w, "head\n")
 		http.NewResponseController(w).Flush()
-		nw := w.(nower)
 		// The handler's goroutine waits while another writes, as the
 		// broker's reply goroutine does while its reader waits in Next.
 		done := make(chan int)
 		go func() {
 			i := 0
 			for ; i < 100000; i++ {
-				err := nw.WriteNow(fmt.Appendf(nil, "line %d\n", i))
+				nw.AppendNow(fmt.Appendf(nil, "line %d\n", i))
+				err := nw.FlushNow()
 				if errors.Is(err, ErrWouldBlock) {
 					break
 				}
 				if err != nil {
-					t.Errorf("WriteNow %d: %v", i, err)
+					t.Errorf("FlushNow %d: %v", i, err)
 					break
 				}
 			}
@@ -447,7 +459,7 @@ func TestWriteNow(t *testing.T) {
 		n := <-done
 		blocked <- n
 		if err := http.NewResponseController(w).Flush(); err != nil {
-			t.Errorf("Flush after WriteNow: %v", err)
+			t.Errorf("Flush after FlushNow: %v", err)
 		}
 		fmt.Fprint(w, "tail\n")
 	})
@@ -466,22 +478,22 @@ func TestWriteNow(t *testing.T) {
 	select {
 	case n = <-blocked: // the client reads nothing meanwhile
 	case <-time.After(10 * time.Second):
-		t.Fatal("WriteNow never found the connection full")
+		t.Fatal("FlushNow never found the connection full")
 	}
 	if n == 0 || n == 100000 {
-		t.Fatalf("WriteNow blocked after %d lines", n)
+		t.Fatalf("FlushNow blocked after %d lines", n)
 	}
 	resp, body := readResp(t, br)
 	if resp.StatusCode != 200 {
 		t.Fatalf("status %d", resp.StatusCode)
 	}
 	var want strings.Builder
-	want.WriteString("head\n")
-	for i := range n + 1 { // the line that would block is kept, not lost
+	want.WriteString("xhead\n")
+	for i := range n + 1 { // the line that found it full is kept, not lost
 		fmt.Fprintf(&want, "line %d\n", i)
 	}
 	want.WriteString("tail\n")
 	if body != want.String() {
-		t.Fatalf("got %d bytes, want %d (WriteNow blocked at line %d)", len(body), want.Len(), n)
+		t.Fatalf("got %d bytes, want %d (FlushNow blocked at line %d)", len(body), want.Len(), n)
 	}
 }
