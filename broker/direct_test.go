@@ -261,5 +261,5 @@ func TestDirectAllocs(t *testing.T) {
 // nopSink writes everything at once.
 type nopSink struct{}
 
-func (nopSink) Add([]*wire.Event)    {}
+func (nopSink) Add([]*wire.Event)   {}
 func (nopSink) Flush() DirectResult { return DirectDone }
