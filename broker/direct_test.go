@@ -111,22 +111,30 @@ func waitParked(t *testing.T, c *Call) {
 	})
 }
 
+// streaming returns a call whose reader has read the first token and
+// waits in Next, with sink set as its direct sink, and what it reads.
+func streaming(t *testing.T, sink *directSink) (*Broker, *Call, <-chan string) {
+	t.Helper()
+	b, c, _ := hopCall(t, 0)
+	c.Deadline = time.Now().Add(time.Hour)
+	out, stop := reader(t, c)
+	t.Cleanup(stop)
+	b.onReply(replyOf(t, c, 0, token(" first")))
+	if got := <-out; got != "token first" {
+		t.Fatalf("first token through Next: %q", got)
+	}
+	c.SetDirect(sink)
+	waitParked(t, c)
+	return b, c, out
+}
+
 // TestDirectTokens: after the first token, while the reader waits, token
 // chunks go to the direct sink on the reply goroutine and the reader is
 // not woken for them; its accounting (text sent, tokens) counts them, and
 // the final chunk still comes through Next.
 func TestDirectTokens(t *testing.T) {
-	b, c, _ := hopCall(t, 0)
-	c.Deadline = time.Now().Add(time.Hour)
-	out, stop := reader(t, c)
-	defer stop()
-	b.onReply(replyOf(t, c, 0, token(" first")))
-	if got := <-out; got != "token first" {
-		t.Fatalf("first token through Next: %q", got)
-	}
 	sink := &directSink{}
-	c.SetDirect(sink)
-	waitParked(t, c)
+	b, c, out := streaming(t, sink)
 	for i := range 5 {
 		b.onReply(replyOf(t, c, uint64(1+i), token(fmt.Sprintf(" w%d", i))))
 	}
@@ -152,15 +160,8 @@ func TestDirectTokens(t *testing.T) {
 // stops the direct path; Next returns ErrFlush before any chunk queued
 // after it, and once resumed the sink takes tokens again.
 func TestDirectPendingKeepsOrder(t *testing.T) {
-	b, c, _ := hopCall(t, 0)
-	c.Deadline = time.Now().Add(time.Hour)
-	out, stop := reader(t, c)
-	defer stop()
-	b.onReply(replyOf(t, c, 0, token(" first")))
-	<-out
 	sink := &directSink{result: DirectPending}
-	c.SetDirect(sink)
-	waitParked(t, c)
+	b, c, out := streaming(t, sink)
 	// Two tokens in one message: both added, one flush, which keeps them.
 	b.onReply(replyOf(t, c, 1, token(" slow"), token(" too")))
 	if got := <-out; got != "flush" {
@@ -190,15 +191,8 @@ func TestDirectPendingKeepsOrder(t *testing.T) {
 // behind them) are the reader's to write: no flush from the reply
 // goroutine, and Next says ErrFlush if the reader asks again.
 func TestDirectReaderWokeFirst(t *testing.T) {
-	b, c, _ := hopCall(t, 0)
-	c.Deadline = time.Now().Add(time.Hour)
-	out, stop := reader(t, c)
-	defer stop()
-	b.onReply(replyOf(t, c, 0, token(" first")))
-	<-out
 	sink := &directSink{}
-	c.SetDirect(sink)
-	waitParked(t, c)
+	b, c, out := streaming(t, sink)
 	b.onReply(replyOf(t, c, 1, token(" last"), final()))
 	// The reader may come before the flush (the final at once) or after
 	// it (ErrFlush first): the writer's bytes are in order either way.
