@@ -130,13 +130,14 @@ func (b *Broker) flushDirect() {
 const flushEvery = 16
 
 // morePending reports whether more messages wait for the reply goroutine
-// after m: their tokens may join the same flush.
+// after m: their tokens may join the same flush. nats.go counts the
+// message being handled as pending until its callback returns.
 func morePending(m *nats.Msg) bool {
 	if m.Sub == nil {
 		return false
 	}
 	n, _, err := m.Sub.Pending()
-	return err == nil && n > 0
+	return err == nil && n > 1
 }
 
 // claim makes the reader the owner of its state again after a wake-up

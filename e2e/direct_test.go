@@ -2,12 +2,12 @@ package e2e
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -31,7 +31,7 @@ func directTokens(t *testing.T, base string) int {
 // TestDirectTokenWrites: on the broker's own HTTP/1.1 loop the tokens of a
 // stream after its first are written by the reply goroutine (counted by
 // switchyard_direct_token_chunks_total), and the client gets every byte the
-// engine made, in order; a client with a tiny receive window that stops
+// engine made, in order and as it was made (not held back in bunches); a client with a tiny receive window that stops
 // reading mid-stream makes those writes wait in the writer, and the
 // handler writes them when the client reads again: nothing lost, nothing
 // twice. With --http-loop=false nothing goes that way.
@@ -46,11 +46,21 @@ func TestDirectTokenWrites(t *testing.T) {
 			want := expect(t, simengine.APIChat, fmt.Sprintf(`{"messages":[{"role":"user","content":"direct"}],"max_tokens":%d}`, tokens))
 
 			before := directTokens(t, b.HTTP)
-			r, err := rawStream(context.Background(), b.HTTP, "direct", tokens)
-			if err != nil || !r.done || r.text != want.Text {
-				t.Fatalf("stream: %v, done %v, text %q, want %q", err, r.done, r.text, want.Text)
+			text, arrivals, err := timedStream(b.HTTP, "direct", tokens, 0, 0)
+			if err != nil || text != want.Text {
+				t.Fatalf("stream: %v, text %q, want %q", err, text, want.Text)
 			}
 			direct := directTokens(t, b.HTTP) - before
+			// Tokens reach the client as the engine makes them (2 ms
+			// apart), not held back and sent in bunches.
+			var gaps []time.Duration
+			for i := 1; i < len(arrivals); i++ {
+				gaps = append(gaps, arrivals[i].Sub(arrivals[i-1]))
+			}
+			slices.Sort(gaps)
+			if len(gaps) < tokens/2 || gaps[len(gaps)/2] < 500*time.Microsecond {
+				t.Fatalf("tokens arrived bunched: %d gaps, median %s", len(gaps), gaps[len(gaps)/2])
+			}
 			if !loop {
 				if direct != 0 {
 					t.Fatalf("%d tokens written directly on net/http", direct)
@@ -67,7 +77,7 @@ func TestDirectTokenWrites(t *testing.T) {
 			// long enough for the broker's send buffer to fill.
 			long := 600
 			want = expect(t, simengine.APIChat, fmt.Sprintf(`{"messages":[{"role":"user","content":"slow"}],"max_tokens":%d}`, long))
-			text, err := slowStream(b.HTTP, "slow", long, 300*time.Millisecond)
+			text, _, err = timedStream(b.HTTP, "slow", long, 4096, 300*time.Millisecond)
 			if err != nil || text != want.Text {
 				t.Fatalf("slow client: %v, %d bytes of text, want %d (equal: %v)", err, len(text), len(want.Text), text == want.Text)
 			}
@@ -75,43 +85,48 @@ func TestDirectTokenWrites(t *testing.T) {
 	}
 }
 
-// slowStream streams a chat completion on a connection with a small
-// receive buffer, pausing after the first token, and returns the text.
-func slowStream(base, prompt string, maxTokens int, pause time.Duration) (string, error) {
-	d := &net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
-		var serr error
-		if err := c.Control(func(fd uintptr) {
-			serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096)
-		}); err != nil {
-			return err
+// timedStream streams a chat completion and returns its text and when
+// each content event arrived. With rcvbuf, the connection's receive
+// buffer is that small; with pause, the client stops reading that long
+// after the first token.
+func timedStream(base, prompt string, maxTokens, rcvbuf int, pause time.Duration) (string, []time.Time, error) {
+	d := &net.Dialer{}
+	if rcvbuf > 0 {
+		d.Control = func(_, _ string, c syscall.RawConn) error {
+			var serr error
+			if err := c.Control(func(fd uintptr) {
+				serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, rcvbuf)
+			}); err != nil {
+				return err
+			}
+			return serr
 		}
-		return serr
-	}}
+	}
 	tr := &http.Transport{DialContext: d.DialContext}
 	defer tr.CloseIdleConnections()
 	body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":%q}],"max_tokens":%d,"stream":true}`, model, prompt, maxTokens)
 	resp, err := (&http.Client{Transport: tr}).Post(base+"/v1/chat/completions", "application/json", strings.NewReader(body))
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
 	defer resp.Body.Close()
 	br := bufio.NewReader(resp.Body)
 	var text strings.Builder
-	paused := false
+	var arrivals []time.Time
 	for {
 		line, err := br.ReadString('\n')
 		if err == io.EOF {
-			return text.String(), fmt.Errorf("stream ended without [DONE]")
+			return text.String(), arrivals, fmt.Errorf("stream ended without [DONE]")
 		}
 		if err != nil {
-			return text.String(), err
+			return text.String(), arrivals, err
 		}
 		payload, ok := strings.CutPrefix(strings.TrimRight(line, "\n"), "data: ")
 		if !ok {
 			continue
 		}
 		if payload == "[DONE]" {
-			return text.String(), nil
+			return text.String(), arrivals, nil
 		}
 		var c struct {
 			Choices []struct {
@@ -121,13 +136,16 @@ func slowStream(base, prompt string, maxTokens int, pause time.Duration) (string
 			} `json:"choices"`
 		}
 		if err := json.Unmarshal([]byte(payload), &c); err != nil {
-			return text.String(), err
+			return text.String(), arrivals, err
 		}
+		before := text.Len()
 		for _, ch := range c.Choices {
 			text.WriteString(ch.Delta.Content)
 		}
-		if !paused && text.Len() > 0 {
-			paused = true
+		if text.Len() > before {
+			arrivals = append(arrivals, time.Now())
+		}
+		if pause > 0 && len(arrivals) == 1 && text.Len() > before {
 			time.Sleep(pause)
 		}
 	}
