@@ -130,7 +130,8 @@ func (c *Cluster) Leader() int {
 }
 
 // WaitReady waits until a meta leader knows peers peers and every running
-// server is current, as nats-server's waitOnClusterReady does.
+// server is current, as nats-server's waitOnClusterReady does, and healthy
+// (its streams' and consumers' replicas caught up).
 func (c *Cluster) WaitReady(peers int) {
 	c.t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
@@ -138,7 +139,15 @@ func (c *Cluster) WaitReady(peers int) {
 		if l := c.Leader(); l >= 0 && len(c.Servers[l].JetStreamClusterPeers()) >= peers {
 			current := true
 			for _, s := range c.Servers {
-				if s != nil && s.JetStreamEnabled() && !s.JetStreamIsCurrent() {
+				if s == nil {
+					continue
+				}
+				// Healthz also waits for every stream and consumer replica
+				// the server holds to have caught up, as an operator's
+				// rolling restart waits for /healthz before the next node:
+				// losing a second node while a restarted one still catches
+				// up loses the stream's quorum.
+				if !s.JetStreamEnabled() || !s.JetStreamIsCurrent() || s.Healthz(nil).Status != "ok" {
 					current = false
 				}
 			}
