@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"bufio"
+	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -10,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -147,6 +150,89 @@ func timedStream(base, prompt string, maxTokens, rcvbuf int, pause time.Duration
 		}
 		if pause > 0 && len(arrivals) == 1 && text.Len() > before {
 			time.Sleep(pause)
+		}
+	}
+}
+
+// TestLongConversationKeptAlive: a multi-turn chat on one kept-alive
+// connection, each turn re-sending the whole conversation (a system
+// prompt of some thousand words, long user turns, the answers): bodies
+// from 8 KiB to past 64 KiB, each longer than the last, as a chat client
+// sends them. Every turn is answered in full on the same connection, on
+// the broker's own HTTP/1.1 loop and on net/http.
+func TestLongConversationKeptAlive(t *testing.T) {
+	for _, loop := range []bool{true, false} {
+		t.Run(fmt.Sprintf("http-loop=%v", loop), func(t *testing.T) {
+			b := startBroker(t, fmt.Sprintf("--http-loop=%v", loop))
+			e := startEngine(t, simengine.Config{Model: model, TTFT: time.Millisecond, ITL: time.Millisecond, Slots: 2})
+			startAgent(t, b.NATS, "a1", e, 2)
+			waitEligible(t, b.HTTP, "a1")
+			var conns atomic.Int32
+			tr := &http.Transport{DialContext: func(ctx context.Context, n, a string) (net.Conn, error) {
+				conns.Add(1)
+				return (&net.Dialer{}).DialContext(ctx, n, a)
+			}}
+			defer tr.CloseIdleConnections()
+			client := &http.Client{Transport: tr}
+			type msg struct {
+				Role    string `json:"role"`
+				Content string `json:"content"`
+			}
+			msgs := []msg{{"system", strings.Repeat("you are a careful assistant that answers briefly and well ", 150)}}
+			const turns = 12
+			for turn := range turns {
+				msgs = append(msgs, msg{"user", fmt.Sprintf("turn %d: %s", turn, strings.Repeat("tell me more about the long road ", 150))})
+				body, _ := json.Marshal(map[string]any{"model": model, "messages": msgs, "max_tokens": 16, "stream": true})
+				want := expect(t, simengine.APIChat, string(body))
+				resp, err := client.Post(b.HTTP+"/v1/chat/completions", "application/json", bytes.NewReader(body))
+				if err != nil {
+					t.Fatalf("turn %d (%d bytes): %v", turn, len(body), err)
+				}
+				text, err := readStreamText(resp.Body)
+				resp.Body.Close()
+				if err != nil || resp.StatusCode != http.StatusOK || text != want.Text {
+					t.Fatalf("turn %d (%d bytes): status %d, %v, text %q, want %q", turn, len(body), resp.StatusCode, err, text, want.Text)
+				}
+				msgs = append(msgs, msg{"assistant", text})
+			}
+			if last := len(msgs); last < 2*turns {
+				t.Fatalf("%d messages", last)
+			}
+			if n := conns.Load(); n != 1 {
+				t.Fatalf("%d turns on %d connections, want 1", turns, n)
+			}
+		})
+	}
+}
+
+// readStreamText reads a chat stream to its [DONE] and returns its text.
+func readStreamText(r io.Reader) (string, error) {
+	br := bufio.NewReader(r)
+	var text strings.Builder
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			return text.String(), fmt.Errorf("stream ended without [DONE]: %w", err)
+		}
+		payload, ok := strings.CutPrefix(strings.TrimRight(line, "\n"), "data: ")
+		if !ok {
+			continue
+		}
+		if payload == "[DONE]" {
+			return text.String(), nil
+		}
+		var c struct {
+			Choices []struct {
+				Delta struct {
+					Content string `json:"content"`
+				} `json:"delta"`
+			} `json:"choices"`
+		}
+		if err := json.Unmarshal([]byte(payload), &c); err != nil {
+			return text.String(), err
+		}
+		for _, ch := range c.Choices {
+			text.WriteString(ch.Delta.Content)
 		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"os"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"syscall"
@@ -222,9 +223,7 @@ func (c *conn) next() (*http.Request, bool, error) {
 				return nil, false, err
 			}
 		}
-		if free := cap(c.buf) - len(c.buf); free < need {
-			c.buf = slicesGrow(c.buf, need-free)
-		}
+		c.buf = slices.Grow(c.buf, need) // room for all of it: one read may take it
 		_ = c.nc.SetReadDeadline(time.Now().Add(s.BodyReadTimeout))
 		for len(c.buf) < bodyAt+int(h.contentLength) {
 			n, err := c.nc.Read(c.buf[len(c.buf):cap(c.buf)])
@@ -268,12 +267,6 @@ func wellFormedSoFar(b []byte) bool {
 		}
 		b = b[i+1:]
 	}
-}
-
-func slicesGrow(b []byte, n int) []byte {
-	nb := make([]byte, len(b), len(b)+n)
-	copy(nb, b)
-	return nb
 }
 
 // bodyTimeout answers a body that did not come within BodyReadTimeout, as

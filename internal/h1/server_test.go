@@ -2,7 +2,9 @@ package h1
 
 import (
 	"bufio"
+	"bytes"
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -495,5 +497,42 @@ func TestFlushNow(t *testing.T) {
 	want.WriteString("tail\n")
 	if body != want.String() {
 		t.Fatalf("got %d bytes, want %d (FlushNow blocked at line %d)", len(body), want.Len(), n)
+	}
+}
+
+// TestLongBodiesKeptAlive: requests whose bodies are many times the
+// connection's first buffer, of sizes that vary, one after another on one
+// kept-alive connection (a multi-turn chat re-sending its conversation):
+// each is read whole and the connection is never broken.
+func TestLongBodiesKeptAlive(t *testing.T) {
+	_, addr := testServer(t, func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		sum := sha256.Sum256(body)
+		fmt.Fprintf(w, "%d %x", len(body), sum)
+	})
+	var conns atomic.Int32
+	tr := &http.Transport{DialContext: func(ctx context.Context, n, a string) (net.Conn, error) {
+		conns.Add(1)
+		return (&net.Dialer{}).DialContext(ctx, n, a)
+	}}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr}
+	for i := range 40 {
+		body := bytes.Repeat([]byte{byte('a' + i%26)}, 3000+(i*7919)%60000)
+		resp, err := client.Post("http://"+addr+"/fast", "application/json", bytes.NewReader(body))
+		if err != nil {
+			t.Fatalf("request %d (%d bytes): %v", i, len(body), err)
+		}
+		got, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil {
+			t.Fatalf("request %d (%d bytes): %v", i, len(body), err)
+		}
+		if want := fmt.Sprintf("%d %x", len(body), sha256.Sum256(body)); string(got) != want {
+			t.Fatalf("request %d: %q, want %q", i, got, want)
+		}
+	}
+	if n := conns.Load(); n != 1 {
+		t.Fatalf("40 requests on %d connections, want 1", n)
 	}
 }
