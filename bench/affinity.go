@@ -75,7 +75,9 @@ type affinityResult struct {
 	goodput float64   // turns/s meeting the SLO
 	rate    float64   // offered turns/s
 	errors  int
-	hitRate float64 // the engines' prefix_cache_hits / queries over the run
+	// firstErr is the first error's text, for the log and the table.
+	firstErr string
+	hitRate  float64 // the engines' prefix_cache_hits / queries over the run
 	oracle  float64 // the best achievable hit rate of the same turns
 	// The counts behind the rates, to pool rounds.
 	good, turns                    int
@@ -94,6 +96,9 @@ func (res *affinityResult) add(r *affinityResult) {
 	res.turns += r.turns
 	res.dur += r.dur
 	res.errors += r.errors
+	if res.firstErr == "" {
+		res.firstErr = r.firstErr
+	}
 	res.queries += r.queries
 	res.hits += r.hits
 	res.oracleHit += r.oracleHit
@@ -298,6 +303,11 @@ func (e *env) affinityCompare(d *doc, w affinityWorkload, engines, kvEndpoints [
 			fmtMS(percentile(r.ttft, 50)), fmtMS(percentile(r.ttft, 90)), fmtMS(percentile(r.ttft, 99)), strings.Join(p99s, " / "),
 			r.goodput, 100*r.goodput/r.rate, 100*r.hitRate, 100*r.oracle, r.errors, int(pk), r.fleetAffinity)
 	}
+	for _, name := range order {
+		if r := res[name]; r.errors > 0 {
+			fmt.Fprintf(&b, "\n%s's first error: `%s`\n", name, r.firstErr)
+		}
+	}
 	fmt.Fprintf(&b, "\nBest achievable is the share of prompt blocks some earlier turn of the same run had sent (an engine with an infinite cache shared by all). "+
 		"Peak queued is the engines' own `vllm:num_requests_waiting` sampled every 100 ms: an agent never sends its engine more than its slots, so under Switchyard it stays 0.\n\n")
 	img, title := "img/bench-affinity-ttft-cdf.svg", "TTFT, multi-turn chat at 80% load (CDF, log scale)"
@@ -437,6 +447,9 @@ func (e *env) affinityRun(fe affinityFront, engines []string, w affinityWorkload
 			defer mu.Unlock()
 			if err != nil {
 				res.errors++
+				if res.firstErr == "" {
+					res.firstErr = err.Error()
+				}
 				ttft = timeout
 				answer = "(no answer)"
 			} else if ttft <= slo {
@@ -470,6 +483,9 @@ func (e *env) affinityRun(fe affinityFront, engines []string, w affinityWorkload
 	}
 	e.logf("affinity: p50 %s p99 %s hit %.0f%% (best %.0f%%) errors %d in %s", fmtMS(percentile(res.ttft, 50)), fmtMS(percentile(res.ttft, 99)),
 		100*res.hitRate, 100*res.oracle, res.errors, res.dur.Round(time.Millisecond))
+	if res.errors > 0 {
+		e.logf("affinity: first error: %s", res.firstErr)
+	}
 	return res, nil
 }
 
