@@ -78,7 +78,7 @@ type affinityResult struct {
 	// firstErr is the first error's text, for the log and the table.
 	firstErr string
 	hitRate  float64 // the engines' prefix_cache_hits / queries over the run
-	oracle  float64 // the best achievable hit rate of the same turns
+	oracle   float64 // the best achievable hit rate of the same turns
 	// The counts behind the rates, to pool rounds.
 	good, turns                    int
 	queries, hits, oracleHit, oAll float64
