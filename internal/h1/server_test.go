@@ -536,3 +536,37 @@ func TestLongBodiesKeptAlive(t *testing.T) {
 		t.Fatalf("40 requests on %d connections, want 1", n)
 	}
 }
+
+// TestLongBodiesPipelined: requests with long bodies sent back to back
+// without waiting for the answers, in pieces of odd sizes, so that a
+// request's head lands in the middle of the connection's buffer with its
+// body still to come: each is answered whole, in order.
+func TestLongBodiesPipelined(t *testing.T) {
+	_, addr := testServer(t, func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		fmt.Fprintf(w, "%d %x", len(body), sha256.Sum256(body))
+	})
+	c, br := raw(t, addr)
+	var all bytes.Buffer
+	var want []string
+	for i := range 12 {
+		body := bytes.Repeat([]byte{byte('a' + i)}, 1000+(i*15401)%50000)
+		fmt.Fprintf(&all, "POST /fast HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+		want = append(want, fmt.Sprintf("%d %x", len(body), sha256.Sum256(body)))
+	}
+	go func() {
+		b := all.Bytes()
+		for piece := 1; len(b) > 0; piece++ {
+			n := min(len(b), 997*piece%7919+1)
+			if _, err := c.Write(b[:n]); err != nil {
+				return
+			}
+			b = b[n:]
+		}
+	}()
+	for i, w := range want {
+		if _, body := readResp(t, br); body != w {
+			t.Fatalf("request %d: %q, want %q", i, body, w)
+		}
+	}
+}
