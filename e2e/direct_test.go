@@ -113,45 +113,14 @@ func timedStream(base, prompt string, maxTokens, rcvbuf int, pause time.Duration
 		return "", nil, err
 	}
 	defer resp.Body.Close()
-	br := bufio.NewReader(resp.Body)
-	var text strings.Builder
 	var arrivals []time.Time
-	for {
-		line, err := br.ReadString('\n')
-		if err == io.EOF {
-			return text.String(), arrivals, fmt.Errorf("stream ended without [DONE]")
-		}
-		if err != nil {
-			return text.String(), arrivals, err
-		}
-		payload, ok := strings.CutPrefix(strings.TrimRight(line, "\n"), "data: ")
-		if !ok {
-			continue
-		}
-		if payload == "[DONE]" {
-			return text.String(), arrivals, nil
-		}
-		var c struct {
-			Choices []struct {
-				Delta struct {
-					Content string `json:"content"`
-				} `json:"delta"`
-			} `json:"choices"`
-		}
-		if err := json.Unmarshal([]byte(payload), &c); err != nil {
-			return text.String(), arrivals, err
-		}
-		before := text.Len()
-		for _, ch := range c.Choices {
-			text.WriteString(ch.Delta.Content)
-		}
-		if text.Len() > before {
-			arrivals = append(arrivals, time.Now())
-		}
-		if pause > 0 && len(arrivals) == 1 && text.Len() > before {
+	text, err := readStreamText(resp.Body, func() {
+		arrivals = append(arrivals, time.Now())
+		if pause > 0 && len(arrivals) == 1 {
 			time.Sleep(pause)
 		}
-	}
+	})
+	return text, arrivals, err
 }
 
 // TestLongConversationKeptAlive: a multi-turn chat on one kept-alive
@@ -188,7 +157,7 @@ func TestLongConversationKeptAlive(t *testing.T) {
 				if err != nil {
 					t.Fatalf("turn %d (%d bytes): %v", turn, len(body), err)
 				}
-				text, err := readStreamText(resp.Body)
+				text, err := readStreamText(resp.Body, nil)
 				resp.Body.Close()
 				if err != nil || resp.StatusCode != http.StatusOK || text != want.Text {
 					t.Fatalf("turn %d (%d bytes): status %d, %v, text %q, want %q", turn, len(body), resp.StatusCode, err, text, want.Text)
@@ -205,8 +174,9 @@ func TestLongConversationKeptAlive(t *testing.T) {
 	}
 }
 
-// readStreamText reads a chat stream to its [DONE] and returns its text.
-func readStreamText(r io.Reader) (string, error) {
+// readStreamText reads a chat stream to its [DONE] and returns its text;
+// each, when not nil, is called as each event with content arrives.
+func readStreamText(r io.Reader, each func()) (string, error) {
 	br := bufio.NewReader(r)
 	var text strings.Builder
 	for {
@@ -231,8 +201,12 @@ func readStreamText(r io.Reader) (string, error) {
 		if err := json.Unmarshal([]byte(payload), &c); err != nil {
 			return text.String(), err
 		}
+		before := text.Len()
 		for _, ch := range c.Choices {
 			text.WriteString(ch.Delta.Content)
+		}
+		if each != nil && text.Len() > before {
+			each()
 		}
 	}
 }
