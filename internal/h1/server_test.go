@@ -97,17 +97,22 @@ func readResp(t *testing.T, br *bufio.Reader) (*http.Response, string) {
 	return resp, string(body)
 }
 
-// TestServesAndKeepsAlive: the fast route is served here, whole answers
-// with their length, on one kept-alive connection.
-func TestServesAndKeepsAlive(t *testing.T) {
-	_, addr := testServer(t, echo)
-	var conns atomic.Int32
+// countingClient is a client that counts the connections it dials.
+func countingClient(t *testing.T) (*http.Client, *atomic.Int32) {
+	conns := new(atomic.Int32)
 	tr := &http.Transport{DialContext: func(ctx context.Context, n, a string) (net.Conn, error) {
 		conns.Add(1)
 		return (&net.Dialer{}).DialContext(ctx, n, a)
 	}}
-	defer tr.CloseIdleConnections()
-	client := &http.Client{Transport: tr}
+	t.Cleanup(tr.CloseIdleConnections)
+	return &http.Client{Transport: tr}, conns
+}
+
+// TestServesAndKeepsAlive: the fast route is served here, whole answers
+// with their length, on one kept-alive connection.
+func TestServesAndKeepsAlive(t *testing.T) {
+	_, addr := testServer(t, echo)
+	client, conns := countingClient(t)
 	for i := range 3 {
 		resp, err := client.Post("http://"+addr+"/fast", "application/json", strings.NewReader(fmt.Sprintf(`{"n":%d}`, i)))
 		if err != nil {
@@ -510,13 +515,7 @@ func TestLongBodiesKeptAlive(t *testing.T) {
 		sum := sha256.Sum256(body)
 		fmt.Fprintf(w, "%d %x", len(body), sum)
 	})
-	var conns atomic.Int32
-	tr := &http.Transport{DialContext: func(ctx context.Context, n, a string) (net.Conn, error) {
-		conns.Add(1)
-		return (&net.Dialer{}).DialContext(ctx, n, a)
-	}}
-	defer tr.CloseIdleConnections()
-	client := &http.Client{Transport: tr}
+	client, conns := countingClient(t)
 	for i := range 40 {
 		body := bytes.Repeat([]byte{byte('a' + i%26)}, 3000+(i*7919)%60000)
 		resp, err := client.Post("http://"+addr+"/fast", "application/json", bytes.NewReader(body))
