@@ -61,8 +61,12 @@ const (
 	connReading
 )
 
-// maxKeptBuffer bounds the buffers a connection keeps between requests.
-const maxKeptBuffer = 64 << 10
+// maxKeptBuffer bounds the buffers a connection keeps between requests;
+// firstBuffer is the size a connection's read buffer starts at.
+const (
+	maxKeptBuffer = 64 << 10
+	firstBuffer   = 4096
+)
 
 // keepOut keeps b's array for the next head if it is not too big.
 func (c *conn) keepOut(b []byte) {
@@ -100,7 +104,7 @@ func (c *conn) serve() {
 	c.rc = rawOf(c.nc)
 	go c.handle()
 	defer close(c.reqs)
-	c.buf = make([]byte, 0, 4096)
+	c.buf = make([]byte, 0, firstBuffer)
 	for {
 		req, handoff, err := c.next()
 		if err != nil {
@@ -154,7 +158,16 @@ func (c *conn) watch() bool {
 }
 
 // compact moves the unparsed bytes to buf's start and makes room to read.
+// A buffer a long body grew past maxKeptBuffer is let go once what is
+// left of it is small: a kept-alive connection does not hold its largest
+// body's memory while it waits for the next request.
 func (c *conn) compact() {
+	if rest := len(c.buf) - c.r; cap(c.buf) > maxKeptBuffer && rest < firstBuffer/2 {
+		nb := make([]byte, rest, firstBuffer)
+		copy(nb, c.buf[c.r:])
+		c.buf, c.r = nb, 0
+		return
+	}
 	if c.r > 0 {
 		n := copy(c.buf, c.buf[c.r:])
 		c.buf, c.r = c.buf[:n], 0

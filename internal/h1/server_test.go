@@ -569,3 +569,20 @@ func TestLongBodiesPipelined(t *testing.T) {
 		}
 	}
 }
+
+// TestBufferLetGoAfterLongBody: once a long body is served, the
+// connection's read buffer goes back to its first size, keeping the
+// bytes not yet parsed; a buffer still holding much unparsed stays.
+func TestBufferLetGoAfterLongBody(t *testing.T) {
+	c := &conn{buf: make([]byte, 1<<20), r: 1<<20 - 10}
+	copy(c.buf[c.r:], "0123456789")
+	c.compact()
+	if cap(c.buf) != firstBuffer || string(c.buf) != "0123456789" || c.r != 0 {
+		t.Fatalf("after compact: cap %d, %q, r %d", cap(c.buf), c.buf, c.r)
+	}
+	c = &conn{buf: make([]byte, 1<<20), r: 1 << 19}
+	c.compact()
+	if len(c.buf) != 1<<19 || cap(c.buf) != 1<<20 || c.r != 0 {
+		t.Fatalf("half unparsed: len %d cap %d r %d", len(c.buf), cap(c.buf), c.r)
+	}
+}
