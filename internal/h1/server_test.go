@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -584,5 +585,77 @@ func TestBufferLetGoAfterLongBody(t *testing.T) {
 	c.compact()
 	if len(c.buf) != 1<<19 || cap(c.buf) != 1<<20 || c.r != 0 {
 		t.Fatalf("half unparsed: len %d cap %d r %d", len(c.buf), cap(c.buf), c.r)
+	}
+}
+
+// TestRandomFraming: connections carrying requests of random body sizes
+// (none to 200 KB, past every buffer size the loop keeps), written in
+// random pieces, some one at a time and some pipelined in batches, and
+// now and then a request the loop hands with its connection to net/http
+// (which then serves the rest of it): every answer is the right one, in
+// order. A fixed seed, so a failure repeats.
+func TestRandomFraming(t *testing.T) {
+	_, addr := testServer(t, func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		fmt.Fprintf(w, "%d %x", len(body), sha256.Sum256(body))
+	})
+	rng := rand.New(rand.NewPCG(15, 26))
+	for conn := range 8 {
+		c, br := raw(t, addr)
+		handedOff := false
+		for batch := 0; batch < 30; {
+			n := 1
+			if conn%2 == 1 {
+				n = 1 + rng.IntN(5) // pipelined
+			}
+			var out []byte
+			var want []string
+			for range n {
+				batch++
+				if rng.IntN(10) == 0 {
+					out = append(out, "GET /other HTTP/1.1\r\nHost: x\r\n\r\n"...)
+					want = append(want, "GET /other 0")
+					handedOff = true
+					continue
+				}
+				size := rng.IntN(4096)
+				if rng.IntN(3) == 0 {
+					size = rng.IntN(200 << 10)
+				}
+				body := bytes.Repeat([]byte{byte('a' + batch%26)}, size)
+				out = fmt.Appendf(out, "POST /fast HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s", size, body)
+				if handedOff {
+					want = append(want, fmt.Sprintf("POST /fast %d", size))
+				} else {
+					want = append(want, fmt.Sprintf("%d %x", size, sha256.Sum256(body)))
+				}
+			}
+			pieces := []int{}
+			for left := len(out); left > 0; {
+				k := min(left, 1+rng.IntN(20000))
+				pieces = append(pieces, k)
+				left -= k
+			}
+			sent := make(chan error, 1)
+			go func() {
+				b := out
+				for _, k := range pieces {
+					if _, err := c.Write(b[:k]); err != nil {
+						sent <- err
+						return
+					}
+					b = b[k:]
+				}
+				sent <- nil
+			}()
+			for i, w := range want {
+				if _, body := readResp(t, br); body != w {
+					t.Fatalf("connection %d, request %d of a batch of %d: %q, want %q", conn, i, n, body, w)
+				}
+			}
+			if err := <-sent; err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
 }
