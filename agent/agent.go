@@ -763,27 +763,40 @@ func (a *Agent) handle(ctx context.Context, msg jetstream.Msg) {
 	if a.heldBack(msg) {
 		return
 	}
-	if !pdDecode {
-		// The broker relays one agent per attempt and stops the others as
-		// they speak, but it cannot tell two runs of one agent apart: a
-		// second copy here is taken off the queue and never started. (A
-		// decode leg always runs: it frees its prefill engine's KV.)
+	// The broker relays one agent per attempt and stops the others as
+	// they speak, but it cannot tell two runs of one agent apart: a second
+	// copy here is taken off the queue and never started. A decode leg
+	// always runs, since it frees its prefill engine's KV: two prefill
+	// legs of one attempt (an offer that moved as its agent took it, the
+	// second stopped only after its hand-off) send two decode jobs, and
+	// the second one here takes its hand-off in silence, as a released
+	// one does, instead of interleaving a second stream of the same
+	// chunk numbers (batched differently) with the first. A released
+	// job is silent anyway and holds no place.
+	if !release {
 		k := attemptKey{id, attempt}
 		a.mu.Lock()
 		_, dup := a.running[k]
-		a.running[k] = struct{}{}
+		if !dup {
+			a.running[k] = struct{}{}
+		}
 		a.mu.Unlock()
-		if dup {
+		switch {
+		case dup && !pdDecode:
 			a.metrics.jobs.WithLabelValues(JobCancelled).Inc()
 			a.log.Debug("second copy of a running attempt dropped", "request", id, "attempt", attempt)
 			_ = msg.Ack()
 			return
+		case dup:
+			a.log.Debug("second decode leg of a running attempt: its hand-off is taken in silence", "request", id, "attempt", attempt)
+			release, cancelled = true, true
+		default:
+			defer func() {
+				a.mu.Lock()
+				delete(a.running, k)
+				a.mu.Unlock()
+			}()
 		}
-		defer func() {
-			a.mu.Lock()
-			delete(a.running, k)
-			a.mu.Unlock()
-		}()
 	}
 	if cancelled {
 		if !pdDecode {
@@ -874,7 +887,9 @@ func (a *Agent) handle(ctx context.Context, msg jetstream.Msg) {
 	defer func() {
 		a.active.Add(-1)
 		a.mu.Lock()
-		held := slices.DeleteFunc(a.jobs[id], func(h heldJob) bool { return h.attempt == attempt })
+		// Its own entry only: a silent second decode leg of the attempt
+		// may end before the one that speaks.
+		held := slices.DeleteFunc(a.jobs[id], func(h heldJob) bool { return h.out == out })
 		if len(held) == 0 {
 			delete(a.jobs, id)
 		} else {

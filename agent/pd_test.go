@@ -3,6 +3,7 @@ package agent_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -602,6 +603,7 @@ func (p *pdPair) tookHandoffSilently(t *testing.T, id string) {
 // engine now holds that KV for a decode.
 func simHandoff(t *testing.T, p *pdPair, id string) []byte {
 	t.Helper()
+	held, _ := p.pre.HeldKV()
 	eng, err := pd.New(sim.New(p.pre), pd.VLLM)
 	if err != nil {
 		t.Fatal(err)
@@ -615,8 +617,71 @@ func simHandoff(t *testing.T, p *pdPair, id string) []byte {
 	if err != nil || kv == nil {
 		t.Fatalf("prefill leg: %v (kv_transfer_params %s)", err, kv)
 	}
-	if h, _ := p.pre.HeldKV(); h != 1 {
-		t.Fatalf("the prefill engine holds %d hand-offs after the leg, want 1", h)
+	if h, _ := p.pre.HeldKV(); h != held+1 {
+		t.Fatalf("the prefill engine holds %d hand-offs after the leg, want %d", h, held+1)
 	}
 	return kv
+}
+
+// TestSecondDecodeLegSilent: two prefill legs of one attempt (an offer
+// that moved to the shared queue as its agent took it, the second leg
+// stopped only after its hand-off) send two decode jobs, and one decode
+// agent pulls both. The broker cannot tell two runs of one agent apart,
+// so the agent does: one speaks, the other takes its hand-off in silence
+// and stops, and the client's stream is one sequence with nothing twice
+// or missing. No KV is left held on the prefill engine.
+func TestSecondDecodeLegSilent(t *testing.T) {
+	p := startPair(t, pd.VLLM, time.Millisecond, 40*time.Millisecond, 2)
+	reply, sub := p.e.replies(t, "twice")
+	body := []byte(`{"model":"m","messages":[{"role":"user","content":"tell me about twice"}],"max_tokens":4}`)
+	kvs := [][]byte{simHandoff(t, p, "twice"), simHandoff(t, p, "twice")}
+	for _, kv := range kvs {
+		p.e.publishJob(t, pdSubject(t, subjects.PoolDecode, pd.VLLM), &wire.Job{RequestId: "twice", ReplySubject: reply,
+			Pd: &wire.PDHandoff{Protocol: pd.VLLM, PrefillAgent: "pre", KvTransferParamsJson: kv}, Body: body})
+	}
+	var chunks []*wire.Chunk
+	checkFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		chunks = append(chunks, pending(t, sub)...)
+		if len(chunks) == 0 || chunks[len(chunks)-1].GetKind() != wire.Chunk_KIND_FINAL {
+			return fmt.Errorf("%d chunks, no final yet", len(chunks))
+		}
+		return nil
+	})
+	p.idle(t)
+	noKVHeld(t, p.pre)
+	chunks = append(chunks, pending(t, sub)...)
+	var text strings.Builder
+	accepted, finals := 0, 0
+	var seq uint64
+	for _, c := range chunks {
+		if c.GetKind() == wire.Chunk_KIND_KEEPALIVE {
+			continue // outside the sequence
+		}
+		if c.GetSeq() != seq {
+			t.Fatalf("chunk %d has seq %d: two streams interleaved? %v", seq, c.GetSeq(), chunks)
+		}
+		seq++
+		switch c.GetKind() {
+		case wire.Chunk_KIND_ACCEPTED:
+			accepted++
+		case wire.Chunk_KIND_FINAL:
+			finals++
+		case wire.Chunk_KIND_TOKEN:
+			for _, ev := range c.GetEvents() {
+				text.WriteString(ev.GetDeltaText())
+			}
+		default:
+			t.Fatalf("got %v", c)
+		}
+	}
+	want, err := simengine.Expect(simengine.APIChat, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if accepted != 1 || finals != 1 || text.String() != want.Text {
+		t.Fatalf("%d accepted, %d finals, text %q, want one of each and %q", accepted, finals, text.String(), want.Text)
+	}
+	if n := p.dec.Aborted(); n != 1 {
+		t.Fatalf("decode engine aborted %d requests, want 1 (the silent leg, at its first chunk)", n)
+	}
 }
