@@ -262,18 +262,6 @@ func appendValue(b []byte, v string) []byte {
 	return b
 }
 
-// hasToken reports whether a comma-separated header holds token.
-func hasToken(values []string, token string) bool {
-	for _, v := range values {
-		for f := range strings.SplitSeq(v, ",") {
-			if strings.EqualFold(strings.TrimSpace(f), token) {
-				return true
-			}
-		}
-	}
-	return false
-}
-
 // dateCache is the Date header's value, formatted once a second.
 var dateCache atomic.Pointer[cachedDate]
 

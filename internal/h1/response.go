@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+
+	"golang.org/x/net/http/httpguts"
 )
 
 // response is the http.ResponseWriter of one request served here. It
@@ -54,7 +56,7 @@ func (w *response) WriteHeader(code int) {
 		return
 	}
 	w.status, w.wroteHdr = code, true
-	if hasToken(w.header["Connection"], "close") {
+	if httpguts.HeaderValuesContainsToken(w.header["Connection"], "close") {
 		w.closeAft = true
 	}
 }

@@ -11,6 +11,8 @@ import (
 	"net/textproto"
 	"strconv"
 	"strings"
+
+	"golang.org/x/net/http/httpguts"
 )
 
 // maxHead bounds an answer's status line and header together.
@@ -171,8 +173,8 @@ func validFieldName(name []byte) bool {
 // its status and header (RFC 9112, section 6).
 func frame(resp *http.Response, br *bufio.Reader) error {
 	h := resp.Header
-	resp.Close = resp.ProtoMinor == 0 && !hasToken(h["Connection"], "keep-alive")
-	if hasToken(h["Connection"], "close") {
+	resp.Close = resp.ProtoMinor == 0 && !httpguts.HeaderValuesContainsToken(h["Connection"], "keep-alive")
+	if httpguts.HeaderValuesContainsToken(h["Connection"], "close") {
 		resp.Close = true
 		delete(h, "Connection") // as net/http does: Close says it
 	}
@@ -217,18 +219,6 @@ func frame(resp *http.Response, br *bufio.Reader) error {
 	resp.Close = true
 	resp.Body = io.NopCloser(br)
 	return nil
-}
-
-// hasToken reports whether a comma-separated header holds token.
-func hasToken(values []string, token string) bool {
-	for _, v := range values {
-		for f := range strings.SplitSeq(v, ",") {
-			if strings.EqualFold(strings.TrimSpace(f), token) {
-				return true
-			}
-		}
-	}
-	return false
 }
 
 // lengthBody reads a body of a known length; the connection ending
