@@ -46,10 +46,12 @@ var ErrFlush = errors.New("broker: the direct sink left bytes for the reader to 
 // goroutine adds the tokens of every message to their sinks and flushes
 // them once it has no message left waiting, so a busy broker writes a
 // stream's burst of tokens in one write(2), as a reader that found them
-// queued would. Call it once the response's head is out (after the first
-// token was read); the final, error and keep-alive chunks, and every
-// chunk while the reader is not waiting or something else is queued,
-// still come through Next, in order (the sink's writer is the reader's).
+// queued would. The first token may go to the sink too: the sink then
+// starts the response (its head goes out with that token), and the call
+// no longer retries (see Call), as when the reader hands a token out. The
+// accepted, final, error and keep-alive chunks, and every chunk while the
+// reader is not waiting or something else is queued, still come through
+// Next, in order (the sink's writer is the reader's).
 //
 // The sink runs with the call's lock held; Next does not return while a
 // sink call is in progress, and from its return until the reader waits
@@ -75,7 +77,7 @@ func (c *Call) directOK(chunk *wire.Chunk) bool {
 	return c.direct != nil && !c.directOff && !c.directStop && c.waiting &&
 		c.qhead == len(c.queue) && c.failErr == nil && c.broken == nil &&
 		chunk.GetKind() == wire.Chunk_KIND_TOKEN && chunk.GetStage() != wire.Chunk_STAGE_PREFILL &&
-		len(chunk.GetEvents()) > 0 && !c.firstToken.IsZero()
+		len(chunk.GetEvents()) > 0
 }
 
 // deliverDirect does for chunk what the reader's Next would (deliver's

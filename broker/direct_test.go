@@ -156,6 +156,41 @@ func TestDirectTokens(t *testing.T) {
 	}
 }
 
+// TestDirectFirstToken: a sink set before the first token takes it too
+// when the reader waits: the reply goroutine does the first token's
+// accounting (the call's first token is set, so a later failure is a
+// migration, not a retry), the reader is not woken for it, and the final
+// chunk still comes through Next.
+func TestDirectFirstToken(t *testing.T) {
+	sink := &directSink{}
+	b, c, _ := hopCall(t, 0)
+	c.Deadline = time.Now().Add(time.Hour)
+	c.Started = time.Now()
+	c.SetDirect(sink)
+	out, stop := reader(t, c)
+	t.Cleanup(stop)
+	waitParked(t, c)
+	b.onReply(replyOf(t, c, 0, token(" first")))
+	if got := strings.Join(sink.got(), ""); got != " first" {
+		t.Fatalf("the sink got %q", got)
+	}
+	c.mu.Lock()
+	first, sent := c.firstToken, c.sent.String()
+	c.mu.Unlock()
+	if first.IsZero() || sent != " first" {
+		t.Fatalf("first token at %v, sent %q", first, sent)
+	}
+	select {
+	case got := <-out:
+		t.Fatalf("the reader was given %q for a direct first token", got)
+	default:
+	}
+	b.onReply(replyOf(t, c, 1, final()))
+	if got := <-out; got != "final" {
+		t.Fatalf("after the direct first token, Next gave %q, want the final chunk", got)
+	}
+}
+
 // TestDirectPendingKeepsOrder: a sink that could not write everything
 // stops the direct path; Next returns ErrFlush before any chunk queued
 // after it, and once resumed the sink takes tokens again.
@@ -237,8 +272,9 @@ func TestDirectAllocs(t *testing.T) {
 	c.firstToken = time.Now()
 	c.SetDirect(nopSink{})
 	// The reader waits (as in Next), and nothing is queued; the first run
-	// warms the chunk pool and the observers.
-	allocs := testing.AllocsPerRun(200, func() {
+	// warms the chunk pool and the observers. The least of a few batches
+	// (see leastAllocs).
+	allocs := leastAllocs(func() {
 		c.mu.Lock()
 		c.nextSeq, c.waiting = 0, true
 		c.mu.Unlock()

@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"math"
 	"testing"
 	"time"
 
@@ -67,7 +68,7 @@ func TestReplyTokenAllocs(t *testing.T) {
 	br, c, m := hopCall(t, 1)
 	c.Deadline = time.Now().Add(time.Hour)
 	ctx := context.Background()
-	allocs := testing.AllocsPerRun(200, func() {
+	allocs := leastAllocs(func() {
 		c.nextSeq = 0
 		br.onReply(m)
 		if _, err := c.Next(ctx); err != nil {
@@ -78,6 +79,20 @@ func TestReplyTokenAllocs(t *testing.T) {
 	if allocs > 0 {
 		t.Fatalf("onReply and Next: %.1f allocations per token chunk, want 0", allocs)
 	}
+}
+
+// leastAllocs is the least of five testing.AllocsPerRun(200, f).
+// AllocsPerRun counts the whole process's allocations, the embedded NATS
+// server's among them, which a loaded machine or the race detector may
+// move into a batch (once in some forty runs of -race here); the race
+// detector also drops a share of what goes into a sync.Pool, the chunk
+// pool among them. The least of a few batches is f's own.
+func leastAllocs(f func()) float64 {
+	least := math.Inf(1)
+	for range 5 {
+		least = min(least, testing.AllocsPerRun(200, f))
+	}
+	return least
 }
 
 func itoa(n int) string {

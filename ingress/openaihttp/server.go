@@ -215,15 +215,7 @@ func lineBreak(d []byte) int {
 func (s *Server) stream(w http.ResponseWriter, r *http.Request, call *broker.Call, p *oaiformat.Request) {
 	rc := http.NewResponseController(w)
 	ctx := r.Context()
-	started := false
-	start := func() {
-		h := w.Header()
-		h.Set("Content-Type", "text/event-stream")
-		h.Set("Cache-Control", "no-cache")
-		h.Set("X-Accel-Buffering", "no")
-		w.WriteHeader(http.StatusOK)
-		started = true
-	}
+	out := &sseHead{w: w}
 	buf := make([]byte, 0, 1024)
 	// write sends the events as SSE in one write. Under load several
 	// chunks wait at once: they are all written before one flush, one
@@ -256,16 +248,16 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, call *broker.Cal
 	// the body's terminating chunk when the handler returns, one write(2)
 	// and one wake-up of the client instead of two.
 	var events [][]byte
-	// Once the head is out, a writer that can write without waiting (the
-	// broker's own HTTP/1.1 loop) takes the tokens from the reply
-	// goroutine itself (broker.Call.SetDirect): no wake-up of this
-	// goroutine per token.
-	var sink *directSink
+	// A writer that can write without waiting (the broker's own HTTP/1.1
+	// loop) takes the tokens from the reply goroutine itself
+	// (broker.Call.SetDirect), the first one with the response's head: no
+	// wake-up of this goroutine per token. The accepted chunk (its route
+	// and agent headers) still comes here first.
 	if nw, ok := w.(nowWriter); ok && nw.WritesNow() {
-		sink = &directSink{w: nw}
+		call.SetDirect(&directSink{w: nw, head: out})
 	}
 	fail := func(e *apiError) {
-		if !started {
+		if !out.started {
 			writeError(w, e)
 			return
 		}
@@ -274,10 +266,13 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, call *broker.Cal
 	for {
 		c, err := call.Next(ctx)
 		if errors.Is(err, broker.ErrFlush) {
-			// The reply goroutine left bytes in the writer (a slow client)
-			// or its write failed: write them here, within the write
-			// timeout, then let it go on.
-			if put() != nil || rc.Flush() != nil {
+			// The reply goroutine left bytes in the writer (a slow client,
+			// or this goroutine woke before it flushed) or its write
+			// failed: write them here, within the write timeout, then let
+			// it go on. When more chunks wait (the stream's final one
+			// came in the same message as its last tokens), they go out
+			// with those: one write(2) and one wake-up of the client.
+			if put() != nil || (call.Buffered() == 0 && rc.Flush() != nil) {
 				call.SetOutcome(broker.OutcomeCancelled)
 				return
 			}
@@ -299,10 +294,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, call *broker.Cal
 			w.Header().Set("X-Switchyard-Route", call.Route.String())
 			w.Header().Set("X-Switchyard-Agent", agentHeader(c))
 		case wire.Chunk_KIND_TOKEN:
-			first := !started
-			if first {
-				start()
-			}
+			out.start()
 			events = events[:0]
 			for _, ev := range c.GetEvents() {
 				events = append(events, ev.GetRaw())
@@ -311,13 +303,8 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, call *broker.Cal
 				call.SetOutcome(broker.OutcomeCancelled)
 				return
 			}
-			if first && sink != nil {
-				call.SetDirect(sink)
-			}
 		case wire.Chunk_KIND_FINAL:
-			if !started {
-				start()
-			}
+			out.start()
 			events = events[:0]
 			if p.IncludeUsage && len(c.GetRaw()) > 0 {
 				events = append(events, c.GetRaw())
@@ -339,14 +326,39 @@ type nowWriter interface {
 	WritesNow() bool
 }
 
+// sseHead starts a stream's response: its head is held back until the
+// first token (or the end), so that a failure before any output is still
+// a proper HTTP error.
+type sseHead struct {
+	w       http.ResponseWriter
+	started bool
+}
+
+// start sets the stream's status and headers, once.
+func (h *sseHead) start() {
+	if h.started {
+		return
+	}
+	hd := h.w.Header()
+	hd.Set("Content-Type", "text/event-stream")
+	hd.Set("Cache-Control", "no-cache")
+	hd.Set("X-Accel-Buffering", "no")
+	h.w.WriteHeader(http.StatusOK)
+	h.started = true
+}
+
 // directSink is a stream's broker.DirectSink: the events as SSE, into the
-// response.
+// response, which the first of them starts (its head goes out with them).
+// It runs on the broker's reply goroutine while the handler waits in
+// Next, so the handler's response and head are its own then.
 type directSink struct {
-	w   nowWriter
-	buf []byte
+	w    nowWriter
+	head *sseHead
+	buf  []byte
 }
 
 func (s *directSink) Add(evs []*wire.Event) {
+	s.head.start()
 	s.buf = s.buf[:0]
 	for _, ev := range evs {
 		s.buf = appendEvent(s.buf, ev.GetRaw())

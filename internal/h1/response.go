@@ -135,13 +135,15 @@ var ErrWouldBlock = errors.New("h1: write would block")
 // goroutine of its own write them there, saving a wake-up of the handler
 // per event: AppendNow adds p to the body (as one chunk once the head is
 // out) without writing; FlushNow writes what the body holds with one
-// write(2) that does not wait. Either may be called from any goroutine
-// while the handler's does not use the response (the caller's
-// synchronization says when). FlushNow returns ErrWouldBlock when the
-// head is not out yet, the connection's send buffer is full (a client
-// that reads slowly) or it cannot write without waiting (TLS): the rest
-// is kept, and the handler's next Flush writes it, in order. Any other
-// error is the connection's, and the response's from then.
+// write(2) that does not wait, the head first if the status is set
+// (WriteHeader) and the head not out yet, as Flush would. Either may be
+// called from any goroutine while the handler's does not use the
+// response (the caller's synchronization says when). FlushNow returns
+// ErrWouldBlock when no status is set yet, the connection's send buffer is
+// full (a client that reads slowly) or it cannot write without waiting
+// (TLS): the rest is kept, and the handler's next Flush writes it, in
+// order. Any other error is the connection's, and the response's from
+// then.
 func (w *response) AppendNow(p []byte) {
 	switch {
 	case w.done || len(p) == 0:
@@ -159,22 +161,42 @@ func (w *response) FlushNow() error {
 		return w.err
 	case w.done:
 		return errHandlerDone
-	case len(w.body) == 0:
+	case len(w.body) == 0 && (w.headOut || !w.wroteHdr):
 		return nil
-	case !w.headOut || w.c.rc == nil:
+	case w.c.rc == nil || !w.wroteHdr:
 		return ErrWouldBlock
-	}
-	n, err := tryWrite(w.c.rc, w.body)
-	if err != nil {
-		w.err, w.closeAft = err, true
+	case !w.headOut:
+		// The head and what the body holds, as one write and one chunk;
+		// what the connection does not take is kept, framed, for the
+		// handler.
+		out := w.c.appendHead(w.c.out[:0], w, -1)
+		out = appendChunk(out, w.body)
+		w.headOut = true
+		n, err := w.writeNow(out)
+		w.body = append(w.body[:0], out[n:]...)
+		w.c.keepOut(out)
+		if err == nil && len(w.body) > 0 {
+			err = ErrWouldBlock
+		}
 		return err
 	}
-	if n < len(w.body) {
-		w.body = w.body[:copy(w.body, w.body[n:])]
-		return ErrWouldBlock
+	n, err := w.writeNow(w.body)
+	w.body = w.body[:copy(w.body, w.body[n:])]
+	if err == nil && len(w.body) > 0 {
+		err = ErrWouldBlock
 	}
-	w.body = w.body[:0]
-	return nil
+	return err
+}
+
+// writeNow makes one write(2) of b that does not wait, and returns how
+// much of b went out.
+func (w *response) writeNow(b []byte) (int, error) {
+	n, err := tryWrite(w.c.rc, b)
+	if err != nil {
+		w.err, w.closeAft = err, true
+		return 0, err
+	}
+	return n, nil
 }
 
 // WritesNow reports whether FlushNow can write at all on this connection

@@ -506,6 +506,89 @@ func TestFlushNow(t *testing.T) {
 	}
 }
 
+// TestFlushNowHead: once the handler has set its status, FlushNow from
+// another goroutine writes the head with the first chunk, while the
+// handler still runs (the client reads both before it lets the handler
+// go on); a FlushNow before the status keeps what it was given. The
+// handler's own writes follow, chunked, and the response ends as usual.
+func TestFlushNowHead(t *testing.T) {
+	type nower interface {
+		AppendNow([]byte)
+		FlushNow() error
+	}
+	goOn := make(chan struct{})
+	_, addr := testServer(t, func(w http.ResponseWriter, r *http.Request) {
+		nw := w.(nower)
+		nw.AppendNow([]byte("early\n"))
+		if err := nw.FlushNow(); !errors.Is(err, ErrWouldBlock) {
+			t.Errorf("FlushNow before the status: %v, want ErrWouldBlock", err)
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.Header().Set("X-Test", "head")
+		w.WriteHeader(http.StatusOK)
+		done := make(chan error)
+		go func() {
+			nw.AppendNow([]byte("first\n"))
+			done <- nw.FlushNow()
+		}()
+		if err := <-done; err != nil {
+			t.Errorf("FlushNow with the status set: %v", err)
+		}
+		<-goOn
+		fmt.Fprint(w, "last\n")
+	})
+	c, br := raw(t, addr)
+	fmt.Fprintf(c, "POST /fast HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != 200 || resp.Header.Get("X-Test") != "head" || resp.Header.Get("Content-Type") != "text/event-stream" ||
+		len(resp.TransferEncoding) != 1 || resp.TransferEncoding[0] != "chunked" {
+		t.Fatalf("head %d %v %v", resp.StatusCode, resp.Header, resp.TransferEncoding)
+	}
+	first := make([]byte, len("early\nfirst\n"))
+	if _, err := io.ReadFull(resp.Body, first); err != nil || string(first) != "early\nfirst\n" {
+		t.Fatalf("before the handler went on: %q, %v", first, err)
+	}
+	close(goOn)
+	rest, err := io.ReadAll(resp.Body)
+	if err != nil || string(rest) != "last\n" {
+		t.Fatalf("the rest: %q, %v", rest, err)
+	}
+}
+
+// TestFlushNowHeadPartly: a head and first chunk that the connection
+// cannot take in one write (8 MiB, more than a loopback socket holds) are
+// kept from where the write stopped, framed, and the handler's Flush
+// sends the rest: the client reads every byte, in order.
+func TestFlushNowHeadPartly(t *testing.T) {
+	big := bytes.Repeat([]byte("0123456789abcde\n"), 8<<20/16)
+	_, addr := testServer(t, func(w http.ResponseWriter, r *http.Request) {
+		nw := w.(interface {
+			AppendNow([]byte)
+			FlushNow() error
+		})
+		w.WriteHeader(http.StatusOK)
+		nw.AppendNow(big)
+		if err := nw.FlushNow(); !errors.Is(err, ErrWouldBlock) {
+			t.Errorf("FlushNow of 8 MiB: %v, want ErrWouldBlock", err)
+		}
+		if err := http.NewResponseController(w).Flush(); err != nil {
+			t.Errorf("Flush: %v", err)
+		}
+		fmt.Fprint(w, "tail\n")
+	})
+	c, br := raw(t, addr)
+	fmt.Fprintf(c, "POST /fast HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+	_ = c.SetReadDeadline(time.Now().Add(20 * time.Second))
+	resp, body := readResp(t, br)
+	if resp.StatusCode != 200 || body != string(big)+"tail\n" {
+		t.Fatalf("status %d, %d bytes of %d", resp.StatusCode, len(body), len(big)+5)
+	}
+}
+
 // TestLongBodiesKeptAlive: requests whose bodies are many times the
 // connection's first buffer, of sizes that vary, one after another on one
 // kept-alive connection (a multi-turn chat re-sending its conversation):
