@@ -540,19 +540,25 @@ func (a *Agent) pull(ctx context.Context, ref *consumerRef, jobs *sync.WaitGroup
 		case <-time.After(backoff):
 		}
 	}
+	ps, err := newPullSub(a.nc, a.cfg.Slots)
+	if err != nil {
+		a.log.Error("no pull loop", "err", err)
+		return
+	}
+	defer ps.close()
 	// Jobs run on workers that outlive one job: a goroutine per job grew
 	// its stack anew for every engine call (the HTTP client's depth), a
 	// measurable share of a short job's CPU. A worker waits a while for the
 	// next job, and every worker ends with the pull loop.
-	work := make(chan jetstream.Msg)
+	work := make(chan jobMessage)
 	quit := make(chan struct{})
 	defer close(quit)
-	runJob := func(msg jetstream.Msg) {
+	runJob := func(msg jobMessage) {
 		defer jobs.Done()
 		defer a.slots.release()
 		a.handle(ctx, msg)
 	}
-	worker := func(msg jetstream.Msg) {
+	worker := func(msg jobMessage) {
 		idle := time.NewTimer(workerIdle)
 		defer idle.Stop()
 		for {
@@ -567,6 +573,32 @@ func (a *Agent) pull(ctx context.Context, ref *consumerRef, jobs *sync.WaitGroup
 			}
 		}
 	}
+	// take starts a job the pull delivered, or hands it straight back.
+	take := func(m *nats.Msg) {
+		msg := &jobMsg{nc: a.nc, m: m}
+		if ctx.Err() != nil {
+			// Draining: hand the job straight back to the pool.
+			_ = msg.Nak()
+			return
+		}
+		if !a.slots.acquire(a.pullLimit(time.Now())) {
+			// The other queue's pull filled the room meanwhile, or the job
+			// came late to a pull that had ended.
+			_ = msg.Nak()
+			return
+		}
+		jobs.Add(1)
+		select {
+		case work <- msg: // an idle worker takes it
+		default:
+			go worker(msg)
+		}
+	}
+	// A pull whose end never came (its status lost in a reconnect) is
+	// given up on this long after it should have expired, as nats.go's
+	// Fetch does.
+	giveUp := time.NewTimer(time.Hour)
+	defer giveUp.Stop()
 	for ctx.Err() == nil {
 		if !a.waitServing(ctx) {
 			return
@@ -590,6 +622,11 @@ func (a *Agent) pull(ctx context.Context, ref *consumerRef, jobs *sync.WaitGroup
 				}
 			case <-grow:
 			case <-ctx.Done():
+			case m := <-ps.ch:
+				// A job late to a pull that had ended: no room for it.
+				if status(m) == nil {
+					take(m)
+				}
 			}
 			if t != nil {
 				t.Stop()
@@ -597,37 +634,33 @@ func (a *Agent) pull(ctx context.Context, ref *consumerRef, jobs *sync.WaitGroup
 			continue
 		}
 		cons, gen := ref.get()
-		batch, err := cons.Fetch(n, jetstream.FetchMaxWait(a.cfg.PullWait))
-		if err != nil {
+		if err := ps.request(cons, a.cfg.Stream, n, a.cfg.PullWait); err != nil {
 			if ctx.Err() == nil {
 				a.log.Warn("pull failed", "err", err)
 				pause()
 			}
 			continue
 		}
-		// A batch ends when it has n jobs or expires; while it has fewer,
+		// A pull ends when it has n jobs or expires; while it has fewer,
 		// every job that arrives is delivered to it at once.
-		for msg := range batch.Messages() {
-			if ctx.Err() != nil {
-				// Draining: hand the job straight back to the pool.
-				_ = msg.Nak()
-				continue
-			}
-			if !a.slots.acquire(a.pullLimit(time.Now())) {
-				// The other queue's pull filled the room meanwhile.
-				_ = msg.Nak()
-				continue
-			}
-			jobs.Add(1)
+		giveUp.Reset(a.cfg.PullWait + time.Second)
+		err = nil
+		for got := 0; got < n && err == nil; {
 			select {
-			case work <- msg: // an idle worker takes it
-			default:
-				go worker(msg)
+			case m := <-ps.ch:
+				switch err = status(m); err {
+				case nil:
+					got++
+					take(m)
+				case errNotEnd:
+					err = nil
+				}
+			case <-giveUp.C:
+				err = errPullEnded
 			}
 		}
-		err = batch.Error()
 		switch {
-		case err == nil || errors.Is(err, nats.ErrTimeout) || ctx.Err() != nil:
+		case err == nil || errors.Is(err, errPullEnded) || ctx.Err() != nil:
 			backoff = 0
 		case consumerGone(err):
 			ref.renew(ctx, a, gen)
@@ -645,7 +678,7 @@ func (a *Agent) pull(ctx context.Context, ref *consumerRef, jobs *sync.WaitGroup
 // request went to the node that died) gets no answer, and past AckWait the
 // job is offered to another agent anyway, so waiting for the job's whole
 // deadline would only hold the slot.
-func (a *Agent) doubleAck(ctx context.Context, msg jetstream.Msg) error {
+func (a *Agent) doubleAck(ctx context.Context, msg jobMessage) error {
 	ctx, cancel := context.WithTimeout(ctx, a.cfg.AckWait)
 	defer cancel()
 	return msg.DoubleAck(ctx)
@@ -720,7 +753,7 @@ func (a *Agent) wasCancelled(id string, attempt uint32) bool {
 }
 
 // handle runs one job to its end.
-func (a *Agent) handle(ctx context.Context, msg jetstream.Msg) {
+func (a *Agent) handle(ctx context.Context, msg jobMessage) {
 	// The job's body aliases the message's data (see wire.DecodeJob): a
 	// buffer nats.go allocates for this message alone, which nothing here
 	// reads or writes again (the message is only acked or termed), and no

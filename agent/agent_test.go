@@ -462,3 +462,42 @@ func TestUndecodableJobDropped(t *testing.T) {
 		t.Fatalf("engine called %d times", n)
 	}
 }
+
+// TestPullAfterConsumerDeleted: the pool's consumer deleted under a
+// waiting pull (a stream recreated, an operator's mistake): the pull loop
+// is told so (409 Consumer Deleted, or no responders for the next pull),
+// binds the consumer again, and a job published afterwards runs.
+func TestPullAfterConsumerDeleted(t *testing.T) {
+	f := start(t, 2, 0)
+	ctx := context.Background()
+	sub := f.publish(t, "before", time.Now().Add(time.Minute))
+	for c := next(t, sub); c.GetKind() != wire.Chunk_KIND_FINAL; c = next(t, sub) {
+	}
+	st, err := f.js.Stream(ctx, broker.DefaultStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := st.ConsumerNames(ctx)
+	var deleted int
+	for name := range names.Name() {
+		if err := st.DeleteConsumer(ctx, name); err != nil {
+			t.Fatal(err)
+		}
+		deleted++
+	}
+	if deleted == 0 {
+		t.Fatal("no consumer to delete")
+	}
+	testwait.For(t, 10*time.Second, 10*time.Millisecond, func() error {
+		if n, _ := st.Info(ctx); n == nil || n.State.Consumers == 0 {
+			return errors.New("consumer not bound again yet")
+		}
+		return nil
+	})
+	sub = f.publish(t, "after", time.Now().Add(time.Minute))
+	for c := next(t, sub); c.GetKind() != wire.Chunk_KIND_FINAL; c = next(t, sub) {
+	}
+	if n := f.eng.calls.Load(); n != 2 {
+		t.Fatalf("engine ran %d jobs, want 2", n)
+	}
+}

@@ -6,8 +6,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/switchyard-ai/switchyard/wire"
 )
 
@@ -59,7 +57,7 @@ func (a *Agent) waitServing(ctx context.Context) bool {
 // heldBack hands a job pulled while the agent is out of service back to
 // the queue (a pull request already waiting at the server when the engine
 // refused the agent may still deliver some) and reports whether it did.
-func (a *Agent) heldBack(msg jetstream.Msg) bool {
+func (a *Agent) heldBack(msg jobMessage) bool {
 	if a.serving() {
 		return false
 	}

@@ -1,0 +1,42 @@
+package agent
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// TestPullStatus: the pull loop reads a pull's answers as nats.go's Fetch
+// does: data is a job; a status message (header, no data) ends the pull,
+// as a plain end (expired, nothing there), a consumer gone (consumerGone
+// binds it again) or another failure; an idle heartbeat does not end it.
+func TestPullStatus(t *testing.T) {
+	st := func(code, desc string) *nats.Msg {
+		return &nats.Msg{Header: nats.Header{"Status": {code}, "Description": {desc}}}
+	}
+	for _, c := range []struct {
+		name string
+		m    *nats.Msg
+		want error
+		gone bool
+	}{
+		{"job", &nats.Msg{Data: []byte("job")}, nil, false},
+		{"job with headers", &nats.Msg{Data: []byte("job"), Header: nats.Header{"Nats-Msg-Id": {"x"}}}, nil, false},
+		{"expired", st("408", "Request Timeout"), errPullEnded, false},
+		{"no messages", st("404", "No Messages"), errPullEnded, false},
+		{"heartbeat", st("100", "Idle Heartbeat"), errNotEnd, false},
+		{"no responders", st("503", ""), nats.ErrNoResponders, true},
+		{"consumer deleted", st("409", "Consumer Deleted"), jetstream.ErrConsumerDeleted, true},
+		{"leadership change", st("409", "Leadership Change"), jetstream.ErrConsumerLeadershipChanged, false},
+	} {
+		got := status(c.m)
+		if !errors.Is(got, c.want) || consumerGone(got) != c.gone {
+			t.Errorf("%s: %v (consumer gone: %v), want %v (%v)", c.name, got, consumerGone(got), c.want, c.gone)
+		}
+	}
+	if err := status(st("409", "Exceeded MaxWaiting")); err == nil || errors.Is(err, errPullEnded) || consumerGone(err) {
+		t.Errorf("409 Exceeded MaxWaiting: %v, want a failure of its own", err)
+	}
+}
