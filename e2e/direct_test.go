@@ -211,6 +211,33 @@ func TestLongConversationKeptAlive(t *testing.T) {
 	}
 }
 
+// TestBadTargetAnswered: a request whose target is no URL (a bad escape)
+// gets net/http's 400 on the broker's own HTTP/1.1 loop as on net/http,
+// at once; the loop used to hand the connection over without the request,
+// which then waited for the client's timeout.
+func TestBadTargetAnswered(t *testing.T) {
+	for _, loop := range []bool{true, false} {
+		t.Run(fmt.Sprintf("http-loop=%v", loop), func(t *testing.T) {
+			b := startBroker(t, fmt.Sprintf("--http-loop=%v", loop))
+			c, err := net.Dial("tcp", strings.TrimPrefix(b.HTTP, "http://"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+			fmt.Fprintf(c, "POST /v1/chat/completions%%zz HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				t.Fatalf("no answer: %v", err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusBadRequest {
+				t.Fatalf("status %d, want 400", resp.StatusCode)
+			}
+		})
+	}
+}
+
 // readStreamText reads a chat stream to its [DONE] and returns its text;
 // each, when not nil, is called as each event with content arrives.
 func readStreamText(r io.Reader, each func()) (string, error) {

@@ -254,11 +254,13 @@ func (c *conn) next() (*http.Request, bool, error) {
 	}
 	_ = c.nc.SetReadDeadline(time.Time{})
 	body := c.buf[bodyAt : bodyAt+int(h.contentLength) : bodyAt+int(h.contentLength)]
-	c.r = bodyAt + int(h.contentLength)
 	req, err := c.request(h, body)
 	if err != nil {
-		return nil, true, nil // an odd target: net/http answers it
+		// An odd target (no URL: a bad escape): net/http answers it, from
+		// its head on.
+		return nil, true, nil
 	}
+	c.r = bodyAt + int(h.contentLength)
 	return req, false, nil
 }
 

@@ -742,3 +742,19 @@ func TestRandomFraming(t *testing.T) {
 		}
 	}
 }
+
+// TestBadEscapeToNetHTTP: a target parseHead passes but that is no URL (a
+// bad escape) goes to net/http with its connection, which answers it as it
+// always did (400), and the loop serves nothing of it.
+func TestBadEscapeToNetHTTP(t *testing.T) {
+	_, addr := testServer(t, echo, func(s *Server) {
+		s.Fast = func(method, target string) bool { return strings.HasPrefix(target, "/fast") }
+	})
+	c, br := raw(t, addr)
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	fmt.Fprintf(c, "POST /fast%%zz HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi")
+	resp, body := readResp(t, br)
+	if resp.StatusCode != http.StatusBadRequest || resp.Header.Get("X-Served-By") == "h1" {
+		t.Fatalf("status %d, served by %q: %q", resp.StatusCode, resp.Header.Get("X-Served-By"), body)
+	}
+}
