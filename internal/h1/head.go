@@ -33,19 +33,21 @@ func parseHead(b []byte, max int) (*head, bool) {
 	if end < 0 || end+4 > max {
 		return nil, false
 	}
+	// The head's text is one string; the target and every header value
+	// are parts of it, and the values' slices parts of one array: a few
+	// allocations per request where there were two per header line.
+	all := string(b[:end+2]) // every line with its CRLF
 	h := &head{size: end + 4, contentLength: 0}
-	lines := b[:end+2] // every line with its CRLF
-	i := bytes.Index(lines, crlf)
-	line := lines[:i]
-	lines = lines[i+2:]
+	i := strings.Index(all, "\r\n")
+	line, lines := all[:i], all[i+2:]
 	// Request line: method SP target SP HTTP/1.1.
-	sp1 := bytes.IndexByte(line, ' ')
+	sp1 := strings.IndexByte(line, ' ')
 	if sp1 <= 0 {
 		return nil, false
 	}
 	rest := line[sp1+1:]
-	sp2 := bytes.IndexByte(rest, ' ')
-	if sp2 <= 0 || string(rest[sp2+1:]) != "HTTP/1.1" {
+	sp2 := strings.IndexByte(rest, ' ')
+	if sp2 <= 0 || rest[sp2+1:] != "HTTP/1.1" {
 		return nil, false
 	}
 	method, target := line[:sp1], rest[:sp2]
@@ -53,24 +55,30 @@ func parseHead(b []byte, max int) (*head, bool) {
 		return nil, false
 	}
 	h.method = methodString(method)
-	h.target = string(target)
-	h.header = make(http.Header, 8)
+	h.target = target
+	n := strings.Count(lines, "\r\n")
+	vals := make([]string, n)
+	h.header = make(http.Header, n)
 	hosts, lengths := 0, 0
-	for len(lines) > 0 {
-		i := bytes.Index(lines, crlf)
+	for k := 0; len(lines) > 0; k++ {
+		i := strings.Index(lines, "\r\n")
 		line := lines[:i]
 		lines = lines[i+2:]
-		colon := bytes.IndexByte(line, ':')
+		colon := strings.IndexByte(line, ':')
 		if colon <= 0 || !validToken(line[:colon]) {
 			return nil, false // a folded line, a bad name: net/http's call
 		}
-		value := bytes.Trim(line[colon+1:], " \t")
-		if !validValue(value) {
+		v := strings.Trim(line[colon+1:], " \t")
+		if !validValue(v) {
 			return nil, false
 		}
 		key := canonicalKey(line[:colon])
-		v := string(value)
-		h.header[key] = append(h.header[key], v)
+		if vs, ok := h.header[key]; ok {
+			h.header[key] = append(vs, v)
+		} else {
+			vals[k] = v
+			h.header[key] = vals[k : k+1 : k+1]
+		}
 		switch key {
 		case "Host":
 			hosts++
@@ -123,24 +131,24 @@ func validHost(h string) bool {
 var crlf = []byte("\r\n")
 
 // methodString returns the method without allocating for the common ones.
-func methodString(m []byte) string {
-	switch string(m) {
+func methodString(m string) string {
+	switch m {
 	case http.MethodPost:
 		return http.MethodPost
 	case http.MethodGet:
 		return http.MethodGet
 	}
-	return string(m)
+	return m
 }
 
 // validToken reports whether b is an RFC 9110 token (a method, a header
 // name).
-func validToken(b []byte) bool {
+func validToken[T string | []byte](b T) bool {
 	if len(b) == 0 {
 		return false
 	}
-	for _, c := range b {
-		if c <= ' ' || c >= 0x7f || strings.IndexByte(`"(),/:;<=>?@[\]{}`, c) >= 0 {
+	for i := 0; i < len(b); i++ {
+		if c := b[i]; c <= ' ' || c >= 0x7f || strings.IndexByte(`"(),/:;<=>?@[\]{}`, c) >= 0 {
 			return false
 		}
 	}
@@ -149,9 +157,9 @@ func validToken(b []byte) bool {
 
 // validTarget reports whether b can be an origin-form target: visible
 // ASCII (net/http's own parse decides the rest).
-func validTarget(b []byte) bool {
-	for _, c := range b {
-		if c <= ' ' || c >= 0x7f {
+func validTarget(b string) bool {
+	for i := 0; i < len(b); i++ {
+		if c := b[i]; c <= ' ' || c >= 0x7f {
 			return false
 		}
 	}
@@ -160,9 +168,9 @@ func validTarget(b []byte) bool {
 
 // validValue reports whether b is a header value net/http takes: no
 // control character but the tab.
-func validValue(b []byte) bool {
-	for _, c := range b {
-		if c < ' ' && c != '\t' || c == 0x7f {
+func validValue(b string) bool {
+	for i := 0; i < len(b); i++ {
+		if c := b[i]; c < ' ' && c != '\t' || c == 0x7f {
 			return false
 		}
 	}
@@ -187,12 +195,13 @@ var commonKeys = func() map[string]string {
 	return m
 }()
 
-// canonicalKey is textproto.CanonicalMIMEHeaderKey for a name in bytes.
-func canonicalKey(name []byte) string {
-	if k, ok := commonKeys[string(name)]; ok { // no allocation for the lookup
+// canonicalKey is textproto.CanonicalMIMEHeaderKey, without allocating
+// for the names requests usually carry.
+func canonicalKey(name string) string {
+	if k, ok := commonKeys[name]; ok {
 		return k
 	}
-	return textproto.CanonicalMIMEHeaderKey(string(name))
+	return textproto.CanonicalMIMEHeaderKey(name)
 }
 
 // appendHead appends w's status line and header. length is the body's
