@@ -145,12 +145,20 @@ func TestDirectTokens(t *testing.T) {
 	if c.tokens != 6 || c.sent.String() != " first w0 w1 w2 w3 w4" {
 		t.Fatalf("accounting: %d tokens, sent %q", c.tokens, c.sent.String())
 	}
+	quietThenFinal(t, b, c, out, 6)
+}
+
+// quietThenFinal checks that c's reader was given nothing (its tokens went
+// to the sink), then sends the final chunk as number seq and checks that
+// the reader gets it through Next.
+func quietThenFinal(t *testing.T, b *Broker, c *Call, out <-chan string, seq uint64) {
+	t.Helper()
 	select {
 	case got := <-out:
 		t.Fatalf("the reader was given %q for a direct token", got)
 	default:
 	}
-	b.onReply(replyOf(t, c, 6, final()))
+	b.onReply(replyOf(t, c, seq, final()))
 	if got := <-out; got != "final" {
 		t.Fatalf("after the direct tokens, Next gave %q, want the final chunk", got)
 	}
@@ -180,15 +188,7 @@ func TestDirectFirstToken(t *testing.T) {
 	if first.IsZero() || sent != " first" {
 		t.Fatalf("first token at %v, sent %q", first, sent)
 	}
-	select {
-	case got := <-out:
-		t.Fatalf("the reader was given %q for a direct first token", got)
-	default:
-	}
-	b.onReply(replyOf(t, c, 1, final()))
-	if got := <-out; got != "final" {
-		t.Fatalf("after the direct first token, Next gave %q, want the final chunk", got)
-	}
+	quietThenFinal(t, b, c, out, 1)
 }
 
 // TestDirectPendingKeepsOrder: a sink that could not write everything
