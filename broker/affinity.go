@@ -381,7 +381,11 @@ func (a *callAffinity) stopTimer() {
 	if a.timer != nil {
 		a.timer.Stop()
 	}
-	a.move = nil
+	// Not written when nil: the reply goroutine stops no timer (see
+	// Call.acceptOK) while the waiting reader's select reads move.
+	if a.move != nil {
+		a.move = nil
+	}
 }
 
 // accepted is called when an agent accepts the current attempt (stage

@@ -539,6 +539,14 @@ func (b *Broker) relay(c *Call, chunk *wire.Chunk, arrived int64) bool {
 		}
 		c.nextSeq++
 	}
+	if c.acceptOK(chunk) {
+		// The reader waits and nothing is queued: its accepted chunk is
+		// taken in here (see SetDirect).
+		c.acceptDirect(chunk)
+		c.mu.Unlock()
+		c.arrived.Store(arrived)
+		return false
+	}
 	if c.directOK(chunk) {
 		// The reader waits and nothing is queued: its writer takes the
 		// token from here (see SetDirect).
@@ -763,21 +771,7 @@ func (c *Call) Next(ctx context.Context) (*wire.Chunk, error) {
 			c.restartStall()
 			continue
 		case wire.Chunk_KIND_ACCEPTED:
-			c.restartStall()
-			// Copied: kept for the attempt, and by affinity for longer,
-			// where the chunk's strings are its message's.
-			if ch.GetStage() == wire.Chunk_STAGE_PREFILL {
-				c.prefillAgent = strings.Clone(ch.GetAgentId())
-				c.load.prefillTaken()
-				c.accepted(c.prefillAgent, true)
-			} else {
-				c.agent = strings.Clone(ch.GetAgentId())
-				c.accepted(c.agent, false)
-				if p := ch.GetPrefillAgent(); p != "" {
-					c.prefillAgent = strings.Clone(p)
-				}
-				c.load.taken()
-			}
+			c.onAccepted(ch)
 		case wire.Chunk_KIND_FINAL:
 			if ch.GetStage() == wire.Chunk_STAGE_PREFILL {
 				// The prefill leg handed off: its decode job is queued.
@@ -807,6 +801,28 @@ func (c *Call) Next(ctx context.Context) (*wire.Chunk, error) {
 		}
 		return c.deliver(ch), nil
 	}
+}
+
+// onAccepted takes in an agent's accepted chunk: the attempt's agent (or
+// its prefill agent), what it counts in flight, affinity's settlement. It
+// is the reader's, or the reply goroutine's while the reader waits (see
+// acceptDirect).
+func (c *Call) onAccepted(ch *wire.Chunk) {
+	c.restartStall()
+	// Copied: kept for the attempt, and by affinity for longer, where the
+	// chunk's strings are its message's.
+	if ch.GetStage() == wire.Chunk_STAGE_PREFILL {
+		c.prefillAgent = strings.Clone(ch.GetAgentId())
+		c.load.prefillTaken()
+		c.accepted(c.prefillAgent, true)
+		return
+	}
+	c.agent = strings.Clone(ch.GetAgentId())
+	c.accepted(c.agent, false)
+	if p := ch.GetPrefillAgent(); p != "" {
+		c.prefillAgent = strings.Clone(p)
+	}
+	c.load.taken()
 }
 
 // release gives the chunk the reader last got back to the broker's pool.

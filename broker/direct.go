@@ -5,6 +5,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/switchyard-ai/switchyard/dispatch"
 	"github.com/switchyard-ai/switchyard/wire"
 )
 
@@ -15,6 +16,9 @@ import (
 type DirectSink interface {
 	Add(events []*wire.Event)
 	Flush() DirectResult
+	// Accepted is told of the attempt's accepted chunk when the reply
+	// goroutine took it in (see SetDirect), before any of its tokens.
+	Accepted(chunk *wire.Chunk)
 }
 
 // DirectResult is what a direct sink's Flush made of the bytes it held.
@@ -48,10 +52,14 @@ var ErrFlush = errors.New("broker: the direct sink left bytes for the reader to 
 // stream's burst of tokens in one write(2), as a reader that found them
 // queued would. The first token may go to the sink too: the sink then
 // starts the response (its head goes out with that token), and the call
-// no longer retries (see Call), as when the reader hands a token out. The
-// accepted, final, error and keep-alive chunks, and every chunk while the
-// reader is not waiting or something else is queued, still come through
-// Next, in order (the sink's writer is the reader's).
+// no longer retries (see Call), as when the reader hands a token out.
+// The accepted chunk of a plain attempt (the first, on the regular route,
+// with no affinity offer waiting) is taken in there as well, and the sink
+// told of it (Accepted): a stream's reader then wakes once, at its end.
+// The final, error and keep-alive chunks, the accepted chunks of other
+// attempts, and every chunk while the reader is not waiting or something
+// else is queued, still come through Next, in order (the sink's writer
+// is the reader's).
 //
 // The sink runs with the call's lock held; Next does not return while a
 // sink call is in progress, and from its return until the reader waits
@@ -78,6 +86,28 @@ func (c *Call) directOK(chunk *wire.Chunk) bool {
 		c.qhead == len(c.queue) && c.failErr == nil && c.broken == nil &&
 		chunk.GetKind() == wire.Chunk_KIND_TOKEN && chunk.GetStage() != wire.Chunk_STAGE_PREFILL &&
 		len(chunk.GetEvents()) > 0
+}
+
+// acceptOK reports whether chunk, the current attempt's next in
+// sequence, is an accepted chunk the reply goroutine may take in for the
+// waiting reader: that of a first attempt on the regular route whose job
+// was no affinity offer (whose wait the reader's select watches, and
+// whose end the reader settles). c.mu is held.
+func (c *Call) acceptOK(chunk *wire.Chunk) bool {
+	return chunk.GetKind() == wire.Chunk_KIND_ACCEPTED && chunk.GetStage() != wire.Chunk_STAGE_PREFILL &&
+		c.direct != nil && !c.directOff && !c.directStop && c.waiting &&
+		c.qhead == len(c.queue) && c.failErr == nil && c.broken == nil &&
+		c.Route == dispatch.RouteRegular && c.aff.move == nil && c.aff.timer == nil && c.migrations == 0
+}
+
+// acceptDirect does for an accepted chunk what the reader's Next would.
+// c.mu is held, and the reader waits (see acceptOK): its state is this
+// goroutine's until c.mu is released.
+func (c *Call) acceptDirect(chunk *wire.Chunk) {
+	c.heard = c.b.now()
+	c.onAccepted(chunk)
+	c.b.metrics.directAccepted.Inc()
+	c.direct.Accepted(chunk)
 }
 
 // deliverDirect does for chunk what the reader's Next would (deliver's

@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/switchyard-ai/switchyard/dispatch"
 	"github.com/switchyard-ai/switchyard/internal/testwait"
 	"github.com/switchyard-ai/switchyard/wire"
 )
@@ -34,11 +35,12 @@ func replyOf(t testing.TB, c *Call, seq uint64, chunks ...*wire.Chunk) *nats.Msg
 // directSink records what reaches it: the events added, and at each
 // Flush the text written, or kept (result DirectPending).
 type directSink struct {
-	mu      sync.Mutex
-	added   []string // added and not flushed yet
-	texts   []string // flushed
-	flushes int
-	result  DirectResult
+	mu       sync.Mutex
+	accepted []string // the agents of the accepted chunks it was told of
+	added    []string // added and not flushed yet
+	texts    []string // flushed
+	flushes  int
+	result   DirectResult
 }
 
 func (s *directSink) Add(evs []*wire.Event) {
@@ -47,6 +49,12 @@ func (s *directSink) Add(evs []*wire.Event) {
 	for _, ev := range evs {
 		s.added = append(s.added, ev.GetDeltaText())
 	}
+}
+
+func (s *directSink) Accepted(c *wire.Chunk) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.accepted = append(s.accepted, c.GetAgentId())
 }
 
 func (s *directSink) Flush() DirectResult {
@@ -191,6 +199,75 @@ func TestDirectFirstToken(t *testing.T) {
 	quietThenFinal(t, b, c, out, 1)
 }
 
+// TestDirectAccepted: with a sink set and the reader waiting, a first
+// regular attempt's accepted chunk is taken in on the reply goroutine (the
+// attempt's agent, the sink told for its headers) and the reader is not
+// woken for it; a PD attempt's, or one whose job is an affinity offer,
+// still goes to the reader, which settles them.
+func TestDirectAccepted(t *testing.T) {
+	accepted := &wire.Chunk{Kind: wire.Chunk_KIND_ACCEPTED}
+	t.Run("regular", func(t *testing.T) {
+		sink := &directSink{}
+		b, c, _ := hopCall(t, 0)
+		c.Deadline, c.Started = time.Now().Add(time.Hour), time.Now()
+		c.SetDirect(sink)
+		out, stop := reader(t, c)
+		t.Cleanup(stop)
+		waitParked(t, c)
+		b.onReply(replyOf(t, c, 0, accepted))
+		sink.mu.Lock()
+		got := sink.accepted
+		sink.mu.Unlock()
+		c.mu.Lock()
+		agent, waiting := c.agent, c.waiting
+		c.mu.Unlock()
+		if len(got) != 1 || got[0] != "a1" || agent != "a1" || !waiting {
+			t.Fatalf("sink told of %q, call's agent %q, reader waiting %v", got, agent, waiting)
+		}
+		b.onReply(replyOf(t, c, 1, token(" first")))
+		if got := strings.Join(sink.got(), ""); got != " first" {
+			t.Fatalf("the sink got %q", got)
+		}
+		quietThenFinal(t, b, c, out, 2)
+	})
+	for _, tc := range []struct {
+		name string
+		set  func(c *Call)
+	}{
+		{"pd", func(c *Call) { c.Route = dispatch.RoutePD }},
+		{"offer", func(c *Call) { c.aff.timer = time.NewTimer(time.Hour) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sink := &directSink{}
+			b, c, _ := hopCall(t, 0)
+			c.Deadline, c.Started = time.Now().Add(time.Hour), time.Now()
+			tc.set(c)
+			c.SetDirect(sink)
+			out, stop := reader(t, c)
+			t.Cleanup(stop)
+			waitParked(t, c)
+			b.onReply(replyOf(t, c, 0, accepted))
+			// The reader takes it (it reports nothing for an accepted
+			// chunk) and waits again.
+			testwait.For(t, 5*time.Second, time.Millisecond, func() error {
+				c.mu.Lock()
+				defer c.mu.Unlock()
+				if c.qhead != len(c.queue) || !c.waiting {
+					return errors.New("the reader has not taken the accepted chunk")
+				}
+				return nil
+			})
+			if len(sink.accepted) != 0 {
+				t.Fatalf("the sink was told of %q", sink.accepted)
+			}
+			b.onReply(replyOf(t, c, 1, final()))
+			if got := <-out; got != "final" {
+				t.Fatalf("Next gave %q, want the final chunk", got)
+			}
+		})
+	}
+}
+
 // TestDirectPendingKeepsOrder: a sink that could not write everything
 // stops the direct path; Next returns ErrFlush before any chunk queued
 // after it, and once resumed the sink takes tokens again.
@@ -291,5 +368,6 @@ func TestDirectAllocs(t *testing.T) {
 // nopSink writes everything at once.
 type nopSink struct{}
 
-func (nopSink) Add([]*wire.Event)   {}
-func (nopSink) Flush() DirectResult { return DirectDone }
+func (nopSink) Add([]*wire.Event)    {}
+func (nopSink) Accepted(*wire.Chunk) {}
+func (nopSink) Flush() DirectResult  { return DirectDone }

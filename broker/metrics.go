@@ -30,6 +30,9 @@ type Metrics struct {
 	// directChunks counts token chunks a direct sink wrote (see
 	// Call.SetDirect).
 	directChunks prometheus.Counter
+	// directAccepted counts accepted chunks the reply goroutine took in
+	// for a waiting reader (see Call.SetDirect).
+	directAccepted prometheus.Counter
 }
 
 // Latency buckets for LLM serving, in seconds: TTFT spans milliseconds
@@ -86,14 +89,18 @@ func NewMetrics() *Metrics {
 		}, []string{"reason"}),
 		directChunks: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "switchyard_direct_token_chunks_total",
-			Help: "Token chunks handed to their client's writer on the reply goroutine, without waking the request's handler (streams on the broker's own HTTP/1.1 loop, after the first token).",
+			Help: "Token chunks handed to their client's writer on the reply goroutine, without waking the request's handler (streams on the broker's own HTTP/1.1 loop).",
+		}),
+		directAccepted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "switchyard_direct_accepted_total",
+			Help: "Accepted chunks taken in on the reply goroutine, without waking the request's handler (streams on the broker's own HTTP/1.1 loop, first attempts on the regular route).",
 		}),
 	}
 }
 
 // Register adds every collector to r.
 func (m *Metrics) Register(r prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.requests, m.inflight, m.ttft, m.itl, m.e2e, m.outputTokens, m.rejections, m.retries, m.migrations, m.publishRetries, m.droppedChunks, m.affinity, m.secondRuns, m.directChunks} {
+	for _, c := range []prometheus.Collector{m.requests, m.inflight, m.ttft, m.itl, m.e2e, m.outputTokens, m.rejections, m.retries, m.migrations, m.publishRetries, m.droppedChunks, m.affinity, m.secondRuns, m.directChunks, m.directAccepted} {
 		if err := r.Register(c); err != nil {
 			return err
 		}

@@ -23,10 +23,16 @@ import (
 // directTokens reads switchyard_direct_token_chunks_total.
 func directTokens(t *testing.T, base string) int {
 	t.Helper()
-	v := scrapeValue(base+"/metrics", "switchyard_direct_token_chunks_total")
+	return scrapeCount(t, base, "switchyard_direct_token_chunks_total")
+}
+
+// scrapeCount reads the counter name from base's /metrics.
+func scrapeCount(t *testing.T, base, name string) int {
+	t.Helper()
+	v := scrapeValue(base+"/metrics", name)
 	n, err := strconv.ParseFloat(v, 64)
 	if err != nil {
-		t.Fatalf("switchyard_direct_token_chunks_total %q: %v", v, err)
+		t.Fatalf("%s %q: %v", name, v, err)
 	}
 	return int(n)
 }
@@ -90,9 +96,10 @@ func TestDirectTokenWrites(t *testing.T) {
 
 // TestDirectFirstToken: on the broker's own HTTP/1.1 loop a stream's first
 // token, too, is written by the reply goroutine when the handler waits for
-// it (an engine slow to its first token), with the response's head: the
-// client gets the stream's headers, the route and agent the accepted
-// chunk named among them, and the whole text.
+// it (an engine slow to its first token), with the response's head, and
+// its accepted chunk taken in there: the client gets the stream's
+// headers, the route and agent the accepted chunk named among them, and
+// the whole text.
 func TestDirectFirstToken(t *testing.T) {
 	b := startBroker(t)
 	e := startEngine(t, simengine.Config{Model: model, TTFT: 40 * time.Millisecond, ITL: time.Millisecond, Slots: 4})
@@ -100,6 +107,7 @@ func TestDirectFirstToken(t *testing.T) {
 	waitEligible(t, b.HTTP, "a1")
 	const streams = 6
 	before := directTokens(t, b.HTTP)
+	acceptedBefore := scrapeCount(t, b.HTTP, "switchyard_direct_accepted_total")
 	for i := range streams {
 		body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"first %d"}],"max_tokens":1,"stream":true}`, model, i)
 		want := expect(t, simengine.APIChat, body)
@@ -122,6 +130,10 @@ func TestDirectFirstToken(t *testing.T) {
 	// runs it late): most, not all, first tokens go directly.
 	if direct := directTokens(t, b.HTTP) - before; direct < streams/2 {
 		t.Fatalf("%d of %d one-token streams had their token written by the reply goroutine, want most", direct, streams)
+	}
+	// So did their accepted chunks: the headers above came from the sink.
+	if n := scrapeCount(t, b.HTTP, "switchyard_direct_accepted_total") - acceptedBefore; n < streams/2 {
+		t.Fatalf("%d of %d accepted chunks taken in by the reply goroutine, want most", n, streams)
 	}
 }
 

@@ -251,10 +251,11 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, call *broker.Cal
 	// A writer that can write without waiting (the broker's own HTTP/1.1
 	// loop) takes the tokens from the reply goroutine itself
 	// (broker.Call.SetDirect), the first one with the response's head: no
-	// wake-up of this goroutine per token. The accepted chunk (its route
-	// and agent headers) still comes here first.
+	// wake-up of this goroutine per token, and none for the accepted
+	// chunk of a first attempt (the sink sets its route and agent
+	// headers).
 	if nw, ok := w.(nowWriter); ok && nw.WritesNow() {
-		call.SetDirect(&directSink{w: nw, head: out})
+		call.SetDirect(&directSink{w: nw, head: out, call: call})
 	}
 	fail := func(e *apiError) {
 		if !out.started {
@@ -290,9 +291,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, call *broker.Cal
 		}
 		switch c.GetKind() {
 		case wire.Chunk_KIND_ACCEPTED:
-			// A retry may have moved the request to another route.
-			w.Header().Set("X-Switchyard-Route", call.Route.String())
-			w.Header().Set("X-Switchyard-Agent", agentHeader(c))
+			acceptedHeaders(w.Header(), call, c)
 		case wire.Chunk_KIND_TOKEN:
 			out.start()
 			events = events[:0]
@@ -354,7 +353,19 @@ func (h *sseHead) start() {
 type directSink struct {
 	w    nowWriter
 	head *sseHead
+	call *broker.Call
 	buf  []byte
+}
+
+// Accepted sets the headers of the accepted chunk the reply goroutine
+// took in, as the handler does for one it reads.
+func (s *directSink) Accepted(c *wire.Chunk) { acceptedHeaders(s.head.w.Header(), s.call, c) }
+
+// acceptedHeaders sets the route and agent headers of an accepted chunk
+// (a retry may have moved the request to another route).
+func acceptedHeaders(h http.Header, call *broker.Call, c *wire.Chunk) {
+	h.Set("X-Switchyard-Route", call.Route.String())
+	h.Set("X-Switchyard-Agent", agentHeader(c))
 }
 
 func (s *directSink) Add(evs []*wire.Event) {
@@ -403,9 +414,7 @@ func (s *Server) assemble(w http.ResponseWriter, r *http.Request, call *broker.C
 		}
 		switch c.GetKind() {
 		case wire.Chunk_KIND_ACCEPTED:
-			// A retry may have moved the request to another route.
-			w.Header().Set("X-Switchyard-Route", call.Route.String())
-			w.Header().Set("X-Switchyard-Agent", agentHeader(c))
+			acceptedHeaders(w.Header(), call, c)
 		case wire.Chunk_KIND_TOKEN:
 			for _, ev := range c.GetEvents() {
 				a.add(ev)
