@@ -634,7 +634,7 @@ func (a *Agent) pull(ctx context.Context, ref *consumerRef, jobs *sync.WaitGroup
 			continue
 		}
 		cons, gen := ref.get()
-		if err := ps.request(cons, a.cfg.Stream, n, a.cfg.PullWait); err != nil {
+		if err := ps.request(cons, n, a.cfg.PullWait); err != nil {
 			if ctx.Err() == nil {
 				a.log.Warn("pull failed", "err", err)
 				pause()

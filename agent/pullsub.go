@@ -65,19 +65,16 @@ func newPullSub(nc *nats.Conn, room int) (*pullSub, error) {
 func (p *pullSub) close() { _ = p.sub.Unsubscribe() }
 
 // request asks cons for up to n jobs, waiting at most wait for them.
-func (p *pullSub) request(cons jetstream.Consumer, stream string, n int, wait time.Duration) error {
+func (p *pullSub) request(cons jetstream.Consumer, n int, wait time.Duration) error {
 	info := cons.CachedInfo()
-	if info == nil {
+	if info == nil || info.Stream == "" {
 		return errors.New("agent: consumer without info")
-	}
-	if info.Stream != "" {
-		stream = info.Stream
 	}
 	body := strconv.AppendInt([]byte(`{"batch":`), int64(n), 10)
 	body = append(body, `,"expires":`...)
 	body = strconv.AppendInt(body, wait.Nanoseconds(), 10)
 	body = append(body, '}')
-	return p.nc.PublishRequest(jsAPINext+stream+"."+info.Name, p.inbox, body)
+	return p.nc.PublishRequest(jsAPINext+info.Stream+"."+info.Name, p.inbox, body)
 }
 
 // errPullEnded is a pull's end that is no failure: it expired, or there
