@@ -189,7 +189,7 @@ func (p *streamConns) roundTrip(ec *engineConn, r *engineRequest) (*http.Respons
 	if err := p.writeRequest(ec.bw, r); err != nil {
 		return nil, err
 	}
-	if err := ec.bw.Flush(); err != nil {
+	if err := ec.flushAwait(); err != nil {
 		return nil, errNoAnswer // written into a closed connection
 	}
 	if _, err := ec.br.Peek(1); err != nil {
@@ -199,6 +199,41 @@ func (p *streamConns) roundTrip(ec *engineConn, r *engineRequest) (*http.Respons
 		return nil, err
 	}
 	return readResponse(ec.br)
+}
+
+// flushAwait sends the request written into bw and, on a TCP connection,
+// waits until the answer's first bytes can be read. Reading at once, as
+// Go's Read does, costs a read(2) per request that finds nothing (EAGAIN):
+// the engine has not answered a request sent a moment ago. The wait starts
+// before the request goes out, inside the socket's raw read: starting it
+// resets the runtime poller's readiness, which would lose an answer that
+// came between the write and the wait. Bytes left unread from before
+// cannot be there: a connection is reused only when its last answer was
+// read to its end. An engine that closed the connection while it was
+// idle answers the request with a reset, which wakes the wait too.
+func (ec *engineConn) flushAwait() error {
+	if ec.rc == nil || ec.br.Buffered() > 0 {
+		return ec.bw.Flush()
+	}
+	var ferr error
+	sent := false
+	err := ec.rc.Read(func(uintptr) bool {
+		if sent {
+			return true
+		}
+		sent = true
+		ferr = ec.bw.Flush()
+		return ferr != nil
+	})
+	if ferr != nil {
+		return ferr
+	}
+	if err != nil && !sent {
+		// The wait could not start (a deadline passed, the connection
+		// closed): the request goes out, or fails, as it would have.
+		return ec.bw.Flush()
+	}
+	return nil // a wait that ended in an error: the read after it reports it
 }
 
 // writeRequest writes r's request line, header and body into bw: the

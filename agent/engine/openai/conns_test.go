@@ -141,3 +141,53 @@ func TestStreamConnsDown(t *testing.T) {
 }
 
 func errorsAs(err error, target any) bool { return errors.As(err, target) }
+
+// A request cancelled while the adapter waits for the engine's answer
+// (an engine still prefilling a long prompt) ends at once and closes the
+// connection, so the engine sees its client go.
+func TestStreamConnsCancelBeforeAnswer(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	closed := make(chan struct{})
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		buf := make([]byte, 4096)
+		for {
+			// The request is read and never answered; the read ends
+			// when the adapter closes the connection.
+			if _, err := c.Read(buf); err != nil {
+				close(closed)
+				return
+			}
+		}
+	}()
+	a, err := New("http://"+ln.Addr().String(), 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { _, err := streamText(ctx, a); done <- err }()
+	time.Sleep(50 * time.Millisecond)
+	cancel()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("a request cancelled before its answer ended with %v", err)
+		}
+	case <-time.After(time.Second):
+		t.Fatal("a request cancelled before its answer did not end")
+	}
+	select {
+	case <-closed:
+	case <-time.After(time.Second):
+		t.Fatal("the engine did not see the client go")
+	}
+}
