@@ -106,17 +106,25 @@ func (c *conn) serve() {
 	defer close(c.reqs)
 	c.buf = make([]byte, 0, firstBuffer)
 	for {
-		req, handoff, err := c.next()
+		req, handoff, err := c.next(false)
 		if err != nil {
 			return
 		}
+		if !handoff {
+			var goOn bool
+			if c.rc != nil {
+				goOn, handoff = c.watchRaw(req)
+			} else {
+				c.state.Store(connServing)
+				c.reqs <- req
+				goOn = c.watch()
+			}
+			if !goOn || c.closeAfter || c.srv.shutting.Load() {
+				return
+			}
+		}
 		if handoff {
 			handedOff = c.srv.handoff.give(&prefixConn{Conn: c.nc, pre: bytes.Clone(c.buf[c.r:])})
-			return
-		}
-		c.state.Store(connServing)
-		c.reqs <- req
-		if !c.watch() || c.closeAfter || c.srv.shutting.Load() {
 			return
 		}
 	}
@@ -196,13 +204,17 @@ func (c *conn) fill(d time.Duration) error {
 
 // next reads the next request: a request to serve here, or handoff when
 // the connection goes to the fallback server from this request on (its
-// bytes are still in buf[r:]).
-func (c *conn) next() (*http.Request, bool, error) {
+// bytes are still in buf[r:]). With buffered set it reads nothing: a
+// request not whole in buf is errNeedRead, and buf and r are as they were.
+func (c *conn) next(buffered bool) (*http.Request, bool, error) {
 	s := c.srv
 	// The head: wait for its first byte as long as the idle timeout
 	// allows (set when the last response went out), then for the rest as
 	// long as the header timeout.
 	if c.r == len(c.buf) {
+		if buffered {
+			return nil, false, errNeedRead
+		}
 		if err := c.fill(0); err != nil {
 			return nil, false, err
 		}
@@ -216,6 +228,9 @@ func (c *conn) next() (*http.Request, bool, error) {
 		}
 		if len(c.buf)-c.r >= s.MaxHeaderBytes || bytes.IndexByte(c.buf[c.r:], '\n') >= 0 && !wellFormedSoFar(c.buf[c.r:]) {
 			return nil, true, nil // net/http answers it
+		}
+		if buffered {
+			return nil, false, errNeedRead
 		}
 		if headerBy.IsZero() {
 			headerBy = time.Now().Add(s.ReadHeaderTimeout)
@@ -231,6 +246,9 @@ func (c *conn) next() (*http.Request, bool, error) {
 	// The body, in full, before the handler runs.
 	bodyAt := c.r + h.size
 	if need := bodyAt + int(h.contentLength) - len(c.buf); need > 0 {
+		if buffered {
+			return nil, false, errNeedRead
+		}
 		if h.expectContinue {
 			if _, err := c.nc.Write(continue100); err != nil {
 				return nil, false, err
@@ -263,6 +281,10 @@ func (c *conn) next() (*http.Request, bool, error) {
 	c.r = bodyAt + int(h.contentLength)
 	return req, false, nil
 }
+
+// errNeedRead is next's answer, with buffered set, for a request that is
+// not whole in the buffer.
+var errNeedRead = errors.New("h1: request not whole in the buffer")
 
 var (
 	crlfcrlf    = []byte("\r\n\r\n")

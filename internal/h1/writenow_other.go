@@ -4,6 +4,7 @@ package h1
 
 import (
 	"net"
+	"net/http"
 	"syscall"
 )
 
@@ -11,3 +12,6 @@ import (
 func rawOf(net.Conn) syscall.RawConn { return nil }
 
 func tryWrite(syscall.RawConn, []byte) (int, error) { return 0, nil }
+
+// watchRaw is not used here: rawOf returns nil.
+func (c *conn) watchRaw(*http.Request) (bool, bool) { panic("h1: watchRaw without a raw connection") }
