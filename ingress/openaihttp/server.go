@@ -216,7 +216,9 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, call *broker.Cal
 	rc := http.NewResponseController(w)
 	ctx := r.Context()
 	out := &sseHead{w: w}
-	buf := make([]byte, 0, 1024)
+	// The events' scratch is the sink's, which uses it only while this
+	// goroutine waits in Next: one allocation per stream for both.
+	sink := newDirectSink(out, call)
 	// write sends the events as SSE in one write. Under load several
 	// chunks wait at once: they are all written before one flush, one
 	// write(2) per burst instead of per token.
@@ -228,10 +230,11 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, call *broker.Cal
 			_ = rc.SetWriteDeadline(now.Add(s.cfg.StreamWriteTimeout))
 			deadlineSet = now
 		}
-		buf = buf[:0]
+		buf := sink.buf[:0]
 		for _, d := range data {
 			buf = appendEvent(buf, d)
 		}
+		sink.buf = buf
 		_, err := w.Write(buf)
 		return err
 	}
@@ -255,7 +258,8 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, call *broker.Cal
 	// chunk of a first attempt (the sink sets its route and agent
 	// headers).
 	if nw, ok := w.(nowWriter); ok && nw.WritesNow() {
-		call.SetDirect(&directSink{w: nw, head: out, call: call})
+		sink.w = nw
+		call.SetDirect(sink)
 	}
 	fail := func(e *apiError) {
 		if !out.started {
@@ -354,7 +358,18 @@ type directSink struct {
 	w    nowWriter
 	head *sseHead
 	call *broker.Call
-	buf  []byte
+	// buf is the events' scratch (the handler's too, see stream), on
+	// scratch until an event outgrows it.
+	buf     []byte
+	scratch [512]byte
+}
+
+// newDirectSink returns a stream's sink, its writer not yet set, with
+// its scratch ready for the stream's events.
+func newDirectSink(head *sseHead, call *broker.Call) *directSink {
+	s := &directSink{head: head, call: call}
+	s.buf = s.scratch[:0]
+	return s
 }
 
 // Accepted sets the headers of the accepted chunk the reply goroutine
