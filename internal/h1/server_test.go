@@ -249,28 +249,42 @@ func TestExpectContinue(t *testing.T) {
 	}
 }
 
-// TestClientGoneCancels: a client that hangs up while its request runs
-// cancels the request's context at once.
+// TestClientGoneCancels: a client that goes away while its request runs
+// cancels it, on its first request and on a later one of a kept-alive
+// connection (which, on a plain TCP connection, the reader serves from
+// inside its raw read: see watchRaw).
 func TestClientGoneCancels(t *testing.T) {
-	cancelled := make(chan time.Time, 1)
-	started := make(chan struct{})
-	_, addr := testServer(t, func(w http.ResponseWriter, r *http.Request) {
-		close(started)
-		<-r.Context().Done()
-		cancelled <- time.Now()
-	})
-	c, _ := raw(t, addr)
-	fmt.Fprintf(c, "POST /fast HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
-	<-started
-	closed := time.Now()
-	c.Close()
-	select {
-	case at := <-cancelled:
-		if d := at.Sub(closed); d > time.Second {
-			t.Fatalf("cancelled %s after the client left", d)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the request's context was not cancelled")
+	for _, before := range []int{0, 3} {
+		t.Run(fmt.Sprintf("after %d requests", before), func(t *testing.T) {
+			cancelled := make(chan time.Time, 1)
+			started := make(chan struct{})
+			_, addr := testServer(t, func(w http.ResponseWriter, r *http.Request) {
+				if r.Header.Get("X-Wait") == "" {
+					echo(w, r)
+					return
+				}
+				close(started)
+				<-r.Context().Done()
+				cancelled <- time.Now()
+			})
+			c, br := raw(t, addr)
+			for range before {
+				fmt.Fprintf(c, "POST /fast HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+				readResp(t, br)
+			}
+			fmt.Fprintf(c, "POST /fast HTTP/1.1\r\nHost: x\r\nX-Wait: 1\r\nContent-Length: 2\r\n\r\n{}")
+			<-started
+			closed := time.Now()
+			c.Close()
+			select {
+			case at := <-cancelled:
+				if d := at.Sub(closed); d > time.Second {
+					t.Fatalf("cancelled %s after the client left", d)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("the request's context was not cancelled")
+			}
+		})
 	}
 }
 

@@ -6,7 +6,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net/http"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -67,39 +66,6 @@ func TestOneReadPerRequest(t *testing.T) {
 	}
 	if e := empty.Load(); e > requests/10+1 {
 		t.Fatalf("%d of %d reads found the socket empty, for %d requests", e, calls.Load(), requests)
-	}
-}
-
-// TestKeptAliveClientGoneCancels: a client that goes away during a later
-// request on its connection (served from inside the raw read) cancels it.
-func TestKeptAliveClientGoneCancels(t *testing.T) {
-	cancelled := make(chan time.Time, 1)
-	started := make(chan struct{})
-	_, addr := testServer(t, func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get("X-Wait") == "" {
-			echo(w, r)
-			return
-		}
-		close(started)
-		<-r.Context().Done()
-		cancelled <- time.Now()
-	})
-	c, br := raw(t, addr)
-	for range 3 {
-		fmt.Fprintf(c, "POST /fast HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
-		readResp(t, br)
-	}
-	fmt.Fprintf(c, "POST /fast HTTP/1.1\r\nHost: x\r\nX-Wait: 1\r\nContent-Length: 2\r\n\r\n{}")
-	<-started
-	closed := time.Now()
-	c.Close()
-	select {
-	case at := <-cancelled:
-		if d := at.Sub(closed); d > time.Second {
-			t.Fatalf("cancelled %s after the client left", d)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the request's context was not cancelled")
 	}
 }
 
