@@ -52,6 +52,9 @@ type conn struct {
 	out  []byte // the response's head, reused
 	// rc is nc's socket when nc is plain TCP (see FlushNow).
 	rc syscall.RawConn
+	// probe checks, once, on a request that runs on, that its client
+	// did not leave as it sent it (see watchRaw).
+	probe *time.Timer
 }
 
 // A connection's states (conn.state).

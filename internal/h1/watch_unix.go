@@ -6,11 +6,21 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"sync/atomic"
 	"syscall"
+	"time"
 )
 
-// sysRead is watchRaw's read(2) (a test counts its calls).
-var sysRead = syscall.Read
+// readHook, when set, is watchRaw's read(2) (a test counts its calls);
+// atomic, as a connection of an earlier test may still be reading.
+var readHook atomic.Pointer[func(int, []byte) (int, error)]
+
+func sysRead(fd int, p []byte) (int, error) {
+	if h := readHook.Load(); h != nil {
+		return (*h)(fd, p)
+	}
+	return syscall.Read(fd, p)
+}
 
 // watchRaw is watch on a plain TCP connection's socket, and goes on for as
 // long as the client's requests come whole, one after another's response
@@ -26,6 +36,15 @@ var sysRead = syscall.Read
 // start resets the readiness), which is why the request goes to the
 // handler inside it: its response, and so the client's next request,
 // cannot come before.
+//
+// A short read proves the socket held no more bytes, but not that the
+// client did not end the connection: its end (FIN) can come in the same
+// readiness report as its request, while the woken reader waits to run,
+// and the read that takes the request does not report it. A request
+// handed on after such a read is therefore checked once, probeAfter
+// later, if it still runs then (see probe): a client that went away as
+// it sent its request has it cancelled within that bound, and a request
+// shorter than the bound costs no read for it.
 //
 // Anything else (a request not whole in the buffer, pipelined requests, a
 // full read, a request for net/http) ends the raw read, and the serve
@@ -43,6 +62,7 @@ func (c *conn) watchRaw(req *http.Request) (goOn, handoff bool) {
 	}
 	handed, gone := false, false
 	err := c.rc.Read(func(fd uintptr) bool {
+		c.stopProbe() // any end of the client's is read now
 		if !handed {
 			handed = true
 			c.state.Store(connServing)
@@ -83,10 +103,14 @@ func (c *conn) watchRaw(req *http.Request) (goOn, handoff bool) {
 				return true
 			}
 			if n < len(c.peek) {
-				return false // the socket is empty: wait for the next bytes
+				// The socket is empty: wait for the next bytes, and
+				// make sure of the client's end if the request runs on.
+				c.armProbe()
+				return false
 			}
 		}
 	})
+	c.stopProbe()
 	if !handed {
 		// The raw read could not start (the connection closed, or its
 		// deadline passed): watch meets the same end.
@@ -106,3 +130,52 @@ func (c *conn) watchRaw(req *http.Request) (goOn, handoff bool) {
 	<-c.done
 	return false, false
 }
+
+// probeAfter is how long a request handed on after a short read runs
+// before the reader checks once that its client is still there (see
+// watchRaw): within the broker's bound for cancelling a request whose
+// client went away (100 ms), and longer than a short request.
+var probeAfter = 50 * time.Millisecond
+
+func (c *conn) armProbe() {
+	if c.probe == nil {
+		c.probe = time.AfterFunc(probeAfter, c.probeGone)
+		return
+	}
+	c.probe.Reset(probeAfter)
+}
+
+func (c *conn) stopProbe() {
+	if c.probe != nil {
+		c.probe.Stop()
+	}
+}
+
+// probeGone looks at the client's socket without taking its bytes: when
+// the client ended the connection (or broke it), it wakes the reader
+// with a deadline in the past, and the reader cancels the running
+// request as it would have on reading the end. It runs on the probe's
+// timer, beside the reader's wait.
+func (c *conn) probeGone() {
+	gone := false
+	_ = c.rc.Control(func(fd uintptr) {
+		var b [1]byte
+		for {
+			n, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK)
+			switch {
+			case err == syscall.EINTR:
+				continue
+			case err == syscall.EAGAIN:
+			case err != nil || n == 0:
+				gone = true
+			}
+			return
+		}
+	})
+	if gone {
+		_ = c.nc.SetReadDeadline(longAgo)
+	}
+}
+
+// longAgo is a deadline in the past: it wakes a blocked read at once.
+var longAgo = time.Unix(1, 0)
