@@ -11,7 +11,12 @@
 // connection has two long-lived goroutines, a reader that parses requests
 // and then waits on the connection for the client's next bytes or its
 // end (which cancels the running request), and a handler goroutine; the
-// response writes straight to the connection, one write(2) per flush.
+// response writes straight to the connection, one write(2) per flush. On
+// a plain TCP connection the reader waits inside one raw read of the
+// socket for as long as requests come whole, one after another's
+// response: one read(2) per request, where Go's Read makes two (the first
+// finds nothing), with a one-time check of the socket for a client that
+// left as it sent its request (see watchRaw).
 //
 // It serves only what it is sure of: HTTP/1.1 requests with a
 // Content-Length body, one Host and plain CRLF lines, for the methods and
