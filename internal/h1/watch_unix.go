@@ -135,14 +135,22 @@ func (c *conn) watchRaw(req *http.Request) (goOn, handoff bool) {
 // before the reader checks once that its client is still there (see
 // watchRaw): within the broker's bound for cancelling a request whose
 // client went away (100 ms), and longer than a short request.
-var probeAfter = 50 * time.Millisecond
+const probeAfter = 50 * time.Millisecond
+
+// probeAfterTest, when set, replaces probeAfter (a test shortens it;
+// atomic, as a connection of an earlier test may still arm its probe).
+var probeAfterTest atomic.Int64
 
 func (c *conn) armProbe() {
+	d := probeAfter
+	if t := probeAfterTest.Load(); t > 0 {
+		d = time.Duration(t)
+	}
 	if c.probe == nil {
-		c.probe = time.AfterFunc(probeAfter, c.probeGone)
+		c.probe = time.AfterFunc(d, c.probeGone)
 		return
 	}
-	c.probe.Reset(probeAfter)
+	c.probe.Reset(d)
 }
 
 func (c *conn) stopProbe() {

@@ -116,9 +116,8 @@ func TestKeptAliveShutdown(t *testing.T) {
 // reader's probe finds it. The client half-closes, as one that leaves
 // would, and reads on.
 func TestProbeFindsClientGone(t *testing.T) {
-	old := probeAfter
-	probeAfter = 20 * time.Millisecond
-	t.Cleanup(func() { probeAfter = old })
+	probeAfterTest.Store(int64(20 * time.Millisecond))
+	t.Cleanup(func() { probeAfterTest.Store(0) })
 	hold, held := make(chan struct{}), make(chan struct{}, 1)
 	cancelled := make(chan struct{}, 1)
 	_, addr := testServer(t, func(w http.ResponseWriter, r *http.Request) {
