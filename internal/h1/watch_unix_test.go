@@ -6,15 +6,11 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
-	"net/http"
 	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/switchyard-ai/switchyard/internal/testwait"
 )
 
 // countReads counts watchRaw's read(2) calls, and those that found the
@@ -106,62 +102,5 @@ func TestKeptAliveShutdown(t *testing.T) {
 	_ = c2.SetReadDeadline(time.Now().Add(5 * time.Second))
 	if _, err := br2.ReadByte(); err != io.EOF {
 		t.Fatalf("idle connection at shutdown: %v, want EOF", err)
-	}
-}
-
-// TestProbeFindsClientGone: a client whose end (FIN) comes in the same
-// readiness report as its request (both arrived while the reader was
-// busy) has the request cancelled all the same: the read that takes the
-// request does not report the end, and no later readiness comes, so the
-// reader's probe finds it. The client half-closes, as one that leaves
-// would, and reads on.
-func TestProbeFindsClientGone(t *testing.T) {
-	probeAfterTest.Store(int64(20 * time.Millisecond))
-	t.Cleanup(func() { probeAfterTest.Store(0) })
-	hold, held := make(chan struct{}), make(chan struct{}, 1)
-	cancelled := make(chan struct{}, 1)
-	_, addr := testServer(t, func(w http.ResponseWriter, r *http.Request) {
-		switch r.Header.Get("X-Mode") {
-		case "hold":
-			held <- struct{}{}
-			<-hold
-		case "wait":
-			<-r.Context().Done()
-			cancelled <- struct{}{}
-			return
-		}
-		echo(w, r)
-	})
-	calls, _ := countReads(t)
-	c, br := raw(t, addr)
-	send := func(mode string) {
-		fmt.Fprintf(c, "POST /fast HTTP/1.1\r\nHost: x\r\nX-Mode: %s\r\nContent-Length: 2\r\n\r\n{}", mode)
-	}
-	send("")
-	readResp(t, br) // the reader now serves from its raw read
-	send("hold")
-	<-held
-	// The reader takes the next request and waits for the held one's
-	// end, busy: what comes now arrives in one readiness report.
-	before := calls.Load()
-	send("")
-	testwait.For(t, 5*time.Second, time.Millisecond, func() error {
-		if calls.Load() == before {
-			return fmt.Errorf("the reader has not read the third request")
-		}
-		return nil
-	})
-	send("wait")
-	if err := c.(*net.TCPConn).CloseWrite(); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(50 * time.Millisecond) // both are in the socket
-	close(hold)
-	readResp(t, br)
-	readResp(t, br)
-	select {
-	case <-cancelled:
-	case <-time.After(5 * time.Second):
-		t.Fatal("the request of a client that left as it sent it was not cancelled")
 	}
 }

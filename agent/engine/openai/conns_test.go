@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -98,10 +99,8 @@ func TestStreamConnsCancel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { _, err := streamText(ctx, a); done <- err }()
-	time.Sleep(50 * time.Millisecond)
+	cancel, done, first := startStream(a)
+	<-first // the stream runs
 	cancel()
 	awaitCancelled(t, done, gone)
 	if n := len(a.conns.idle); n != 0 {
@@ -139,7 +138,7 @@ func TestStreamConnsCancelBeforeAnswer(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = ln.Close() })
-	closed := make(chan struct{})
+	requested, closed := make(chan struct{}), make(chan struct{})
 	go func() {
 		c, err := ln.Accept()
 		if err != nil {
@@ -147,12 +146,15 @@ func TestStreamConnsCancelBeforeAnswer(t *testing.T) {
 		}
 		defer c.Close()
 		buf := make([]byte, 4096)
-		for {
+		for seen := false; ; seen = true {
 			// The request is read and never answered; the read ends
 			// when the adapter closes the connection.
 			if _, err := c.Read(buf); err != nil {
 				close(closed)
 				return
+			}
+			if !seen {
+				close(requested)
 			}
 		}
 	}()
@@ -160,12 +162,25 @@ func TestStreamConnsCancelBeforeAnswer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { _, err := streamText(ctx, a); done <- err }()
-	time.Sleep(50 * time.Millisecond)
+	cancel, done, _ := startStream(a)
+	<-requested // the adapter waits for the answer
 	cancel()
 	awaitCancelled(t, done, closed)
+}
+
+// startStream runs a stream on a until cancel; done gets its end, and
+// first is closed at its first chunk.
+func startStream(a *Adapter) (cancel func(), done <-chan error, first <-chan struct{}) {
+	ctx, cancel := context.WithCancel(context.Background())
+	end, got := make(chan error, 1), make(chan struct{})
+	var once sync.Once
+	go func() {
+		end <- a.Stream(ctx, &agent.Request{API: wire.API_API_CHAT, Body: []byte(`{"stream":true}`)}, func([]byte, bool) error {
+			once.Do(func() { close(got) })
+			return nil
+		})
+	}()
+	return cancel, end, got
 }
 
 // awaitCancelled waits for a cancelled stream's end (done, an error) and
