@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -67,10 +68,13 @@ type Agent struct {
 	ended        []endedStream        // streams that ended within resendWindow, oldest first
 	cancelled    map[string]cancelMark
 	drainExpired bool // the drain timeout passed: jobs end as they register
-	// running holds the (request, attempt) of every job handled now, so
-	// that a second copy of one (an affinity offer and the shared copy
-	// it moved to, both pulled here) is not run twice.
-	running map[attemptKey]struct{}
+	// running holds the (request, attempt) of every job handled now, and
+	// of every job that reached its engine within dupWindow (by when it
+	// ended; ranOrder oldest first), so that a second copy of one (an
+	// affinity offer and the shared copy it moved to, both pulled here;
+	// the decode job of a second prefill leg) is not run twice.
+	running  map[attemptKey]time.Time
+	ranOrder []attemptKey
 }
 
 type attemptKey struct {
@@ -82,6 +86,27 @@ type attemptKey struct {
 // again at a reconnect: its final may have been lost with the NATS node
 // the agent was connected to.
 const resendWindow = 10 * time.Second
+
+// dupWindow is how long an attempt that ran here is remembered after its
+// end. A second copy comes from a race that ends within the race's own
+// messages (an offer moved as its agent took it, a second prefill leg
+// stopped only after its hand-off), well within a hand-off's KV hold.
+const dupWindow = DefaultKVHold
+
+// ranHere records that attempt k ran to its end here now: a copy taken
+// later is a duplicate. The key is cloned (the job's id aliases its
+// message) and records older than dupWindow go. a.mu is held.
+func (a *Agent) ranHere(k attemptKey, now time.Time) {
+	k.request = strings.Clone(k.request)
+	a.running[k] = now
+	a.ranOrder = append(a.ranOrder, k)
+	i := 0
+	for i < len(a.ranOrder) && now.Sub(a.running[a.ranOrder[i]]) >= dupWindow {
+		delete(a.running, a.ranOrder[i])
+		i++
+	}
+	a.ranOrder = a.ranOrder[i:]
+}
 
 // endedStream is the last chunk of a stream that ended (a final or an
 // error: small), kept instead of the stream and its buffers.
@@ -168,7 +193,7 @@ func New(nc *nats.Conn, engine Engine, cfg Config, opts ...Option) (*Agent, erro
 		stateCh:   make(chan struct{}, 1),
 		jobs:      make(map[string][]heldJob),
 		cancelled: make(map[string]cancelMark),
-		running:   make(map[attemptKey]struct{}),
+		running:   make(map[attemptKey]time.Time),
 	}
 	a.hbSubj, _ = a.subj.Heartbeat(cfg.Model, cfg.Pool, cfg.ID)
 	a.pair = cfg.pairKey()
@@ -802,31 +827,39 @@ func (a *Agent) handle(ctx context.Context, msg jobMessage) {
 	// always runs, since it frees its prefill engine's KV: two prefill
 	// legs of one attempt (an offer that moved as its agent took it, the
 	// second stopped only after its hand-off) send two decode jobs, and
-	// the second one here takes its hand-off in silence, as a released
+	// the second one here (while the first runs, or after it ended: see
+	// dupWindow) takes its hand-off in silence, as a released
 	// one does, instead of interleaving a second stream of the same
 	// chunk numbers (batched differently) with the first. A released
 	// job is silent anyway and holds no place.
+	ran := false // the job reached its engine (a deferred func reads it)
 	if !release {
 		k := attemptKey{id, attempt}
 		a.mu.Lock()
 		_, dup := a.running[k]
 		if !dup {
-			a.running[k] = struct{}{}
+			a.running[k] = time.Time{}
 		}
 		a.mu.Unlock()
 		switch {
 		case dup && !pdDecode:
 			a.metrics.jobs.WithLabelValues(JobCancelled).Inc()
-			a.log.Debug("second copy of a running attempt dropped", "request", id, "attempt", attempt)
+			a.log.Debug("second copy of an attempt running or run here dropped", "request", id, "attempt", attempt)
 			_ = msg.Ack()
 			return
 		case dup:
-			a.log.Debug("second decode leg of a running attempt: its hand-off is taken in silence", "request", id, "attempt", attempt)
+			a.log.Debug("second decode leg of an attempt running or run here: its hand-off is taken in silence", "request", id, "attempt", attempt)
 			release, cancelled = true, true
 		default:
+			// Remembered once it reached its engine; a job dropped before
+			// (its ack not confirmed) may come back here and must run.
 			defer func() {
 				a.mu.Lock()
-				delete(a.running, k)
+				if ran {
+					a.ranHere(k, time.Now())
+				} else {
+					delete(a.running, k)
+				}
 				a.mu.Unlock()
 			}()
 		}
@@ -876,6 +909,7 @@ func (a *Agent) handle(ctx context.Context, msg jobMessage) {
 		// waiting for its KV.
 		out.keepalive(actx, a.cfg.Keepalive)
 	}
+	ran = true
 	pf := &prefillState{}
 	stop := func(cause error) {
 		if cause != errCancelled {

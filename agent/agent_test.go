@@ -426,6 +426,38 @@ func TestSecondCopyNotRun(t *testing.T) {
 	}
 }
 
+// TestCopyAfterEndNotRun: a copy of an attempt that ran here to its end
+// (a job delivered again after the agent answered it) is not run again:
+// its request is over, and nobody at the broker would hear it.
+func TestCopyAfterEndNotRun(t *testing.T) {
+	f := start(t, 2, 0)
+	sub := f.publish(t, "r", time.Now().Add(time.Minute))
+	for c := next(t, sub); c.GetKind() != wire.Chunk_KIND_FINAL; c = next(t, sub) {
+	}
+	again := f.publish(t, "r", time.Now().Add(time.Minute))
+	testwait.For(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if err := f.streamEmpty(); err != nil {
+			return err
+		}
+		if n := f.agent.SlotsHeld(); n != 0 {
+			return fmt.Errorf("%d slots held", n)
+		}
+		return nil
+	})
+	// A copy that ran would have spoken (accepted) before its ack, which
+	// emptied the stream.
+	if n, _, _ := again.Pending(); n != 0 || f.eng.calls.Load() != 1 {
+		t.Fatalf("the copy spoke %d chunks; the engine ran the attempt %d times", n, f.eng.calls.Load())
+	}
+	// Another attempt of the request (a retry) runs.
+	retry := f.publishAttempt(t, "r", 1, time.Now().Add(time.Minute))
+	for c := next(t, retry); c.GetKind() != wire.Chunk_KIND_FINAL; c = next(t, retry) {
+	}
+	if n := f.eng.calls.Load(); n != 2 {
+		t.Fatalf("engine calls %d after the retry, want 2", n)
+	}
+}
+
 // streamEmpty reports an error while jobs are left in the stream.
 func (f *fixture) streamEmpty() error {
 	st, err := f.js.Stream(context.Background(), broker.DefaultStream)

@@ -626,29 +626,46 @@ func simHandoff(t *testing.T, p *pdPair, id string) []byte {
 // TestSecondDecodeLegSilent: two prefill legs of one attempt (an offer
 // that moved to the shared queue as its agent took it, the second leg
 // stopped only after its hand-off) send two decode jobs, and one decode
-// agent pulls both. The broker cannot tell two runs of one agent apart,
-// so the agent does: one speaks, the other takes its hand-off in silence
-// and stops, and the client's stream is one sequence with nothing twice
-// or missing. No KV is left held on the prefill engine.
+// agent pulls both, the second while the first runs or after it ended.
+// The broker cannot tell two runs of one agent apart (and has no call
+// left to tell a run after the end to), so the agent does: one speaks,
+// the other takes its hand-off in silence and stops, and the client's
+// stream is one sequence with nothing twice or missing. No KV is left
+// held on the prefill engine.
 func TestSecondDecodeLegSilent(t *testing.T) {
+	for _, after := range []bool{false, true} {
+		t.Run(fmt.Sprintf("after_end=%v", after), func(t *testing.T) { secondDecodeLeg(t, after) })
+	}
+}
+
+func secondDecodeLeg(t *testing.T, afterEnd bool) {
 	p := startPair(t, pd.VLLM, time.Millisecond, 40*time.Millisecond, 2)
 	reply, sub := p.e.replies(t, "twice")
 	body := []byte(`{"model":"m","messages":[{"role":"user","content":"tell me about twice"}],"max_tokens":4}`)
 	kvs := [][]byte{simHandoff(t, p, "twice"), simHandoff(t, p, "twice")}
-	for _, kv := range kvs {
+	var chunks []*wire.Chunk
+	final := func() {
+		checkFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+			chunks = append(chunks, pending(t, sub)...)
+			if len(chunks) == 0 || chunks[len(chunks)-1].GetKind() != wire.Chunk_KIND_FINAL {
+				return fmt.Errorf("%d chunks, no final yet", len(chunks))
+			}
+			return nil
+		})
+	}
+	for i, kv := range kvs {
+		if afterEnd && i == 1 {
+			final()
+			p.idle(t)
+		}
 		p.e.publishJob(t, pdSubject(t, subjects.PoolDecode, pd.VLLM), &wire.Job{RequestId: "twice", ReplySubject: reply,
 			Pd: &wire.PDHandoff{Protocol: pd.VLLM, PrefillAgent: "pre", KvTransferParamsJson: kv}, Body: body})
 	}
-	var chunks []*wire.Chunk
-	checkFor(t, 10*time.Second, 5*time.Millisecond, func() error {
-		chunks = append(chunks, pending(t, sub)...)
-		if len(chunks) == 0 || chunks[len(chunks)-1].GetKind() != wire.Chunk_KIND_FINAL {
-			return fmt.Errorf("%d chunks, no final yet", len(chunks))
-		}
-		return nil
-	})
-	p.idle(t)
+	if !afterEnd {
+		final()
+	}
 	noKVHeld(t, p.pre)
+	p.idle(t)
 	chunks = append(chunks, pending(t, sub)...)
 	var text strings.Builder
 	accepted, finals := 0, 0

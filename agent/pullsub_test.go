@@ -3,6 +3,7 @@ package agent
 import (
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -38,5 +39,26 @@ func TestPullStatus(t *testing.T) {
 	}
 	if err := status(st("409", "Exceeded MaxWaiting")); err == nil || errors.Is(err, errPullEnded) || consumerGone(err) {
 		t.Errorf("409 Exceeded MaxWaiting: %v, want a failure of its own", err)
+	}
+}
+
+// TestRanHereForgets: attempts that ran are remembered for dupWindow after
+// their end and then forgotten; running ones are not touched.
+func TestRanHereForgets(t *testing.T) {
+	a := &Agent{running: make(map[attemptKey]time.Time)}
+	t0 := time.Now()
+	a.running[attemptKey{"now", 0}] = time.Time{} // running
+	a.ranHere(attemptKey{"req-1", 0}, t0)
+	a.ranHere(attemptKey{"req-2", 0}, t0.Add(dupWindow/2))
+	if len(a.running) != 3 {
+		t.Fatalf("running %v", a.running)
+	}
+	a.ranHere(attemptKey{"req-3", 0}, t0.Add(dupWindow))
+	if _, ok := a.running[attemptKey{"req-1", 0}]; ok || len(a.running) != 3 || len(a.ranOrder) != 2 {
+		t.Fatalf("after dupWindow: running %v, order %v", a.running, a.ranOrder)
+	}
+	a.ranHere(attemptKey{"req-4", 0}, t0.Add(3*dupWindow))
+	if _, ok := a.running[attemptKey{"now", 0}]; !ok || len(a.running) != 2 || len(a.ranOrder) != 1 {
+		t.Fatalf("much later: running %v, order %v", a.running, a.ranOrder)
 	}
 }
