@@ -137,7 +137,7 @@ func (s *Server) embeddings(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer call.Close()
-	w.Header().Set("X-Switchyard-Route", call.Route.String())
+	setRoute(w.Header(), call.Route)
 	if s.cfg.WriteTimeout > 0 {
 		_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
 	}

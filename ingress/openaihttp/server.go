@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/switchyard-ai/switchyard/broker"
+	"github.com/switchyard-ai/switchyard/dispatch"
 	"github.com/switchyard-ai/switchyard/internal/h1"
 	"github.com/switchyard-ai/switchyard/oaiformat"
 	"github.com/switchyard-ai/switchyard/wire"
@@ -144,7 +145,7 @@ func (s *Server) completions(kind apiKind) http.HandlerFunc {
 			return
 		}
 		defer call.Close()
-		w.Header().Set("X-Switchyard-Route", call.Route.String())
+		setRoute(w.Header(), call.Route)
 		if p.Stream {
 			s.stream(w, r, call, p)
 			return
@@ -337,15 +338,39 @@ type sseHead struct {
 	started bool
 }
 
+// Values of the headers every stream sets, made once: http.Header.Set
+// makes a slice per value, and the five of a stream were a measurable
+// share of its allocations. A header's value slice is replaced, never
+// written into, by net/http and h1 alike. Keys are canonical.
+var (
+	sseContentType = []string{"text/event-stream"}
+	noCache        = []string{"no-cache"}
+	noBuffering    = []string{"no"}
+	regularRoute   = []string{dispatch.RouteRegular.String()}
+	pdRoute        = []string{dispatch.RoutePD.String()}
+)
+
+// setRoute sets the X-Switchyard-Route header to r.
+func setRoute(h http.Header, r dispatch.Route) {
+	switch r {
+	case dispatch.RouteRegular:
+		h["X-Switchyard-Route"] = regularRoute
+	case dispatch.RoutePD:
+		h["X-Switchyard-Route"] = pdRoute
+	default:
+		h.Set("X-Switchyard-Route", r.String())
+	}
+}
+
 // start sets the stream's status and headers, once.
 func (h *sseHead) start() {
 	if h.started {
 		return
 	}
 	hd := h.w.Header()
-	hd.Set("Content-Type", "text/event-stream")
-	hd.Set("Cache-Control", "no-cache")
-	hd.Set("X-Accel-Buffering", "no")
+	hd["Content-Type"] = sseContentType
+	hd["Cache-Control"] = noCache
+	hd["X-Accel-Buffering"] = noBuffering
 	h.w.WriteHeader(http.StatusOK)
 	h.started = true
 }
@@ -379,7 +404,7 @@ func (s *directSink) Accepted(c *wire.Chunk) { acceptedHeaders(s.head.w.Header()
 // acceptedHeaders sets the route and agent headers of an accepted chunk
 // (a retry may have moved the request to another route).
 func acceptedHeaders(h http.Header, call *broker.Call, c *wire.Chunk) {
-	h.Set("X-Switchyard-Route", call.Route.String())
+	setRoute(h, call.Route)
 	h.Set("X-Switchyard-Agent", agentHeader(c))
 }
 
