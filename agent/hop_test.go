@@ -80,6 +80,60 @@ func TestEmitTokenAllocs(t *testing.T) {
 	}
 }
 
+// A short answer (role, one token, finish and usage chunks, as vLLM
+// streams max_tokens 1 with usage) costs its stream a few allocations in
+// all: its events, their held bytes and its usage live in the stream.
+func TestShortAnswerAllocs(t *testing.T) {
+	base, sub := hopStream(t, false)
+	role := []byte(`{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`)
+	finish := []byte(`{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"length"}]}`)
+	usage := []byte(`{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":1,"total_tokens":6}}`)
+	answer := func() {
+		out := newStream(base.a, base.job)
+		out.spoke = true
+		for i, c := range [][]byte{role, tokenChunk, finish, usage} {
+			if err := out.emit(c, i < 2); err != nil {
+				t.Fatal(err)
+			}
+		}
+		out.finish()
+	}
+	answer() // warm the connection's buffers
+	allocs := math.Inf(1)
+	for range 5 { // the least of a few batches, as in TestEmitTokenAllocs
+		allocs = min(allocs, testing.AllocsPerRun(100, answer))
+	}
+	t.Logf("a short answer: %.1f allocations", allocs)
+	// The stream and its final chunk; one more the embedded server may
+	// make while it routes the publishes is counted too.
+	if allocs > 3 {
+		t.Fatalf("a short answer: %.1f allocations, want at most 3", allocs)
+	}
+	var texts []string
+	for range 2 {
+		m, err := sub.NextMsg(5e9)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = wire.Frames(m.Data, func(b []byte) error {
+			c := new(wire.Chunk)
+			if err := proto.Unmarshal(b, c); err != nil {
+				t.Fatal(err)
+			}
+			for _, ev := range c.GetEvents() {
+				texts = append(texts, string(ev.GetRaw()))
+			}
+			if c.GetKind() == wire.Chunk_KIND_FINAL {
+				texts = append(texts, c.GetUsage().String(), string(c.GetRaw()))
+			}
+			return nil
+		})
+	}
+	if want := []string{string(role), string(tokenChunk), string(finish)}; len(texts) != 5 || fmt.Sprint(texts[:3]) != fmt.Sprint(want) || texts[4] != string(usage) {
+		t.Fatalf("the answer's chunks carried %q", texts)
+	}
+}
+
 // BenchmarkEmitToken is the agent's hop for one token: chunkjson, the
 // token message, framing and the NATS publish, with the outbox flushing
 // inline (outbox=off) or on its goroutine (outbox=on, as an agent runs).

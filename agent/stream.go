@@ -41,9 +41,20 @@ type stream struct {
 	batchBytes int
 	// The events of token messages, reused from one message to the next:
 	// a message is encoded (copied) when it is sent, so neither the
-	// structs nor the bytes of held events outlive it.
+	// structs nor the bytes of held events (in held, emptied at each
+	// message) outlive it.
 	evs  []*wire.Event
-	held [][]byte
+	held []byte
+	// First homes of the above, of buf and of usage, inside the stream:
+	// a short answer's few events (role, token, finish) and its usage
+	// cost no allocation of their own. Longer ones grow past them once.
+	evStore    [4]wire.Event
+	evPtrs     [4]*wire.Event
+	batchPtrs  [4]*wire.Event
+	heldStore  [512]byte
+	bufStore   [1024]byte
+	usageStore wire.Usage
+	usageBytes [256]byte
 
 	// sendMu orders send against resend: buf holds the last chunk sent
 	// until the next one is encoded.
@@ -65,7 +76,16 @@ type stream struct {
 }
 
 func newStream(a *Agent, job *wire.Job) *stream {
-	return &stream{a: a, job: job, buf: make([]byte, 0, 512)}
+	s := &stream{a: a, job: job}
+	s.buf = s.bufStore[:0]
+	s.held = s.heldStore[:0]
+	s.usageRaw = s.usageBytes[:0]
+	for i := range s.evStore {
+		s.evPtrs[i] = &s.evStore[i]
+	}
+	s.evs = s.evPtrs[:]
+	s.batch.Events = s.batchPtrs[:0]
+	return s
 }
 
 func (s *stream) send(c *wire.Chunk) error {
@@ -226,7 +246,8 @@ func (s *stream) emit(raw []byte, more bool) error {
 		return &wire.Error{Code: wire.CodeEngine, Message: "engine sent an undecodable chunk: " + err.Error()}
 	}
 	if f.HasUsage {
-		s.usage = &wire.Usage{PromptTokens: f.PromptTokens, CompletionTokens: f.CompletionTokens, TotalTokens: f.TotalTokens}
+		s.usageStore = wire.Usage{PromptTokens: f.PromptTokens, CompletionTokens: f.CompletionTokens, TotalTokens: f.TotalTokens}
+		s.usage = &s.usageStore
 	}
 	if f.Choices == 0 {
 		// The usage chunk: held for the final message, where the broker
@@ -242,7 +263,6 @@ func (s *stream) emit(raw []byte, more bool) error {
 	i := len(s.batch.Events)
 	if i == len(s.evs) {
 		s.evs = append(s.evs, new(wire.Event))
-		s.held = append(s.held, nil)
 	}
 	ev := s.evs[i]
 	ev.Raw, ev.DeltaText, ev.FinishReason = raw, f.Text, ""
@@ -260,9 +280,11 @@ func (s *stream) emit(raw []byte, more bool) error {
 	s.batchBytes += len(raw)
 	if more && len(s.batch.Events) < maxBatchEvents && s.batchBytes < maxBatchBytes {
 		// The engine's next chunk is already here: hold this one (its
-		// bytes are the engine's buffer, reused after we return).
-		s.held[i] = append(s.held[i][:0], raw...)
-		ev.Raw = s.held[i]
+		// bytes are the engine's buffer, reused after we return). Should
+		// held grow, the events held before keep the old array's bytes.
+		start := len(s.held)
+		s.held = append(s.held, raw...)
+		ev.Raw = s.held[start:len(s.held):len(s.held)]
 		return nil
 	}
 	return s.flush()
@@ -280,6 +302,7 @@ func (s *stream) flush() error {
 	}
 	s.batch.Events = s.batch.Events[:0]
 	s.batchBytes = 0
+	s.held = s.held[:0]
 	return err
 }
 
