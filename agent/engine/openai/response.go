@@ -23,6 +23,9 @@ const maxInterim = 8
 
 var errBadHead = errors.New("malformed HTTP answer from the engine")
 
+// chunkedCoding is every chunked answer's TransferEncoding (read only).
+var chunkedCoding = []string{"chunked"}
+
 // readResponse reads an HTTP/1.x answer's head from br and returns it with
 // a Body that reads the rest: chunked (net/http's chunked reader), by
 // Content-Length, or to the connection's end. Interim (1xx) answers are
@@ -69,8 +72,10 @@ func readHead(br *bufio.Reader) (*http.Response, error) {
 		return nil, fmt.Errorf("%w: status %q", errBadHead, code)
 	}
 	statusText := code
-	if reason = strings.TrimLeft(reason, " "); reason != "" {
-		statusText += " " + reason
+	if trimmed := strings.TrimLeft(reason, " "); len(trimmed) == len(reason) && reason != "" {
+		statusText = rest // "200 OK" as it came: no new string
+	} else if trimmed != "" {
+		statusText += " " + trimmed
 	}
 	resp := &http.Response{
 		Status:     statusText,
@@ -80,6 +85,9 @@ func readHead(br *bufio.Reader) (*http.Response, error) {
 		ProtoMinor: minor,
 		Header:     make(http.Header, 8),
 	}
+	// The first value of each field takes its slice from one array, as
+	// net/textproto does; a repeated field appends to its own.
+	vals := make([]string, 8)
 	var last string // the field a continuation line extends
 	for {
 		line, err := headLine(br, &budget)
@@ -105,9 +113,61 @@ func readHead(br *bufio.Reader) (*http.Response, error) {
 			}
 			continue
 		}
-		last = textproto.CanonicalMIMEHeaderKey(string(name))
-		resp.Header[last] = append(resp.Header[last], string(value))
+		last = headerKey(name)
+		v := headerValue(value)
+		if vs, ok := resp.Header[last]; ok || len(vals) == 0 {
+			resp.Header[last] = append(vs, v)
+			continue
+		}
+		vals[0] = v
+		resp.Header[last], vals = vals[:1:1], vals[1:]
 	}
+}
+
+// Fields and values engines send with every answer (vLLM's and SGLang's
+// uvicorn, the simulator), taken as they are instead of made anew per
+// answer.
+var (
+	commonKeys   = []string{"Content-Type", "Transfer-Encoding", "Date", "Server", "Content-Length", "Cache-Control", "Connection", "Keep-Alive", "X-Request-Id"}
+	commonValues = []string{"text/event-stream", "text/event-stream; charset=utf-8", "chunked", "uvicorn", "no-cache", "application/json", "keep-alive", "close"}
+)
+
+// headerKey returns the canonical form of a field name.
+func headerKey(name []byte) string {
+	for _, k := range commonKeys {
+		if asciiEqualFold(name, k) {
+			return k
+		}
+	}
+	return textproto.CanonicalMIMEHeaderKey(string(name))
+}
+
+// headerValue returns value as a string.
+func headerValue(value []byte) string {
+	for _, v := range commonValues {
+		if string(value) == v {
+			return v
+		}
+	}
+	return string(value)
+}
+
+// asciiEqualFold reports whether b and s are equal, ASCII letters compared
+// without case.
+func asciiEqualFold(b []byte, s string) bool {
+	if len(b) != len(s) {
+		return false
+	}
+	for i := range len(b) {
+		x, y := b[i], s[i]
+		if x == y {
+			continue
+		}
+		if x|0x20 != y|0x20 || x|0x20 < 'a' || x|0x20 > 'z' {
+			return false
+		}
+	}
+	return true
 }
 
 // field splits a header line into its name and its trimmed value; a
@@ -193,7 +253,7 @@ func frame(resp *http.Response, br *bufio.Reader) error {
 		// from the header to TransferEncoding.
 		delete(h, "Content-Length")
 		delete(h, "Transfer-Encoding")
-		resp.TransferEncoding = []string{"chunked"}
+		resp.TransferEncoding = chunkedCoding
 		resp.Body = &chunkedBody{br: br, cr: httputil.NewChunkedReader(br)}
 		return nil
 	case len(h["Content-Length"]) > 0:
