@@ -578,10 +578,13 @@ func (a *Agent) pull(ctx context.Context, ref *consumerRef, jobs *sync.WaitGroup
 	work := make(chan jobMessage)
 	quit := make(chan struct{})
 	defer close(quit)
+	// A job's context has the loop's values, not its cancel: a stopping
+	// agent drains its jobs.
+	base := context.WithoutCancel(ctx)
 	runJob := func(msg jobMessage) {
 		defer jobs.Done()
 		defer a.slots.release()
-		a.handle(ctx, msg)
+		a.handle(base, msg)
 	}
 	worker := func(msg jobMessage) {
 		idle := time.NewTimer(workerIdle)
@@ -777,8 +780,9 @@ func (a *Agent) wasCancelled(id string, attempt uint32) bool {
 	return ok && attempt <= c.upTo
 }
 
-// handle runs one job to its end.
-func (a *Agent) handle(ctx context.Context, msg jobMessage) {
+// handle runs one job to its end, in a context under base, which carries
+// no cancel (see jobCtx).
+func (a *Agent) handle(base context.Context, msg jobMessage) {
 	// The job's body aliases the message's data (see wire.DecodeJob): a
 	// buffer nats.go allocates for this message alone, which nothing here
 	// reads or writes again (the message is only acked or termed), and no
@@ -875,13 +879,13 @@ func (a *Agent) handle(ctx context.Context, msg jobMessage) {
 		// cancel below aborts it at its first chunk.
 		out.muted.Store(true)
 	}
-	actx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
-	defer cancel(nil)
+	var deadline time.Time
 	if dl := job.GetDeadline(); dl != nil {
-		var c2 context.CancelFunc
-		actx, c2 = context.WithDeadline(actx, dl.AsTime())
-		defer c2()
+		deadline = dl.AsTime()
 	}
+	jc := newJobCtx(base, deadline)
+	actx, cancel := context.Context(jc), context.CancelCauseFunc(jc.cancelCause)
+	defer cancel(nil)
 	defer out.quiet()
 	if prefill {
 		if err := a.doubleAck(actx, msg); err != nil {
@@ -1002,7 +1006,7 @@ func (a *Agent) handle(ctx context.Context, msg jobMessage) {
 	err = a.engine.Stream(actx, req, out.emit)
 	a.metrics.duration.Observe(time.Since(out.called).Seconds())
 	switch {
-	case context.Cause(actx) == errCancelled || out.muted.Load():
+	case jc.Cause() == errCancelled || out.muted.Load():
 		// Stopped by its cancel, or (a PD decode leg) ran on silently to
 		// take its hand-off: nothing is reported.
 		a.metrics.jobs.WithLabelValues(JobCancelled).Inc()
@@ -1010,7 +1014,7 @@ func (a *Agent) handle(ctx context.Context, msg jobMessage) {
 	case err == nil:
 		a.metrics.jobs.WithLabelValues(JobOK).Inc()
 		out.finish()
-	case context.Cause(actx) == errDrainTimeout:
+	case jc.Cause() == errDrainTimeout:
 		a.metrics.jobs.WithLabelValues(JobDrained).Inc()
 		a.log.Info("job ended by the drain timeout", "request", id, "tokens", out.tokens)
 		out.fail(drainedError(a.cfg.ID))
@@ -1119,13 +1123,13 @@ func (a *Agent) prefill(ctx context.Context, req *Request, out *stream, ps *pref
 		err = errors.New("prefill finished without a hand-off")
 	}
 	switch {
-	case out.muted.Load() || context.Cause(ctx) == errCancelled:
+	case out.muted.Load() || causeOf(ctx) == errCancelled:
 		a.metrics.jobs.WithLabelValues(JobCancelled).Inc()
 		a.log.Debug("prefill cancelled", "request", req.RequestID, "handedOff", handedOff)
 	case err == nil:
 		a.metrics.jobs.WithLabelValues(JobHandedOff).Inc()
 		out.ended = true
-	case context.Cause(ctx) == errDrainTimeout && !published:
+	case causeOf(ctx) == errDrainTimeout && !published:
 		a.metrics.jobs.WithLabelValues(JobDrained).Inc()
 		out.fail(drainedError(a.cfg.ID))
 	default:

@@ -55,6 +55,9 @@ type engineConn struct {
 	// is not a TCP connection.
 	rc  syscall.RawConn
 	buf []byte
+	// abort breaks off the request in flight: its reads and writes fail
+	// at once. Made with the connection, not per request.
+	abort func()
 }
 
 // idleMax is how long an idle connection is kept. Engines close idle
@@ -107,6 +110,7 @@ func (p *streamConns) fresh(ctx context.Context) (*engineConn, error) {
 		return nil, err
 	}
 	ec := &engineConn{c: c, br: bufio.NewReaderSize(c, 16<<10), bw: bufio.NewWriterSize(c, 8<<10)}
+	ec.abort = func() { _ = ec.c.SetDeadline(longAgo) }
 	ec.rc = rawConn(c)
 	return ec, nil
 }
@@ -165,7 +169,7 @@ func (p *streamConns) do(ctx context.Context, r *engineRequest) (*stream, error)
 		}
 		// A cancelled request breaks off at once: its reads and writes
 		// fail, and the connection is closed, which tells the engine.
-		stop := context.AfterFunc(ctx, func() { _ = ec.c.SetDeadline(longAgo) })
+		stop := afterFunc(ctx, ec.abort)
 		resp, err := p.roundTrip(ec, r)
 		if err == nil {
 			return &stream{Response: resp, p: p, ec: ec, stop: stop}, nil
@@ -179,6 +183,16 @@ func (p *streamConns) do(ctx context.Context, r *engineRequest) (*stream, error)
 			return nil, err
 		}
 	}
+}
+
+// afterFunc is context.AfterFunc, through ctx's own AfterFunc method when
+// it has one (an agent's job context): no context of its own is made. f
+// may then run in the goroutine that cancels ctx, so it must not block.
+func afterFunc(ctx context.Context, f func()) (stop func() bool) {
+	if a, ok := ctx.(interface{ AfterFunc(func()) func() bool }); ok {
+		return a.AfterFunc(f)
+	}
+	return context.AfterFunc(ctx, f)
 }
 
 // errNoAnswer is a connection that ended before the first byte of an
