@@ -51,7 +51,7 @@ type stream struct {
 	evStore    [4]wire.Event
 	evPtrs     [4]*wire.Event
 	batchPtrs  [4]*wire.Event
-	heldStore  [512]byte
+	heldStore  [1024]byte
 	bufStore   [1024]byte
 	usageStore wire.Usage
 	usageBytes [256]byte

@@ -56,8 +56,15 @@ type engineConn struct {
 	rc  syscall.RawConn
 	buf []byte
 	// abort breaks off the request in flight: its reads and writes fail
-	// at once. Made with the connection, not per request.
+	// at once. Made with the connection, not per request, as flushFirst.
 	abort func()
+	// flushFirst is flushAwait's raw read callback: the first call flushes
+	// (sent, flushErr), the next ends the wait.
+	flushFirst func(uintptr) bool
+	sent       bool
+	flushErr   error
+	// events is the buffer the last answer's SSE events were gathered in.
+	events []byte
 }
 
 // idleMax is how long an idle connection is kept. Engines close idle
@@ -111,6 +118,14 @@ func (p *streamConns) fresh(ctx context.Context) (*engineConn, error) {
 	}
 	ec := &engineConn{c: c, br: bufio.NewReaderSize(c, 16<<10), bw: bufio.NewWriterSize(c, 8<<10)}
 	ec.abort = func() { _ = ec.c.SetDeadline(longAgo) }
+	ec.flushFirst = func(uintptr) bool {
+		if ec.sent {
+			return true
+		}
+		ec.sent = true
+		ec.flushErr = ec.bw.Flush()
+		return ec.flushErr != nil
+	}
 	ec.rc = rawConn(c)
 	return ec, nil
 }
@@ -229,20 +244,12 @@ func (ec *engineConn) flushAwait() error {
 	if ec.rc == nil || ec.br.Buffered() > 0 {
 		return ec.bw.Flush()
 	}
-	var ferr error
-	sent := false
-	err := ec.rc.Read(func(uintptr) bool {
-		if sent {
-			return true
-		}
-		sent = true
-		ferr = ec.bw.Flush()
-		return ferr != nil
-	})
-	if ferr != nil {
-		return ferr
+	ec.sent, ec.flushErr = false, nil
+	err := ec.rc.Read(ec.flushFirst)
+	if ec.flushErr != nil {
+		return ec.flushErr
 	}
-	if err != nil && !sent {
+	if err != nil && !ec.sent {
 		// The wait could not start (a deadline passed, the connection
 		// closed): the request goes out, or fails, as it would have.
 		return ec.bw.Flush()
@@ -255,7 +262,10 @@ func (ec *engineConn) flushAwait() error {
 // value the header cannot carry (a control character) is left out rather
 // than failing the job; net/http refused the whole request.
 func (p *streamConns) writeRequest(bw *bufio.Writer, r *engineRequest) error {
-	path := p.prefix + r.path
+	path := r.path
+	if p.prefix != "" {
+		path = p.prefix + r.path
+	}
 	if !validPath(path) {
 		return fmt.Errorf("invalid request path %q", path)
 	}
@@ -264,26 +274,28 @@ func (p *streamConns) writeRequest(bw *bufio.Writer, r *engineRequest) error {
 	bw.WriteString(" HTTP/1.1\r\nHost: ")
 	bw.WriteString(p.host)
 	bw.WriteString("\r\nUser-Agent: Go-http-client/1.1\r\nContent-Length: ")
-	var num [20]byte
-	bw.Write(strconv.AppendInt(num[:0], int64(len(r.body)), 10))
+	bw.Write(strconv.AppendInt(bw.AvailableBuffer(), int64(len(r.body)), 10))
 	bw.WriteString("\r\nAccept: text/event-stream\r\nContent-Type: application/json\r\n")
-	header := func(name, value string) {
-		if value == "" || !validHeaderValue(value) {
-			return
-		}
-		bw.WriteString(name)
-		bw.WriteString(": ")
-		bw.WriteString(value)
-		bw.WriteString("\r\n")
-	}
-	header("Authorization", p.auth)
-	header("X-Request-Id", r.requestID)
+	writeField(bw, "Authorization", p.auth)
+	writeField(bw, "X-Request-Id", r.requestID)
 	for i, k := range oaiformat.TraceHeaders {
-		header(traceHeaderNames[i], r.trace[k])
+		writeField(bw, traceHeaderNames[i], r.trace[k])
 	}
 	bw.WriteString("\r\n")
 	_, err := bw.Write(r.body)
 	return err
+}
+
+// writeField writes one header field, unless its value is empty or one a
+// header cannot carry.
+func writeField(bw *bufio.Writer, name, value string) {
+	if value == "" || !validHeaderValue(value) {
+		return
+	}
+	bw.WriteString(name)
+	bw.WriteString(": ")
+	bw.WriteString(value)
+	bw.WriteString("\r\n")
 }
 
 // traceHeaderNames are oaiformat.TraceHeaders as header names.
@@ -347,6 +359,11 @@ func (s *stream) Close() error {
 			_ = s.ec.c.SetReadDeadline(time.Time{})
 		}
 		if reuse {
+			if s.raw {
+				// Nobody holds an event past its emit: the next answer
+				// on the connection gathers its events here too.
+				s.ec.events = s.feed.data[:0]
+			}
 			s.p.put(s.ec)
 			return
 		}
@@ -381,6 +398,7 @@ func (s *stream) readSSE(emit agent.Emit) error {
 		fr = framedByLength
 	}
 	s.feed, s.raw = newFeed(fr, s.ContentLength), true
+	s.feed.data = s.ec.events[:0] // the last answer's, on this connection
 	// What the head's reader took past the head goes first.
 	if n := s.ec.br.Buffered(); n > 0 {
 		b, _ := s.ec.br.Peek(n)

@@ -108,9 +108,8 @@ func readHead(br *bufio.Reader) (*http.Response, error) {
 			if len(vs) == 0 {
 				return nil, fmt.Errorf("%w: continuation line first", errBadHead)
 			}
-			if len(value) > 0 {
-				vs[len(vs)-1] = strings.TrimLeft(vs[len(vs)-1]+" "+string(value), " ")
-			}
+			// An empty one too, as net/http does ("a" and " " make "a ").
+			vs[len(vs)-1] = strings.TrimLeft(vs[len(vs)-1]+" "+string(value), " ")
 			continue
 		}
 		last = headerKey(name)
@@ -239,22 +238,24 @@ func frame(resp *http.Response, br *bufio.Reader) error {
 		delete(h, "Connection") // as net/http does: Close says it
 	}
 	resp.ContentLength = -1
+	// A coding other than chunked is refused whatever the status, as
+	// net/http refuses it.
+	te := h["Transfer-Encoding"]
+	if len(te) > 0 && (len(te) != 1 || !strings.EqualFold(te[0], "chunked") || resp.ProtoMinor == 0) {
+		return fmt.Errorf("%w: transfer encoding %q", errBadHead, te)
+	}
 	switch {
 	case resp.StatusCode == http.StatusNoContent || resp.StatusCode == http.StatusNotModified:
 		resp.ContentLength = 0
 		resp.Body = http.NoBody
 		return nil
-	case len(h["Transfer-Encoding"]) > 0:
-		te := h["Transfer-Encoding"]
-		if len(te) != 1 || !strings.EqualFold(te[0], "chunked") || resp.ProtoMinor == 0 {
-			return fmt.Errorf("%w: transfer encoding %q", errBadHead, te)
-		}
+	case len(te) > 0:
 		// The chunks frame the body; like net/http, the coding moves
 		// from the header to TransferEncoding.
 		delete(h, "Content-Length")
 		delete(h, "Transfer-Encoding")
 		resp.TransferEncoding = chunkedCoding
-		resp.Body = &chunkedBody{br: br, cr: httputil.NewChunkedReader(br)}
+		resp.Body = &chunkedBody{br: br}
 		return nil
 	case len(h["Content-Length"]) > 0:
 		cl := h["Content-Length"]
@@ -311,13 +312,16 @@ func (b *lengthBody) Close() error { return nil }
 // so the connection is left at the next answer's first byte.
 type chunkedBody struct {
 	br  *bufio.Reader
-	cr  io.Reader
-	err error // sticky: io.EOF after the trailers, or what broke the body
+	cr  io.Reader // made by the first Read: an SSE answer is read raw
+	err error     // sticky: io.EOF after the trailers, or what broke the body
 }
 
 func (b *chunkedBody) Read(p []byte) (int, error) {
 	if b.err != nil {
 		return 0, b.err
+	}
+	if b.cr == nil {
+		b.cr = httputil.NewChunkedReader(b.br)
 	}
 	n, err := b.cr.Read(p)
 	if errors.Is(err, io.EOF) {
