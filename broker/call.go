@@ -144,6 +144,11 @@ type Call struct {
 	lastToken       time.Time
 	tokens          int
 	outcome         string
+
+	// job and deadlineTS are the current attempt's job while dispatch
+	// encodes it (see dispatch): no message of its own per attempt.
+	job        wire.Job
+	deadlineTS timestamppb.Timestamp
 }
 
 // Submit routes req, publishes its job and returns the Call that receives
@@ -256,7 +261,11 @@ func (c *Call) dispatch(ctx context.Context) error {
 	attempt := c.attempt
 	c.secret = secret
 	c.mu.Unlock()
-	job := &wire.Job{
+	// The job and its deadline are the call's, overwritten per attempt:
+	// the encoding below is all that outlives this.
+	c.deadlineTS = timestamppb.Timestamp{Seconds: c.Deadline.Unix(), Nanos: int32(c.Deadline.Nanosecond())}
+	job := &c.job
+	*job = wire.Job{
 		RequestId:       c.ID,
 		Attempt:         attempt,
 		Model:           c.Model,
@@ -265,7 +274,7 @@ func (c *Call) dispatch(ctx context.Context) error {
 		Body:            c.body,
 		ReplySubject:    c.replyTo,
 		Continuation:    c.cont,
-		Deadline:        timestamppb.New(c.Deadline),
+		Deadline:        &c.deadlineTS,
 		Trace:           c.req.Trace,
 		ClientRequestId: c.req.ClientRequestID,
 		BrokerId:        b.cfg.ID,

@@ -196,11 +196,15 @@ func WithClock(now func() time.Time) Option { return func(b *Broker) { b.now = n
 
 const idAlphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
 
-func randomID(n int) string {
-	buf := make([]byte, n)
-	_, _ = rand.Read(buf)
-	for i := range buf {
-		buf[i] = idAlphabet[int(buf[i])%len(idAlphabet)]
+func randomID(n int) string { return string(appendRandomID(nil, n)) }
+
+// appendRandomID appends n random characters of idAlphabet to dst.
+func appendRandomID(dst []byte, n int) []byte {
+	start := len(dst)
+	dst = append(dst, make([]byte, n)...)
+	_, _ = rand.Read(dst[start:])
+	for i := start; i < len(dst); i++ {
+		dst[i] = idAlphabet[int(dst[i])%len(idAlphabet)]
 	}
-	return string(buf)
+	return dst
 }

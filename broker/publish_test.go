@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -370,5 +371,28 @@ func TestStreamDuplicateWindow(t *testing.T) {
 				t.Fatalf("second store of one id: %+v, want a duplicate of %d", again, first.Sequence)
 			}
 		})
+	}
+}
+
+// A request id is the broker's id, a counter and a random tail, made in
+// one allocation; ids do not repeat.
+func TestNewRequestID(t *testing.T) {
+	b := &Broker{cfg: Config{ID: "b7"}}
+	seen := map[string]bool{}
+	for range 1000 {
+		id := b.newRequestID()
+		rest, ok := strings.CutPrefix(id, "b7-")
+		if !ok || len(rest) < 7 || seen[id] {
+			t.Fatalf("id %q", id)
+		}
+		for _, r := range rest {
+			if !strings.ContainsRune(idAlphabet, r) {
+				t.Fatalf("id %q has %q", id, r)
+			}
+		}
+		seen[id] = true
+	}
+	if n := testing.AllocsPerRun(100, func() { _ = b.newRequestID() }); n != 1 {
+		t.Fatalf("a request id: %.1f allocations, want 1", n)
 	}
 }

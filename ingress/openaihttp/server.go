@@ -216,10 +216,11 @@ func lineBreak(d []byte) int {
 func (s *Server) stream(w http.ResponseWriter, r *http.Request, call *broker.Call, p *oaiformat.Request) {
 	rc := http.NewResponseController(w)
 	ctx := r.Context()
-	out := &sseHead{w: w}
 	// The events' scratch is the sink's, which uses it only while this
-	// goroutine waits in Next: one allocation per stream for both.
-	sink := newDirectSink(out, call)
+	// goroutine waits in Next: one allocation per stream for both, and
+	// for the stream's head.
+	sink := newDirectSink(w, call)
+	out := sink.head
 	// write sends the events as SSE in one write. Under load several
 	// chunks wait at once: they are all written before one flush, one
 	// write(2) per burst instead of per token.
@@ -251,7 +252,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, call *broker.Cal
 	// The stream's last events are not flushed: net/http sends them with
 	// the body's terminating chunk when the handler returns, one write(2)
 	// and one wake-up of the client instead of two.
-	var events [][]byte
+	events := sink.evStore[:0]
 	// A writer that can write without waiting (the broker's own HTTP/1.1
 	// loop) takes the tokens from the reply goroutine itself
 	// (broker.Call.SetDirect), the first one with the response's head: no
@@ -387,12 +388,18 @@ type directSink struct {
 	// scratch until an event outgrows it.
 	buf     []byte
 	scratch [512]byte
+	// The stream's head and the handler's list of a chunk's events live
+	// here too: a stream's one allocation.
+	headStore sseHead
+	evStore   [4][]byte
 }
 
-// newDirectSink returns a stream's sink, its writer not yet set, with
-// its scratch ready for the stream's events.
-func newDirectSink(head *sseHead, call *broker.Call) *directSink {
-	s := &directSink{head: head, call: call}
+// newDirectSink returns the sink of a stream answered on w, its writer
+// not yet set, with its head and scratch ready for the stream's events.
+func newDirectSink(w http.ResponseWriter, call *broker.Call) *directSink {
+	s := &directSink{call: call}
+	s.headStore.w = w
+	s.head = &s.headStore
 	s.buf = s.scratch[:0]
 	return s
 }

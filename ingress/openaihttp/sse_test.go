@@ -47,15 +47,17 @@ func (w *appendNowWriter) FlushNow() error    { return nil }
 func (w *appendNowWriter) WritesNow() bool    { return true }
 
 // TestDirectSinkAllocs: a stream's sink, with its first token event, is
-// one allocation: the events' scratch comes with it (the stream's
-// handler writes its own events there too), not grown per stream.
+// one allocation: the stream's head and the events' scratch come with it
+// (the stream's handler writes its own events there too), not grown per
+// stream.
 func TestDirectSinkAllocs(t *testing.T) {
 	raw := []byte(`{"id":"chatcmpl-0123456789abcdef","object":"chat.completion.chunk","created":1764750000,"model":"sim-model","choices":[{"index":0,"delta":{"content":" word"},"logprobs":null,"finish_reason":null}]}`)
 	evs := []*wire.Event{{Raw: raw}}
-	head := &sseHead{w: httptest.NewRecorder(), started: true}
+	rec := httptest.NewRecorder()
 	w := &appendNowWriter{got: make([]byte, 0, 1024)}
 	allocs := testing.AllocsPerRun(100, func() {
-		s := newDirectSink(head, nil)
+		s := newDirectSink(rec, nil)
+		s.head.started = true
 		s.w = w
 		s.Add(evs)
 	})

@@ -55,6 +55,11 @@ type conn struct {
 	// probe checks, once, on a request that runs on, that its client
 	// did not leave as it sent it (see watchRaw).
 	probe *time.Timer
+	// remote is the client's address, as every request's RemoteAddr;
+	// tmpl is where a request is put together before WithContext copies
+	// it: neither is made anew per request.
+	remote string
+	tmpl   http.Request
 }
 
 // A connection's states (conn.state).
@@ -331,7 +336,11 @@ func (c *conn) request(h *head, body []byte) (*http.Request, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	c.cancel = cancel
-	req := &http.Request{
+	if c.remote == "" {
+		c.remote = c.nc.RemoteAddr().String()
+	}
+	req := &c.tmpl
+	*req = http.Request{
 		Method:        h.method,
 		URL:           u,
 		Proto:         "HTTP/1.1",
@@ -341,7 +350,7 @@ func (c *conn) request(h *head, body []byte) (*http.Request, error) {
 		Body:          &bodyReader{b: body},
 		ContentLength: h.contentLength,
 		Host:          h.host,
-		RemoteAddr:    c.nc.RemoteAddr().String(),
+		RemoteAddr:    c.remote,
 		RequestURI:    h.target,
 		Close:         h.close,
 	}
@@ -382,7 +391,14 @@ const closeLinger = 500 * time.Millisecond
 
 func (c *conn) serveOne(req *http.Request) {
 	w := &c.resp
-	*w = response{c: c, header: make(http.Header, 8), body: w.body[:0], closeAft: req.Close}
+	// The last response's header map, emptied: its handler has returned.
+	hdr := w.header
+	if hdr == nil {
+		hdr = make(http.Header, 8)
+	} else {
+		clear(hdr)
+	}
+	*w = response{c: c, header: hdr, body: w.body[:0], closeAft: req.Close}
 	defer func() {
 		if v := recover(); v != nil {
 			if v != http.ErrAbortHandler {

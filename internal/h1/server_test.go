@@ -133,6 +133,38 @@ func TestServesAndKeepsAlive(t *testing.T) {
 	}
 }
 
+// TestKeptAliveRequestsOwnNothing: a connection's requests share its
+// buffers, not their state: a header one response set is not in the
+// next, and each request has its own body, context and client address.
+func TestKeptAliveRequestsOwnNothing(t *testing.T) {
+	var n atomic.Int32
+	var first *http.Request
+	_, addr := testServer(t, func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		if n.Add(1) == 1 {
+			w.Header().Set("X-Only-First", "1")
+			first = r
+		} else if first == r || first.Context() == r.Context() {
+			t.Error("the second request is the first's")
+		}
+		if r.RemoteAddr == "" {
+			t.Error("no RemoteAddr")
+		}
+		fmt.Fprintf(w, "%s", body)
+	})
+	c, br := raw(t, addr)
+	for i, want := range []string{"one", "two"} {
+		fmt.Fprintf(c, "POST /fast HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s", len(want), want)
+		resp, body := readResp(t, br)
+		if body != want || (resp.Header.Get("X-Only-First") != "") != (i == 0) {
+			t.Fatalf("response %d: %q with X-Only-First %q", i, body, resp.Header.Get("X-Only-First"))
+		}
+	}
+	if first.Context().Err() == nil {
+		t.Fatal("the first request's context lives on")
+	}
+}
+
 // TestStreamsChunked: flushed writes go out as chunks as they are made;
 // the body ends when the handler returns.
 func TestStreamsChunked(t *testing.T) {
