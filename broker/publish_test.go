@@ -392,7 +392,11 @@ func TestNewRequestID(t *testing.T) {
 		}
 		seen[id] = true
 	}
-	if n := testing.AllocsPerRun(100, func() { _ = b.newRequestID() }); n != 1 {
-		t.Fatalf("a request id: %.1f allocations, want 1", n)
+	want := 1.0
+	if raceOn {
+		want = 2 // the id's buffer escapes under the race detector
+	}
+	if n := testing.AllocsPerRun(100, func() { _ = b.newRequestID() }); n > want {
+		t.Fatalf("a request id: %.1f allocations, want %.0f", n, want)
 	}
 }
