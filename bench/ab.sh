@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # A/B of two builds on the same machine, back to back: CPU per relayed token
-# and per request (broker and agents, from /proc), output tokens/s and TTFT
-# p50 and p99.
+# and per request (broker and agents, from /proc), allocations per request
+# (go_memstats_mallocs_total from each process's /metrics: unlike CPU on a
+# shared machine, the same build gives the same count run after run),
+# output tokens/s and TTFT p50 and p99.
 #
 #   git worktree add /tmp/before <commit> && (cd /tmp/before && go build -o /tmp/before-bin/ ./cmd/...)
 #   go build -o /tmp/after-bin/ ./cmd/...
@@ -18,6 +20,8 @@ pids=()
 stop() { for p in "${pids[@]:-}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; pids=(); }
 trap stop EXIT
 cpu() { local t=0 f; for p in "$@"; do read -r -a f < "/proc/$p/stat"; t=$((t + f[13] + f[14])); done; echo "$t"; }
+# mallocs prints the allocations so far of the process serving /metrics on port $1 (0 if none).
+mallocs() { curl -s "127.0.0.1:$1/metrics" | awk '$1 == "go_memstats_mallocs_total" { printf "%.0f\n", $2; found = 1 } END { if (!found) print 0 }'; }
 one() {
 	local bin=$1 data
 	data=$(mktemp -d)
@@ -26,27 +30,29 @@ one() {
 	sleep 0.3
 	"$bin/broker" --http 127.0.0.1:18080 --grpc "" --nats-listen 127.0.0.1:14222 --data-dir "$data" --log-level warn >/dev/null 2>&1 & pids+=($!); local bp=$!
 	sleep 1
-	"$bin/worker-agent" --engine openai --engine-url http://127.0.0.1:18001 --model sim-model --slots 512 --nats-url nats://127.0.0.1:14222 --log-level warn >/dev/null 2>&1 & pids+=($!); local a1=$!
-	"$bin/worker-agent" --engine openai --engine-url http://127.0.0.1:18002 --model sim-model --slots 512 --nats-url nats://127.0.0.1:14222 --log-level warn >/dev/null 2>&1 & pids+=($!); local a2=$!
+	"$bin/worker-agent" --engine openai --engine-url http://127.0.0.1:18001 --model sim-model --slots 512 --nats-url nats://127.0.0.1:14222 --metrics-listen 127.0.0.1:19101 --log-level warn >/dev/null 2>&1 & pids+=($!); local a1=$!
+	"$bin/worker-agent" --engine openai --engine-url http://127.0.0.1:18002 --model sim-model --slots 512 --nats-url nats://127.0.0.1:14222 --metrics-listen 127.0.0.1:19102 --log-level warn >/dev/null 2>&1 & pids+=($!); local a2=$!
 	sleep 2
-	local b0 b1 g0 g1 out
-	b0=$(cpu "$bp") g0=$(cpu "$a1" "$a2")
+	local b0 b1 g0 g1 m0 m1 n0 n1 out
+	b0=$(cpu "$bp") g0=$(cpu "$a1" "$a2") m0=$(mallocs 18080) n0=$(($(mallocs 19101) + $(mallocs 19102)))
 	out=$("$last/loadgen" --url http://127.0.0.1:18080 --model sim-model --concurrency "$STREAMS" --requests "$REQUESTS" --warmup "$WARMUP" \
 		--prompt-tokens 16 --max-tokens "$TOKENS" --json 2>/dev/null)
-	b1=$(cpu "$bp") g1=$(cpu "$a1" "$a2")
+	b1=$(cpu "$bp") g1=$(cpu "$a1" "$a2") m1=$(mallocs 18080) n1=$(($(mallocs 19101) + $(mallocs 19102)))
 	stop
 	rm -rf "$data"
 	echo "$out" | python3 -c '
 import json, sys
 d = json.load(sys.stdin)
 broker, agents, hz, name = int(sys.argv[1]), int(sys.argv[2]), 100, sys.argv[3]
+balloc, aalloc = int(sys.argv[4]), int(sys.argv[5])
 toks, reqs, tps, ttft, ttft99, itl = d["output_tokens"], d["requests"], d["output_tokens_per_s"], d["ttft_ms"]["p50"], d["ttft_ms"]["p99"], d["itl_ms"]["p50"]
 errs = d["errors"]
 nerr = (sum(errs.values()) and errs) if isinstance(errs, dict) else errs
 us = lambda t, n: 1e6 * t / hz / max(n, 1)
-print("%s: %.1f us CPU per token (broker %.1f, agents %.1f), %.0f us per request (broker %.0f, agents %.0f), %.0f tokens/s, TTFT p50 %.3f ms, p99 %.3f ms, ITL p50 %.2f ms, errors %s" % (
-	name, us(broker + agents, toks), us(broker, toks), us(agents, toks), us(broker + agents, reqs), us(broker, reqs), us(agents, reqs), tps, ttft, ttft99, itl, nerr))
-' "$((b1 - b0))" "$((g1 - g0))" "$bin"
+print("%s: %.1f us CPU per token (broker %.1f, agents %.1f), %.0f us per request (broker %.0f, agents %.0f), %.0f tokens/s, TTFT p50 %.3f ms, p99 %.3f ms, ITL p50 %.2f ms, errors %s, allocations per request broker %.1f, agents %.1f" % (
+	name, us(broker + agents, toks), us(broker, toks), us(agents, toks), us(broker + agents, reqs), us(broker, reqs), us(agents, reqs), tps, ttft, ttft99, itl, nerr,
+	balloc / max(reqs, 1), aalloc / max(reqs, 1)))
+' "$((b1 - b0))" "$((g1 - g0))" "$bin" "$((m1 - m0))" "$((n1 - n0))"
 }
 for _ in $(seq "$ROUNDS"); do
 	for b in "$@"; do one "$b"; done
