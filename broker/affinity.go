@@ -417,7 +417,7 @@ func (c *Call) accepted(agentID string, prefill bool) {
 		return
 	}
 	a.learnt, a.insert = agentID, a.pool.tree.Insert(agentID, a.keys)
-	if a.pool.learnSubj != "" {
+	if a.pool.learnSubj != "" && c.b.peersListen(a.pool.learnSubj) {
 		_ = c.b.nc.Publish(a.pool.learnSubj, encodeLearn(agentID, a.keys))
 	}
 }
@@ -545,6 +545,17 @@ func (b *Broker) startAffinity() (func(), error) {
 		_ = s.SetPendingLimits(1<<16, 256<<20)
 	}
 	return stop, nil
+}
+
+// peersListen reports whether a learn message on subject may reach a
+// peer: not when the broker's own subscription is the only one its
+// account has (one listener), and yes when that cannot be told (no
+// LearnListeners, or a count that misses the broker's own).
+func (b *Broker) peersListen(subject string) bool {
+	if b.cfg.LearnListeners == nil {
+		return true
+	}
+	return b.cfg.LearnListeners(subject) != 1
 }
 
 func (b *Broker) onLearn(m *nats.Msg) {

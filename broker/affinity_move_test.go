@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -100,5 +101,36 @@ func TestFailedAttemptForgotten(t *testing.T) {
 	}
 	if n := p.tree.AgentBlocks("good"); n != len(keys) {
 		t.Fatalf("good holds %d blocks, want %d", n, len(keys))
+	}
+}
+
+// A learn message goes out only when someone may listen: not when the
+// broker's own subscription is the only one (LearnListeners says 1), yes
+// for a peer (2) and when the count misses the broker's own (0).
+func TestLearnOnlyWhenSomeoneListens(t *testing.T) {
+	var listeners atomic.Int32
+	r := newRig(t, Config{Affinity: AffinityConfig{Mode: AffinityApprox}, LearnListeners: func(string) int { return int(listeners.Load()) }})
+	sub, err := r.nc.SubscribeSync("sy.learn.>") // the rig's connection echoes the broker's publishes
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.agent("worker", subjects.PoolRegular, "", 2, serve)
+	r.waitEligible("worker")
+	for _, n := range []int32{1, 2, 0, 1} {
+		listeners.Store(n)
+		c, err := r.b.Submit(context.Background(), Request{Model: testModel, API: wire.API_API_CHAT, Stream: true, Body: longBody()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if text, err := readAll(t, c); err != nil || text != " a b" {
+			t.Fatalf("text %q, %v", text, err)
+		}
+		c.Close()
+	}
+	if err := r.nc.Flush(); err != nil { // every publish of the broker has come back
+		t.Fatal(err)
+	}
+	if n, _, _ := sub.Pending(); n != 2 {
+		t.Fatalf("%d learn messages for 4 requests, want 2 (with listeners 2 and 0)", n)
 	}
 }

@@ -96,6 +96,13 @@ type Config struct {
 	// Affinity configures prefix-cache affinity within a pool (see
 	// affinity.go); its zero value is DefaultAffinity with defaults.
 	Affinity AffinityConfig
+	// LearnListeners, when set, returns how many subscriptions a message
+	// on subject would reach in the broker's NATS account, the broker's
+	// own included. A broker that alone listens to learn messages then
+	// publishes none (they would reach nobody; its connection has no
+	// echo). Nil: unknown, and every learn message is published. The
+	// command sets it for an embedded server without gateways.
+	LearnListeners func(subject string) int
 }
 
 func (c *Config) setDefaults() {

@@ -330,6 +330,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			Queue: cmp.Or(o.affQueue, -1), // flag 0: none
 			Guard: affinity.Guard{MinBlocks: o.affMinBlocks, BalanceAbs: o.affBalAbs, BalanceRel: o.affBalRel},
 		},
+		LearnListeners: accountInterest(ns, nc),
 	}, broker.WithLogger(log), broker.WithMetrics(metrics))
 	if err != nil {
 		return err
