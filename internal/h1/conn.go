@@ -57,7 +57,7 @@ type conn struct {
 	probe *time.Timer
 	// remote is the client's address, as every request's RemoteAddr;
 	// tmpl is where a request is put together before WithContext copies
-	// it: neither is made anew per request.
+	// it (then emptied): neither is made anew per request.
 	remote string
 	tmpl   http.Request
 }
@@ -358,7 +358,9 @@ func (c *conn) request(h *head, body []byte) (*http.Request, error) {
 		st := tc.ConnectionState()
 		req.TLS = &st
 	}
-	return req.WithContext(ctx), nil
+	r := req.WithContext(ctx)
+	*req = http.Request{} // keeps nothing of the request (its body) while idle
+	return r, nil
 }
 
 // handle runs the requests the reader hands over, one at a time.
