@@ -310,13 +310,14 @@ func TestAffinityPreciseFromEngineEvents(t *testing.T) {
 		startAgent(t, b1.NATS, fmt.Sprintf("p%d", i), e, 2, "--kv-events-endpoint", e.KVEventsEndpoint())
 	}
 	waitEligible(t, b2.HTTP, "p0", "p1", "p2")
-	known := 0
 	for c := range 4 {
 		sys := longSystem(fmt.Sprintf("precise-%d", c))
 		first := servedBy(t, b1.HTTP, chatTurn(sys, "first question"), engines...)
 		// The engine's events reach the second broker through the agent:
-		// wait until its tree holds the new blocks.
-		known = waitMoreBlocks(t, b2.HTTP, known)
+		// wait until its tree holds every block the engines hold. (Any
+		// growth was not enough: the last conversation's second turn may
+		// store blocks whose events come after this turn's.)
+		waitTreeHoldsEngines(t, b2.HTTP, engines)
 		next := servedBy(t, b2.HTTP, chatTurn(sys, "first question", "an answer", "second question"), engines...)
 		if next != first {
 			d, o, fb := getAffinity(t, b2.HTTP)
@@ -381,6 +382,25 @@ func TestAffinityPreciseTranslatedFromVLLMHashes(t *testing.T) {
 			}
 		})
 	}
+}
+
+// waitTreeHoldsEngines waits until the broker's tree of the regular pool
+// holds as many (block, agent) entries as the engines' prefix caches hold
+// blocks: engines that name their blocks with the broker's keys, one
+// agent each, and no eviction.
+func waitTreeHoldsEngines(t *testing.T, base string, engines []*engine) {
+	t.Helper()
+	testwait.For(t, 10*time.Second, 20*time.Millisecond, func() error {
+		want := 0
+		for _, e := range engines {
+			_, _, blocks := e.PrefixCache()
+			want += blocks
+		}
+		if n := affinityBlocks(t, base); n < want {
+			return fmt.Errorf("broker at %s holds %d blocks, the engines %d", base, n, want)
+		}
+		return nil
+	})
 }
 
 // waitMoreBlocks waits until the broker's tree of the regular pool holds
