@@ -18,21 +18,12 @@ const learnSubj = "sy.learn.m.regular.b1"
 // process, no echo) and subscribes to every broker's learn messages.
 func brokerConn(t *testing.T, ns *server.Server, opts ...nats.Option) *nats.Conn {
 	t.Helper()
-	nc, err := nats.Connect(ns.ClientURL(), append([]nats.Option{nats.InProcessServer(ns), nats.NoEcho()}, opts...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	if _, err := nc.Subscribe("sy.learn.>", func(*nats.Msg) {}); err != nil {
-		t.Fatal(err)
-	}
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	return nc
+	return subscribeLearn(t, ns.ClientURL(), append([]nats.Option{nats.InProcessServer(ns), nats.NoEcho()}, opts...)...)
 }
 
-func subscribeLearn(t *testing.T, url string, opts ...nats.Option) {
+// subscribeLearn connects to url and subscribes to every broker's learn
+// messages; the subscription is known to the server when it returns.
+func subscribeLearn(t *testing.T, url string, opts ...nats.Option) *nats.Conn {
 	t.Helper()
 	nc, err := nats.Connect(url, opts...)
 	if err != nil {
@@ -45,6 +36,7 @@ func subscribeLearn(t *testing.T, url string, opts ...nats.Option) {
 	if err := nc.Flush(); err != nil {
 		t.Fatal(err)
 	}
+	return nc
 }
 
 func waitInterest(t *testing.T, f func(string) int, want int) {
