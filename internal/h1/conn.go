@@ -50,8 +50,10 @@ type conn struct {
 	peek []byte // what watch reads
 	resp response
 	out  []byte // the response's head, reused
-	// rc is nc's socket when nc is plain TCP (see FlushNow).
+	// rc is nc's socket when nc is plain TCP (see FlushNow), rw what
+	// writes on it.
 	rc syscall.RawConn
+	rw rawWriter
 	// probe checks, once, on a request that runs on, that its client
 	// did not leave as it sent it (see watchRaw).
 	probe *time.Timer

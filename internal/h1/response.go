@@ -191,7 +191,7 @@ func (w *response) FlushNow() error {
 // writeNow makes one write(2) of b that does not wait, and returns how
 // much of b went out.
 func (w *response) writeNow(b []byte) (int, error) {
-	n, err := tryWrite(w.c.rc, b)
+	n, err := w.c.rw.tryWrite(w.c.rc, b)
 	if err != nil {
 		w.err, w.closeAft = err, true
 		return 0, err

@@ -552,6 +552,54 @@ func TestFlushNow(t *testing.T) {
 	}
 }
 
+// TestFlushNowAllocs: a stream's FlushNow, once its head is out, makes no
+// allocation: one write(2) per token, through a callback made once per
+// connection.
+func TestFlushNowAllocs(t *testing.T) {
+	type nower interface {
+		AppendNow([]byte)
+		FlushNow() error
+	}
+	allocs := make(chan float64, 1)
+	line := []byte("data: {\"x\":1}\n\n")
+	s := &Server{Fast: fast, Fallback: &http.Server{Handler: http.NotFoundHandler()}, MaxBody: 1 << 20,
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	s.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		nw := w.(nower)
+		fmt.Fprint(w, "head\n")
+		http.NewResponseController(w).Flush()
+		failed := false
+		allocs <- testing.AllocsPerRun(200, func() {
+			nw.AppendNow(line)
+			if err := nw.FlushNow(); err != nil && !failed {
+				failed = true
+				t.Errorf("FlushNow: %v", err)
+			}
+		})
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(ln) }()
+	defer func() { s.Close(); <-served }()
+
+	c, br := raw(t, ln.Addr().String())
+	fmt.Fprintf(c, "POST /fast HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+	resp, body := readResp(t, br)
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	// AllocsPerRun runs its function once more than it counts.
+	if want := "head\n" + strings.Repeat(string(line), 201); body != want {
+		t.Fatalf("got %d bytes, want %d", len(body), len(want))
+	}
+	if a := <-allocs; a != 0 {
+		t.Fatalf("FlushNow: %.1f allocations per write, want 0", a)
+	}
+}
+
 // TestFlushNowHead: once the handler has set its status, FlushNow from
 // another goroutine writes the head with the first chunk, while the
 // handler still runs (the client reads both before it lets the handler

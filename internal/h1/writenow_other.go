@@ -11,7 +11,10 @@ import (
 // rawOf returns nil: WriteNow always leaves the write to the handler.
 func rawOf(net.Conn) syscall.RawConn { return nil }
 
-func tryWrite(syscall.RawConn, []byte) (int, error) { return 0, nil }
+// rawWriter is not used here: rawOf returns nil.
+type rawWriter struct{}
+
+func (*rawWriter) tryWrite(syscall.RawConn, []byte) (int, error) { return 0, nil }
 
 // watchRaw is not used here: rawOf returns nil.
 func (c *conn) watchRaw(*http.Request) (bool, bool) { panic("h1: watchRaw without a raw connection") }

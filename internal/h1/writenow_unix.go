@@ -21,20 +21,38 @@ func rawOf(c net.Conn) syscall.RawConn {
 	return rc
 }
 
+// rawWriter makes FlushNow's write(2)s on a connection's socket. Its
+// callback is made once per connection: a closure per write would cost
+// three allocations (it, and the count and error it fills), and a stream
+// writes once per token. One write at a time: a response's writes are its
+// writer's (see FlushNow).
+type rawWriter struct {
+	b     []byte
+	n     int
+	errno error
+	fn    func(fd uintptr) bool
+}
+
+func (w *rawWriter) write(fd uintptr) bool {
+	for {
+		w.n, w.errno = syscall.Write(int(fd), w.b)
+		if w.errno != syscall.EINTR {
+			return true
+		}
+	}
+}
+
 // tryWrite makes one write(2) of b without waiting: the socket is
 // non-blocking, so a full send buffer is EAGAIN, reported as n < len(b)
 // with no error.
-func tryWrite(rc syscall.RawConn, b []byte) (int, error) {
-	var n int
-	var errno error
-	err := rc.Write(func(fd uintptr) bool {
-		for {
-			n, errno = syscall.Write(int(fd), b)
-			if errno != syscall.EINTR {
-				return true
-			}
-		}
-	})
+func (w *rawWriter) tryWrite(rc syscall.RawConn, b []byte) (int, error) {
+	if w.fn == nil {
+		w.fn = w.write
+	}
+	w.b = b
+	err := rc.Write(w.fn)
+	n, errno := w.n, w.errno
+	w.b, w.n, w.errno = nil, 0, nil
 	if err != nil {
 		return 0, err
 	}
