@@ -5,6 +5,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/switchyard-ai/switchyard/oaiformat/chunkjson"
 	"github.com/switchyard-ai/switchyard/wire"
@@ -242,7 +243,7 @@ func (s *stream) emit(raw []byte, more bool) error {
 	// reflection: this runs for every token); everything else travels in
 	// Event.raw untouched.
 	var f chunkjson.Fields
-	if err := chunkjson.Scan(raw, &f); err != nil {
+	if err := chunkjson.ScanSpan(raw, &f); err != nil {
 		return &wire.Error{Code: wire.CodeEngine, Message: "engine sent an undecodable chunk: " + err.Error()}
 	}
 	if f.HasUsage {
@@ -265,7 +266,13 @@ func (s *stream) emit(raw []byte, more bool) error {
 		s.evs = append(s.evs, new(wire.Event))
 	}
 	ev := s.evs[i]
+	// A plain text (nearly every token's) is a span of raw: the event's
+	// text aliases its raw bytes, which live as long as it does (until the
+	// flush that sends it), and makes no string.
 	ev.Raw, ev.DeltaText, ev.FinishReason = raw, f.Text, ""
+	if f.TextEnd > f.TextStart {
+		ev.DeltaText = unsafe.String(&raw[f.TextStart], f.TextEnd-f.TextStart)
+	}
 	if f.HasFinish {
 		ev.FinishReason = f.FinishReason
 		s.finishReason = f.FinishReason
@@ -285,6 +292,9 @@ func (s *stream) emit(raw []byte, more bool) error {
 		start := len(s.held)
 		s.held = append(s.held, raw...)
 		ev.Raw = s.held[start:len(s.held):len(s.held)]
+		if f.TextEnd > f.TextStart {
+			ev.DeltaText = unsafe.String(&ev.Raw[f.TextStart], f.TextEnd-f.TextStart)
+		}
 		return nil
 	}
 	return s.flush()
@@ -298,7 +308,8 @@ func (s *stream) flush() error {
 	s.batch.Kind = wire.Chunk_KIND_TOKEN
 	err := s.send(&s.batch)
 	for _, ev := range s.batch.Events {
-		ev.Raw = nil // the engine's buffer: not ours to keep
+		// The engine's buffer or held's, reused: not ours to keep.
+		ev.Raw, ev.DeltaText = nil, ""
 	}
 	s.batch.Events = s.batch.Events[:0]
 	s.batchBytes = 0

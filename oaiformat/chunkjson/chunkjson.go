@@ -79,6 +79,9 @@ type Fields struct {
 	PromptTokens     uint32 // usage.prompt_tokens
 	CompletionTokens uint32 // usage.completion_tokens
 	TotalTokens      uint32 // usage.total_tokens
+	// Set by ScanSpan only: when TextEnd > TextStart, the text is
+	// raw[TextStart:TextEnd] as it stands and Text is empty.
+	TextStart, TextEnd int
 }
 
 // An Error reports why Scan refused a chunk: a JSON syntax error or a value
@@ -95,7 +98,17 @@ func (e *Error) Error() string {
 // Scan parses one chunk in a single pass, validating the whole document, and
 // fills in f. On error f is left zero. Scan does not retain raw; the strings
 // in f never alias it.
-func Scan(raw []byte, f *Fields) error {
+func Scan(raw []byte, f *Fields) error { return scan(raw, f, false) }
+
+// ScanSpan is Scan, but when choices[0]'s text is a span of raw as it
+// stands (one of delta.content and text, with no escape and valid UTF-8:
+// what engines send for nearly every token) it makes no string: it
+// reports the span in f.TextStart and f.TextEnd and leaves f.Text empty.
+// A caller that keeps raw's bytes for as long as it uses the text can
+// alias them. Any other text is in f.Text, as Scan makes it.
+func ScanSpan(raw []byte, f *Fields) error { return scan(raw, f, true) }
+
+func scan(raw []byte, f *Fields, spans bool) error {
 	*f = Fields{}
 	var st state
 	i := skipSpace(raw, 0)
@@ -119,7 +132,7 @@ func Scan(raw []byte, f *Fields) error {
 	if i = skipSpace(raw, i); i < len(raw) {
 		return syntaxError(i, "invalid character "+quoteChar(raw[i])+" after top-level value")
 	}
-	st.fill(raw, f)
+	st.fill(raw, f, spans)
 	return nil
 }
 
@@ -205,11 +218,15 @@ type state struct {
 	prompt, completion, total uint32
 }
 
-func (st *state) fill(raw []byte, f *Fields) {
+func (st *state) fill(raw []byte, f *Fields, spans bool) {
 	f.Choices = st.choices
 	if st.choices > 0 {
 		c := &st.c0
-		f.Text = joinText(raw, c.content, c.text)
+		if sp, ok := plainSpan(raw, c.content, c.text); spans && ok {
+			f.TextStart, f.TextEnd = sp.start, sp.end
+		} else {
+			f.Text = joinText(raw, c.content, c.text)
+		}
 		if c.hasFinish {
 			f.HasFinish = true
 			f.FinishReason = finishString(raw, c.finish)
@@ -760,6 +777,20 @@ func joinText(d []byte, a, b span) string {
 	appendUnquoted(&sb, as, a.flags)
 	appendUnquoted(&sb, bs, b.flags)
 	return sb.String()
+}
+
+// plainSpan reports the one non-empty span of a and b when its contents
+// are its text as they stand (no escape, valid UTF-8).
+func plainSpan(d []byte, a, b span) (span, bool) {
+	switch {
+	case a.end > a.start && b.end > b.start:
+		return span{}, false
+	case b.end > b.start:
+		a = b
+	case a.end == a.start:
+		return span{}, false
+	}
+	return a, !needsUnquote(d[a.start:a.end], a.flags)
 }
 
 // appendUnquoted writes the unquoted form of a JSON string's contents s.

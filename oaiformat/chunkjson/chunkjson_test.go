@@ -67,6 +67,22 @@ func checkParity(t *testing.T, raw []byte) {
 	case got != want:
 		t.Fatalf("Scan(%q)\n got %+v\nwant %+v", raw, got, want)
 	}
+	// ScanSpan finds the same, its text a span of raw or a string.
+	var sp Fields
+	serr := ScanSpan(raw, &sp)
+	if (serr == nil) != (gerr == nil) {
+		t.Fatalf("ScanSpan(%q): %v; Scan: %v", raw, serr, gerr)
+	}
+	if sp.TextEnd > sp.TextStart {
+		if sp.Text != "" {
+			t.Fatalf("ScanSpan(%q): a span and a text %q", raw, sp.Text)
+		}
+		sp.Text = string(raw[sp.TextStart:sp.TextEnd])
+	}
+	sp.TextStart, sp.TextEnd = 0, 0
+	if sp != got {
+		t.Fatalf("ScanSpan(%q)\n got %+v\nwant %+v", raw, sp, got)
+	}
 }
 
 const chatChunk = `{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":" hi"},"logprobs":null,"finish_reason":null}]}`
@@ -568,6 +584,43 @@ func TestScanAllocs(t *testing.T) {
 	}
 }
 
+// TestScanSpan: a plain text is reported as its span of the chunk and
+// makes no allocation; an escaped, non-ASCII-invalid or two-part text is a
+// string as Scan makes it.
+func TestScanSpan(t *testing.T) {
+	for _, tc := range []struct {
+		raw  string
+		span string // the text as a span, or "" for none
+		text string // the text as a string
+	}{
+		{chatChunk, " hi", ""},
+		{benchChunk, " hi", ""},
+		{`{"choices":[{"text":"caf\u00e9"}]}`, "", "café"},
+		{`{"choices":[{"text":"café"}]}`, "café", ""},
+		{`{"choices":[{"delta":{"content":"a\nb"}}]}`, "", "a\nb"},
+		{`{"choices":[{"delta":{"content":"a"},"text":"b"}]}`, "", "ab"},
+		{`{"choices":[{"delta":{"content":""},"text":"b"}]}`, "b", ""},
+		{`{"choices":[{"delta":{"content":""},"finish_reason":"stop"}]}`, "", ""},
+		{"{\"choices\":[{\"text\":\"\xff\"}]}", "", "\ufffd"},
+	} {
+		raw := []byte(tc.raw)
+		var f Fields
+		if err := ScanSpan(raw, &f); err != nil {
+			t.Fatalf("ScanSpan(%q): %v", raw, err)
+		}
+		if got := string(raw[f.TextStart:f.TextEnd]); got != tc.span || f.Text != tc.text {
+			t.Errorf("ScanSpan(%q): span %q, text %q; want %q, %q", raw, got, f.Text, tc.span, tc.text)
+		}
+		checkParity(t, raw)
+		if tc.span == "" {
+			continue
+		}
+		if allocs := testing.AllocsPerRun(100, func() { _ = ScanSpan(raw, &f) }); allocs != 0 {
+			t.Errorf("ScanSpan(%q): %v allocations, want 0", raw, allocs)
+		}
+	}
+}
+
 func FuzzScan(f *testing.F) {
 	for _, tc := range typical {
 		f.Add([]byte(tc.raw))
@@ -644,7 +697,7 @@ func ExampleScan() {
 	var f Fields
 	err := Scan([]byte(`{"id":"chatcmpl-1","choices":[{"index":0,"delta":{"content":" hi"},"finish_reason":"stop"}]}`), &f)
 	fmt.Printf("%v %+v\n", err, f)
-	// Output: <nil> {Choices:1 Text: hi FinishReason:stop HasFinish:true HasUsage:false PromptTokens:0 CompletionTokens:0 TotalTokens:0}
+	// Output: <nil> {Choices:1 Text: hi FinishReason:stop HasFinish:true HasUsage:false PromptTokens:0 CompletionTokens:0 TotalTokens:0 TextStart:0 TextEnd:0}
 }
 
 func TestMembers(t *testing.T) {
