@@ -130,6 +130,37 @@ func TestHeldTextsSurvive(t *testing.T) {
 	}
 }
 
+// TestLongBatchAllocs: a stream that holds many events at once (an
+// engine's chunks read faster than they are sent) makes room for them in
+// a few blocks, not one allocation per event.
+func TestLongBatchAllocs(t *testing.T) {
+	base, _ := hopStream(t, false)
+	const n = 40
+	answer := func() {
+		out := newStream(base.a, base.job)
+		out.spoke = true
+		for i := range n {
+			if err := out.emit(tokenChunk, i < n-1); err != nil {
+				t.Fatal(err)
+			}
+		}
+		out.finish()
+	}
+	answer()
+	allocs := math.Inf(1)
+	for range 5 { // the least of a few batches, as in TestEmitTokenAllocs
+		allocs = min(allocs, testing.AllocsPerRun(50, answer))
+	}
+	t.Logf("%d events held: %.1f allocations", n, allocs)
+	// The stream, its final chunk, four doublings of its events from 4
+	// to 64 (a block, its pointers, the message's), the growth of its
+	// held bytes and of its encode buffer past their first 1 KB: 21. One
+	// allocation per event held was 53.
+	if allocs > 24 {
+		t.Fatalf("%d events held: %.1f allocations, want at most 24", n, allocs)
+	}
+}
+
 // A short answer (role, one token, finish and usage chunks, as vLLM
 // streams max_tokens 1 with usage) costs its stream a few allocations in
 // all: its events, their held bytes and its usage live in the stream.

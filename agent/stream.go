@@ -263,7 +263,16 @@ func (s *stream) emit(raw []byte, more bool) error {
 	}
 	i := len(s.batch.Events)
 	if i == len(s.evs) {
-		s.evs = append(s.evs, new(wire.Event))
+		// More events held than ever in this stream: as many again, in
+		// one block, and room for them in the message.
+		blk := make([]wire.Event, i)
+		evs := make([]*wire.Event, 2*i)
+		copy(evs, s.evs)
+		for j := range blk {
+			evs[i+j] = &blk[j]
+		}
+		s.evs = evs
+		s.batch.Events = append(make([]*wire.Event, 0, 2*i), s.batch.Events...)
 	}
 	ev := s.evs[i]
 	// A plain text (nearly every token's) is a span of raw: the event's
