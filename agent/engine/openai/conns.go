@@ -65,6 +65,8 @@ type engineConn struct {
 	flushErr   error
 	// events is the buffer the last answer's SSE events were gathered in.
 	events []byte
+	// pump reads SSE bodies on rc (see pumpRaw).
+	pump rawPump
 }
 
 // idleMax is how long an idle connection is kept. Engines close idle

@@ -13,3 +13,6 @@ import (
 func rawConn(net.Conn) syscall.RawConn { return nil }
 
 func (s *stream) pumpRaw(emit agent.Emit) error { return s.pumpConn(emit) }
+
+// rawPump is not used here: rawConn returns nil.
+type rawPump struct{}

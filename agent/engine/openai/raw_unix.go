@@ -25,38 +25,58 @@ func rawConn(c net.Conn) syscall.RawConn {
 // sysRead is the read(2) of pump (a test counts its calls).
 var sysRead = syscall.Read
 
+// rawPump is pumpRaw's raw read callback and what it reports, made once
+// per connection: a closure per answer cost four allocations.
+type rawPump struct {
+	s      *stream
+	emit   agent.Emit
+	result error
+	ended  bool
+	read   func(fd uintptr) bool
+}
+
+func (p *rawPump) finish(done bool, err error) bool {
+	p.ended, p.result = done || p.emit == nil && p.s.feed.bodyDone, err
+	return p.ended
+}
+
+// onReadable reads what the socket holds into the feed; true ends the
+// raw read.
+func (p *rawPump) onReadable(fd uintptr) bool {
+	f, ec, emit := &p.s.feed, p.s.ec, p.emit
+	for {
+		n, errno := sysRead(int(fd), ec.buf)
+		switch {
+		case errno == syscall.EINTR:
+			continue
+		case errno == syscall.EAGAIN:
+			return false
+		case errno != nil:
+			return p.finish(true, f.broken(emit, errno))
+		case n == 0:
+			return p.finish(true, f.eof(emit))
+		}
+		if p.finish(f.push(ec.buf[:n], emit)) {
+			return true
+		}
+		if n < len(ec.buf) {
+			return false // the socket is empty: wait for the next arrival
+		}
+	}
+}
+
 // pumpRaw is pump on the socket itself (see readSSE).
 func (s *stream) pumpRaw(emit agent.Emit) error {
-	f, ec := &s.feed, s.ec
-	var result error
-	ended := false
-	finish := func(done bool, err error) bool {
-		ended, result = done || emit == nil && f.bodyDone, err
-		return ended
+	p := &s.ec.pump
+	if p.read == nil {
+		p.read = p.onReadable
 	}
-	err := ec.rc.Read(func(fd uintptr) bool {
-		for {
-			n, errno := sysRead(int(fd), ec.buf)
-			switch {
-			case errno == syscall.EINTR:
-				continue
-			case errno == syscall.EAGAIN:
-				return false
-			case errno != nil:
-				return finish(true, f.broken(emit, errno))
-			case n == 0:
-				return finish(true, f.eof(emit))
-			}
-			if finish(f.push(ec.buf[:n], emit)) {
-				return true
-			}
-			if n < len(ec.buf) {
-				return false // the socket is empty: wait for the next arrival
-			}
-		}
-	})
+	p.s, p.emit, p.result, p.ended = s, emit, nil, false
+	err := s.ec.rc.Read(p.read)
+	result, ended := p.result, p.ended
+	p.s, p.emit, p.result = nil, nil, nil
 	if err != nil && !ended {
-		return f.broken(emit, err)
+		return s.feed.broken(emit, err)
 	}
 	return result
 }
