@@ -1110,6 +1110,9 @@ func (c *Call) agentGone(m *dispatch.Model, id string) error {
 	return fmt.Errorf("%w: %s left the table", errAgentLost, id)
 }
 
+// sentFirstRoom is what a call's sent text is first given (see deliver).
+const sentFirstRoom = 256
+
 func (c *Call) deliver(ch *wire.Chunk) *wire.Chunk {
 	switch ch.GetKind() {
 	case wire.Chunk_KIND_TOKEN:
@@ -1137,6 +1140,12 @@ func (c *Call) deliver(ch *wire.Chunk) *wire.Chunk {
 		c.lastToken = now
 		for _, ev := range events {
 			if t := ev.GetDeltaText(); t != "" {
+				if c.sent.Cap() == 0 {
+					// Room for some 50 tokens at once, where growing from
+					// the first token's few bytes took an allocation at
+					// each doubling.
+					c.sent.Grow(max(sentFirstRoom, len(t)))
+				}
 				c.sent.WriteString(t)
 				c.tokens++
 			} else if !c.reasoned && ev.GetFinishReason() == "" {

@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"math"
+	"strings"
 	"testing"
 	"time"
 
@@ -78,6 +79,34 @@ func TestReplyTokenAllocs(t *testing.T) {
 	c.Close()
 	if allocs > 0 {
 		t.Fatalf("onReply and Next: %.1f allocations per token chunk, want 0", allocs)
+	}
+}
+
+// TestSentTextAllocs: the text a call hands its client, kept for a
+// migration, is given room for some 50 tokens at its first: 40 tokens
+// cost one allocation, where growing from the first token's bytes cost
+// one per doubling (six).
+func TestSentTextAllocs(t *testing.T) {
+	br, c, m := hopCall(t, 1)
+	c.Deadline = time.Now().Add(time.Hour)
+	ctx := context.Background()
+	allocs := leastAllocs(func() {
+		c.sent = strings.Builder{}
+		c.nextSeq = 0
+		for range 40 {
+			br.onReply(m)
+			c.nextSeq = 0
+			if _, err := c.Next(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+	c.Close()
+	if got := c.sent.String(); got != strings.Repeat(" word", 40) {
+		t.Fatalf("sent text %q", got)
+	}
+	if allocs > 1 {
+		t.Fatalf("40 tokens: %.1f allocations, want 1", allocs)
 	}
 }
 
