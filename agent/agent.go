@@ -780,6 +780,19 @@ func (a *Agent) wasCancelled(id string, attempt uint32) bool {
 	return ok && attempt <= c.upTo
 }
 
+// jobRun is what handle makes for one job, in one allocation: the job,
+// its stream, its context, its prefill state, its accepted chunk and its
+// engine request. Nothing is reused: what outlives handle (a stream kept
+// by a late cancel, a context an engine still holds) keeps it alive.
+type jobRun struct {
+	job      wire.Job
+	out      stream
+	ctx      jobCtx
+	pf       prefillState
+	accepted wire.Chunk
+	req      Request
+}
+
 // handle runs one job to its end, in a context under base, which carries
 // no cancel (see jobCtx).
 func (a *Agent) handle(base context.Context, msg jobMessage) {
@@ -787,13 +800,15 @@ func (a *Agent) handle(base context.Context, msg jobMessage) {
 	// buffer nats.go allocates for this message alone, which nothing here
 	// reads or writes again (the message is only acked or termed), and no
 	// engine writes into a body (a PD or streaming body is a new one).
-	job := new(wire.Job)
+	run := new(jobRun)
+	job := &run.job
 	if err := wire.DecodeJob(msg.Data(), job); err != nil {
 		a.log.Warn("undecodable job dropped", "err", err)
 		_ = msg.Term()
 		return
 	}
-	out := newStream(a, job)
+	out := &run.out
+	out.init(a, job)
 	id, attempt := job.GetRequestId(), job.GetAttempt()
 	now := time.Now()
 	if dl := job.GetDeadline(); dl != nil && now.After(dl.AsTime()) {
@@ -883,7 +898,8 @@ func (a *Agent) handle(base context.Context, msg jobMessage) {
 	if dl := job.GetDeadline(); dl != nil {
 		deadline = dl.AsTime()
 	}
-	jc := newJobCtx(base, deadline)
+	jc := &run.ctx
+	jc.init(base, deadline)
 	actx, cancel := context.Context(jc), context.CancelCauseFunc(jc.cancelCause)
 	defer cancel(nil)
 	defer out.quiet()
@@ -899,7 +915,8 @@ func (a *Agent) handle(base context.Context, msg jobMessage) {
 		// the first token. Should two agents ever run one attempt (an ack
 		// lost in a NATS failover, the job redelivered after AckWait), the
 		// broker listens only to the first that spoke for it.
-		if err := out.send(&wire.Chunk{Kind: wire.Chunk_KIND_ACCEPTED, PrefillAgent: job.GetPd().GetPrefillAgent()}); err != nil {
+		run.accepted = wire.Chunk{Kind: wire.Chunk_KIND_ACCEPTED, PrefillAgent: job.GetPd().GetPrefillAgent()}
+		if err := out.send(&run.accepted); err != nil {
 			a.log.Warn("accepted chunk not sent", "request", id, "err", err)
 		}
 		// A plain ack: nothing waits for its confirmation any more, so the
@@ -914,7 +931,7 @@ func (a *Agent) handle(base context.Context, msg jobMessage) {
 		out.keepalive(actx, a.cfg.Keepalive)
 	}
 	ran = true
-	pf := &prefillState{}
+	pf := &run.pf
 	stop := func(cause error) {
 		if cause != errCancelled {
 			cancel(cause)
@@ -991,7 +1008,8 @@ func (a *Agent) handle(base context.Context, msg jobMessage) {
 			return
 		}
 	}
-	req := &Request{RequestID: id, API: job.GetApi(), Body: body, Job: job}
+	req := &run.req
+	*req = Request{RequestID: id, API: job.GetApi(), Body: body, Job: job}
 	if a.cfg.Pool != subjects.PoolDecode {
 		// In a goroutine of its own, beside the engine call: nothing on
 		// the job's path waits for it (a prompt's engine blocks are

@@ -161,6 +161,93 @@ func TestLongBatchAllocs(t *testing.T) {
 	}
 }
 
+// shortEngine answers every request with a short stream (role, one
+// token, finish, usage) from chunks made once: it allocates nothing.
+type shortEngine struct{ chunks [][]byte }
+
+func (e shortEngine) Stream(_ context.Context, _ *Request, emit Emit) error {
+	for i, c := range e.chunks {
+		if err := emit(c, i < len(e.chunks)-1); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// fakeJob is a job message whose acks go nowhere.
+type fakeJob struct{ data []byte }
+
+func (m *fakeJob) Data() []byte                     { return m.data }
+func (m *fakeJob) Ack() error                       { return nil }
+func (m *fakeJob) DoubleAck(context.Context) error  { return nil }
+func (m *fakeJob) Nak() error                       { return nil }
+func (m *fakeJob) NakWithDelay(time.Duration) error { return nil }
+func (m *fakeJob) Term() error                      { return nil }
+
+// TestJobAllocs: an agent's whole handling of a short job (decode, its
+// stream, context and keep-alive, its accepted chunk and ack, the engine
+// call's emits, the answer's end) makes few allocations: what a job needs
+// of its own comes in one block (jobRun).
+func TestJobAllocs(t *testing.T) {
+	base, sub := hopStream(t, false)
+	a := base.a
+	a.engine = shortEngine{chunks: [][]byte{
+		[]byte(`{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`),
+		tokenChunk,
+		[]byte(`{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"length"}]}`),
+		[]byte(`{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":1,"total_tokens":6}}`),
+	}}
+	// Every job a request of its own: a second copy of an attempt is
+	// dropped unrun.
+	const batches, per = 5, 100
+	jobs := make([]*fakeJob, 0, batches*(per+1)+1)
+	for i := range cap(jobs) {
+		data, err := wire.AppendJob(nil, &wire.Job{RequestId: fmt.Sprintf("b-%dx", i), Attempt: 1, ReplySubject: "sy.reply.b.chunks", Secret: 42,
+			Api: wire.API_API_CHAT, Body: []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"stream_options":{"include_usage":true}}`)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		jobs = append(jobs, &fakeJob{data: data})
+	}
+	ctx := context.WithoutCancel(t.Context())
+	next := 0
+	run := func() {
+		a.handle(ctx, jobs[next])
+		next++
+	}
+	run()
+	allocs := math.Inf(1)
+	for range batches { // the least of a few batches, as in TestEmitTokenAllocs
+		allocs = min(allocs, testing.AllocsPerRun(per, run))
+	}
+	t.Logf("a short job: %.1f allocations", allocs)
+	// 12 here: the jobRun, the job's strings, its engine request's
+	// body, the emit and cancel functions and the stop closure, its
+	// entry among the running jobs, the keep-alive's timer, the copy of
+	// its last chunk kept for a resend. 19 before jobRun.
+	if allocs > 13 {
+		t.Fatalf("a short job: %.1f allocations, want at most 13", allocs)
+	}
+	// Every job answered: its accepted chunk, its token and its final.
+	finals := 0
+	for finals < next {
+		m, err := sub.NextMsg(5 * time.Second)
+		if err != nil {
+			t.Fatalf("%d of %d jobs answered: %v", finals, next, err)
+		}
+		_ = wire.Frames(m.Data, func(b []byte) error {
+			c := new(wire.Chunk)
+			if err := proto.Unmarshal(b, c); err != nil {
+				t.Fatal(err)
+			}
+			if c.GetKind() == wire.Chunk_KIND_FINAL {
+				finals++
+			}
+			return nil
+		})
+	}
+}
+
 // A short answer (role, one token, finish and usage chunks, as vLLM
 // streams max_tokens 1 with usage) costs its stream a few allocations in
 // all: its events, their held bytes and its usage live in the stream.

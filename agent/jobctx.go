@@ -53,19 +53,26 @@ var closedDone = func() chan struct{} {
 // newJobCtx returns a job's context under parent, which must carry no
 // cancel (context.WithoutCancel), ending at deadline unless it is zero.
 func newJobCtx(parent context.Context, deadline time.Time) *jobCtx {
-	c := &jobCtx{parent: parent, deadline: deadline}
+	c := new(jobCtx)
+	c.init(parent, deadline)
+	return c
+}
+
+// init readies a zero jobCtx in place (a job's, inside its jobRun), as
+// newJobCtx.
+func (c *jobCtx) init(parent context.Context, deadline time.Time) {
+	c.parent, c.deadline = parent, deadline
 	c.afters = c.afterStore[:0]
 	if !deadline.IsZero() {
 		d := time.Until(deadline)
 		if d <= 0 {
 			c.cancel(context.DeadlineExceeded, nil)
-			return c
+			return
 		}
 		c.mu.Lock() // the timer may fire before c.timer is set
 		c.timer = time.AfterFunc(d, c.expire)
 		c.mu.Unlock()
 	}
-	return c
 }
 
 func (c *jobCtx) expire() { c.cancel(context.DeadlineExceeded, nil) }

@@ -74,10 +74,22 @@ type stream struct {
 	tookKV    bool                    // the engine produced its first chunk: a decode leg read its hand-off
 	abortAtKV context.CancelCauseFunc // a cancel that waits for the engine's first chunk
 	kaTimer   *time.Timer             // the next keep-alive, until the attempt speaks
+	kaCtx     context.Context         // the attempt's, for its keep-alives
+	kaEvery   time.Duration
+	kaBuf     []byte // a keep-alive's encoding, reused
+	// final is the attempt's final chunk (see finish).
+	final wire.Chunk
 }
 
 func newStream(a *Agent, job *wire.Job) *stream {
-	s := &stream{a: a, job: job}
+	s := new(stream)
+	s.init(a, job)
+	return s
+}
+
+// init readies a zero stream in place (a job's, inside its jobRun).
+func (s *stream) init(a *Agent, job *wire.Job) {
+	s.a, s.job = a, job
 	s.buf = s.bufStore[:0]
 	s.held = s.heldStore[:0]
 	s.usageRaw = s.usageBytes[:0]
@@ -86,7 +98,6 @@ func newStream(a *Agent, job *wire.Job) *stream {
 	}
 	s.evs = s.evPtrs[:]
 	s.batch.Events = s.batchPtrs[:0]
-	return s
 }
 
 func (s *stream) send(c *wire.Chunk) error {
@@ -188,25 +199,28 @@ func (s *stream) keepalive(ctx context.Context, every time.Duration) {
 	if s.spoke || s.kaTimer != nil {
 		return
 	}
-	var buf []byte
-	s.kaTimer = time.AfterFunc(every, func() {
-		s.mu.Lock()
-		if s.spoke || s.muted.Load() || ctx.Err() != nil {
-			s.mu.Unlock()
-			return
-		}
-		c := &wire.Chunk{
-			Kind: wire.Chunk_KIND_KEEPALIVE, RequestId: s.job.GetRequestId(), Attempt: s.job.GetAttempt(),
-			Seq: max(s.seq, 1) - 1, AgentId: s.a.cfg.ID, Stage: s.stage,
-		}
-		var err error
-		buf, err = s.publish(buf, c)
-		s.kaTimer.Reset(every)
+	s.kaCtx, s.kaEvery = ctx, every
+	s.kaTimer = time.AfterFunc(every, s.tick)
+}
+
+// tick sends a keep-alive (see keepalive) and sets the next.
+func (s *stream) tick() {
+	s.mu.Lock()
+	if s.spoke || s.muted.Load() || s.kaCtx.Err() != nil {
 		s.mu.Unlock()
-		if err != nil {
-			s.a.log.Debug("keep-alive not sent", "request", s.job.GetRequestId(), "err", err)
-		}
-	})
+		return
+	}
+	c := &wire.Chunk{
+		Kind: wire.Chunk_KIND_KEEPALIVE, RequestId: s.job.GetRequestId(), Attempt: s.job.GetAttempt(),
+		Seq: max(s.seq, 1) - 1, AgentId: s.a.cfg.ID, Stage: s.stage,
+	}
+	var err error
+	s.kaBuf, err = s.publish(s.kaBuf, c)
+	s.kaTimer.Reset(s.kaEvery)
+	s.mu.Unlock()
+	if err != nil {
+		s.a.log.Debug("keep-alive not sent", "request", s.job.GetRequestId(), "err", err)
+	}
 }
 
 // cancelAtKV is the PD-safe cancel of a decode leg: the attempt goes
@@ -335,7 +349,8 @@ func (s *stream) finish() {
 	if err := s.flush(); err != nil {
 		s.a.log.Warn("token chunk not sent", "request", s.job.GetRequestId(), "err", err)
 	}
-	if err := s.send(&wire.Chunk{Kind: wire.Chunk_KIND_FINAL, Raw: s.usageRaw, FinishReason: s.finishReason, Usage: s.usage}); err != nil {
+	s.final = wire.Chunk{Kind: wire.Chunk_KIND_FINAL, Raw: s.usageRaw, FinishReason: s.finishReason, Usage: s.usage}
+	if err := s.send(&s.final); err != nil {
 		s.a.log.Warn("final chunk not sent", "request", s.job.GetRequestId(), "err", err)
 	}
 }
