@@ -136,14 +136,17 @@ type Call struct {
 	migrations      int
 	repairs         int             // the migrations for chunks lost in transit (see transportRepairLimit)
 	sent            strings.Builder // the text handed to the client so far
-	sentTokens      int             // content chunks handed to the client before the current attempt
-	streamID        string          // the engine's chunk id of the first attempt, kept across migrations
-	reasoned        bool            // reasoning text reached the client (see migrate)
-	retries         int
-	firstToken      time.Time
-	lastToken       time.Time
-	tokens          int
-	outcome         string
+	// pub is the message of publishOnce, pubVal its header's value.
+	pub        nats.Msg
+	pubVal     [1]string
+	sentTokens int    // content chunks handed to the client before the current attempt
+	streamID   string // the engine's chunk id of the first attempt, kept across migrations
+	reasoned   bool   // reasoning text reached the client (see migrate)
+	retries    int
+	firstToken time.Time
+	lastToken  time.Time
+	tokens     int
+	outcome    string
 
 	// job and deadlineTS are the current attempt's job while dispatch
 	// encodes it (see dispatch): no message of its own per attempt.

@@ -105,7 +105,9 @@ func TestSentTextAllocs(t *testing.T) {
 	if got := c.sent.String(); got != strings.Repeat(" word", 40) {
 		t.Fatalf("sent text %q", got)
 	}
-	if allocs > 1 {
+	// Under the race detector the chunk pool drops a share of what it is
+	// given (see leastAllocs): the text's count is not seen alone.
+	if allocs > 1 && !raceOn {
 		t.Fatalf("40 tokens: %.1f allocations, want 1", allocs)
 	}
 }

@@ -163,9 +163,15 @@ var timers = sync.Pool{New: func() any { return time.NewTimer(time.Hour) }}
 // no stream, NATS away) is left to publishJob, which tries again with the
 // same message id, so a job the first try stored is not stored twice.
 func (c *Call) publish(ctx context.Context, subject string, data []byte, attempt uint32) (uint64, error) {
-	msgID := jobMsgID(c.ID, attempt)
+	// The ack's subject, <ackPrefix><request>.<attempt>, ends with the
+	// job's message id (jobMsgID): one string for both.
+	var buf [128]byte
+	reply := append(append(buf[:0], c.b.ackPrefix...), c.ID...)
+	reply = strconv.AppendUint(append(reply, '.'), uint64(attempt), 10)
+	ackSubject := string(reply)
+	msgID := ackSubject[len(c.b.ackPrefix):]
 	until := c.publishUntil()
-	if seq, ok := c.publishOnce(ctx, subject, data, msgID, attempt, until); ok {
+	if seq, ok := c.publishOnce(ctx, subject, data, ackSubject, msgID, attempt, until); ok {
 		return seq, nil
 	}
 	ack, err := c.b.publishJob(ctx, subject, data, msgID, until)
@@ -183,7 +189,7 @@ func (c *Call) publish(ctx context.Context, subject string, data []byte, attempt
 //
 // Its waiting consumes wake-ups meant for the reader; the reader looks at
 // its queue before it waits, so a chunk relayed meanwhile is not missed.
-func (c *Call) publishOnce(ctx context.Context, subject string, data []byte, msgID string, attempt uint32, until time.Time) (uint64, bool) {
+func (c *Call) publishOnce(ctx context.Context, subject string, data []byte, ackSubject, msgID string, attempt uint32, until time.Time) (uint64, bool) {
 	b := c.b
 	wait := min(b.publishTimeout, time.Until(until))
 	if wait <= 0 || !b.nc.IsConnected() {
@@ -197,13 +203,17 @@ func (c *Call) publishOnce(ctx context.Context, subject string, data []byte, msg
 		c.ack = pubAckState{}
 		c.mu.Unlock()
 	}()
-	m := &nats.Msg{
-		Subject: subject,
-		Reply:   b.ackPrefix + c.ID + "." + strconv.FormatUint(uint64(attempt), 10),
-		Header:  nats.Header{jetstream.MsgIDHeader: []string{msgID}},
-		Data:    data,
+	// The message and its header's value live in the call (nats.go
+	// copies them out as it publishes); its header map is made once.
+	if c.pub.Header == nil {
+		c.pub.Header = make(nats.Header, 1)
 	}
-	if err := b.nc.PublishMsg(m); err != nil {
+	c.pubVal[0] = msgID
+	c.pub.Header[jetstream.MsgIDHeader] = c.pubVal[:]
+	c.pub.Subject, c.pub.Reply, c.pub.Data = subject, ackSubject, data
+	err := b.nc.PublishMsg(&c.pub)
+	c.pub.Data = nil // the job's encoding, not ours to keep
+	if err != nil {
 		return 0, false
 	}
 	t := timers.Get().(*time.Timer)
