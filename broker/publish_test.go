@@ -208,8 +208,12 @@ func TestPublishOnceAllocs(t *testing.T) {
 	t.Logf("a job's publish and its ack: %.1f allocations", allocs)
 	// 19 here, most of them the embedded server's and nats.go's for the
 	// ack; 22 with a message, header and id made per publish.
-	if allocs > 20 {
-		t.Fatalf("a job's publish and its ack: %.1f allocations, want at most 20", allocs)
+	want := 20.0
+	if raceOn {
+		want = 23 // the race detector moves values to the heap: 22
+	}
+	if allocs > want {
+		t.Fatalf("a job's publish and its ack: %.1f allocations, want at most %.0f", allocs, want)
 	}
 }
 
