@@ -222,7 +222,12 @@ func (st *state) fill(raw []byte, f *Fields, spans bool) {
 	f.Choices = st.choices
 	if st.choices > 0 {
 		c := &st.c0
-		if sp, ok := plainSpan(raw, c.content, c.text); spans && ok {
+		var sp span
+		plain := false
+		if spans {
+			sp, plain = plainSpan(raw, c.content, c.text)
+		}
+		if plain {
 			f.TextStart, f.TextEnd = sp.start, sp.end
 		} else {
 			f.Text = joinText(raw, c.content, c.text)
