@@ -57,7 +57,13 @@ func notNow(err error) bool {
 // again when the publish is tried again (the stream's duplicate window
 // answers with the first one's sequence).
 func jobMsgID(request string, attempt uint32) string {
-	return request + "." + strconv.FormatUint(uint64(attempt), 10)
+	return string(appendJobMsgID(nil, request, attempt))
+}
+
+// appendJobMsgID appends jobMsgID(request, attempt) to dst.
+func appendJobMsgID(dst []byte, request string, attempt uint32) []byte {
+	dst = append(append(dst, request...), '.')
+	return strconv.AppendUint(dst, uint64(attempt), 10)
 }
 
 // publishJob stores an attempt's job, riding out a stream leader election
@@ -166,9 +172,7 @@ func (c *Call) publish(ctx context.Context, subject string, data []byte, attempt
 	// The ack's subject, <ackPrefix><request>.<attempt>, ends with the
 	// job's message id (jobMsgID): one string for both.
 	var buf [128]byte
-	reply := append(append(buf[:0], c.b.ackPrefix...), c.ID...)
-	reply = strconv.AppendUint(append(reply, '.'), uint64(attempt), 10)
-	ackSubject := string(reply)
+	ackSubject := string(appendJobMsgID(append(buf[:0], c.b.ackPrefix...), c.ID, attempt))
 	msgID := ackSubject[len(c.b.ackPrefix):]
 	until := c.publishUntil()
 	if seq, ok := c.publishOnce(ctx, subject, data, ackSubject, msgID, attempt, until); ok {
