@@ -201,7 +201,7 @@ func New(nc *nats.Conn, engine Engine, cfg Config, opts ...Option) (*Agent, erro
 		a.decodeSubj, _ = a.subj.PDJobs(cfg.Model, subjects.PoolDecode, a.pair)
 	}
 	a.metrics = newMetrics(a)
-	a.out = newOutbox(nc, a.metrics.replyMsgs, a.metrics.replyChunks)
+	a.out = newOutbox(nc, a.cfg.ReplyLinger, a.metrics.replyMsgs, a.metrics.replyChunks)
 	a.state.Store(&stateInfo{state: wire.StateWarming, reason: "starting: engine not checked yet"})
 	for _, o := range opts {
 		o(a)

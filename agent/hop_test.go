@@ -339,7 +339,7 @@ func TestOutboxBigChunkStartsAMessage(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := o.put("sy.reply.b.chunks", enc); err != nil {
+		if err := o.put("sy.reply.b.chunks", enc, false); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -348,20 +348,7 @@ func TestOutboxBigChunkStartsAMessage(t *testing.T) {
 	o.mu.Unlock()
 	var kinds [][]wire.Chunk_Kind
 	for range 3 {
-		m, err := sub.NextMsg(5e9)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var ks []wire.Chunk_Kind
-		_ = wire.Frames(m.Data, func(b []byte) error {
-			c := new(wire.Chunk)
-			if err := proto.Unmarshal(b, c); err != nil {
-				t.Fatal(err)
-			}
-			ks = append(ks, c.GetKind())
-			return nil
-		})
-		kinds = append(kinds, ks)
+		kinds = append(kinds, nextKinds(t, sub, 5*time.Second))
 	}
 	if fmt.Sprint(kinds) != "[[KIND_ACCEPTED] [KIND_FINAL] [KIND_ACCEPTED]]" {
 		t.Fatalf("messages hold %v, want [ACCEPTED] [FINAL] [ACCEPTED]", kinds)
@@ -473,4 +460,119 @@ func (a *orderedAck) Ack() error {
 	a.chunksBefore, _, _ = a.sub.Pending()
 	a.acked = true
 	return a.Msg.Ack()
+}
+
+// nextKinds returns the kinds of the chunks in sub's next message, failing
+// t if none comes within wait.
+func nextKinds(t *testing.T, sub *nats.Subscription, wait time.Duration) []wire.Chunk_Kind {
+	t.Helper()
+	m, err := sub.NextMsg(wait)
+	if err != nil {
+		t.Fatalf("no reply message within %s: %v", wait, err)
+	}
+	var ks []wire.Chunk_Kind
+	if err := wire.Frames(m.Data, func(b []byte) error {
+		c := new(wire.Chunk)
+		if err := proto.Unmarshal(b, c); err != nil {
+			return err
+		}
+		ks = append(ks, c.GetKind())
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return ks
+}
+
+// lingering returns hopStream's stream with its outbox running and
+// lingering for linger.
+func lingering(t *testing.T, linger time.Duration) (*stream, *nats.Subscription) {
+	out, sub := hopStream(t, false)
+	out.a.out.linger = linger
+	t.Cleanup(out.a.out.start())
+	return out, sub
+}
+
+// putKind frames a chunk of kind into o's message for the hop's reply
+// subject.
+func putKind(t *testing.T, o *outbox, kind wire.Chunk_Kind, urgent bool) {
+	t.Helper()
+	enc, err := proto.Marshal(&wire.Chunk{RequestId: "b-1x", Kind: kind})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := o.put("sy.reply.b.chunks", enc, urgent); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A quiet outbox sends a chunk at once; one that sent a message less than
+// its linger ago gathers what comes next into one message, sent a linger
+// after the last.
+func TestOutboxLingersWhenBusy(t *testing.T) {
+	const linger = 2 * time.Second
+	out, sub := lingering(t, linger)
+	o := out.a.out
+	start := time.Now()
+	putKind(t, o, wire.Chunk_KIND_ACCEPTED, false)
+	if ks := nextKinds(t, sub, 10*time.Second); fmt.Sprint(ks) != "[KIND_ACCEPTED]" {
+		t.Fatalf("first message holds %v, want [ACCEPTED]", ks)
+	}
+	if d := time.Since(start); d >= linger/2 {
+		t.Fatalf("a quiet outbox's chunk took %s, as if it lingered (%s)", d, linger)
+	}
+	busy := time.Now()
+	putKind(t, o, wire.Chunk_KIND_TOKEN, false)
+	putKind(t, o, wire.Chunk_KIND_KEEPALIVE, false)
+	if ks := nextKinds(t, sub, 10*time.Second); fmt.Sprint(ks) != "[KIND_TOKEN KIND_KEEPALIVE]" {
+		t.Fatalf("second message holds %v, want both chunks put after the first", ks)
+	}
+	if d := time.Since(busy); d < linger/2 {
+		t.Fatalf("a busy outbox sent its next message after %s, want about its linger (%s)", d, linger)
+	}
+}
+
+// An urgent chunk ends the linger: it leaves at once with what waited.
+// (Put while the outbox waits: one put before it looks leaves unwaited.)
+func TestOutboxUrgentEndsTheLinger(t *testing.T) {
+	out, sub := lingering(t, time.Hour)
+	o := out.a.out
+	putKind(t, o, wire.Chunk_KIND_ACCEPTED, false) // quiet: at once
+	nextKinds(t, sub, 10*time.Second)
+	putKind(t, o, wire.Chunk_KIND_TOKEN, false)
+	// The outbox lingers on the token by now (nothing tells when it starts
+	// to; should it not have, the final still finds it pending).
+	time.Sleep(100 * time.Millisecond)
+	putKind(t, o, wire.Chunk_KIND_FINAL, true)
+	if ks := nextKinds(t, sub, 10*time.Second); fmt.Sprint(ks) != "[KIND_TOKEN KIND_FINAL]" {
+		t.Fatalf("message holds %v, want the waiting token and the final", ks)
+	}
+}
+
+// Through an attempt's stream: its first token and its end never wait for
+// the linger; a later token waits, and leaves with the end.
+func TestStreamFirstTokenAndEndDoNotLinger(t *testing.T) {
+	out, sub := lingering(t, time.Hour)
+	if err := out.send(&wire.Chunk{Kind: wire.Chunk_KIND_ACCEPTED}); err != nil {
+		t.Fatal(err)
+	}
+	if ks := nextKinds(t, sub, 10*time.Second); fmt.Sprint(ks) != "[KIND_ACCEPTED]" {
+		t.Fatalf("first message holds %v, want [ACCEPTED] (a quiet outbox)", ks)
+	}
+	if err := out.emit(tokenChunk, false); err != nil {
+		t.Fatal(err)
+	}
+	if ks := nextKinds(t, sub, 10*time.Second); fmt.Sprint(ks) != "[KIND_TOKEN]" {
+		t.Fatalf("the first token's message holds %v, want [TOKEN]", ks)
+	}
+	if err := out.emit(tokenChunk, false); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := sub.NextMsg(300 * time.Millisecond); err == nil {
+		t.Fatalf("the second token did not wait for the linger: %d bytes", len(m.Data))
+	}
+	out.finish()
+	if ks := nextKinds(t, sub, 10*time.Second); fmt.Sprint(ks) != "[KIND_TOKEN KIND_FINAL]" {
+		t.Fatalf("the end's message holds %v, want the second token and the final", ks)
+	}
 }

@@ -3,6 +3,7 @@ package agent
 import (
 	"runtime"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go"
 
@@ -18,11 +19,27 @@ import (
 // message: one server parse and route, one read and one wake-up of the
 // broker's reply subscription per batch instead of per chunk.
 //
+// A busy agent may also linger: when its last message left less than
+// linger ago, the next leaves linger after it, gathering what comes
+// meanwhile, unless a chunk that may not wait is pending (an attempt's
+// first token, its end: see put). So no chunk waits more than linger, a
+// quiet agent (a message less often than once per linger) sends each at
+// once, and a busy one sends a message per linger per broker, whatever its
+// token rate: the server's read and route and the broker's wake-ups are
+// paid per message.
+//
 // Chunks of one attempt keep their order: they are framed in order into
 // one subject's messages, which are published in order on one connection.
 type outbox struct {
 	nc   *nats.Conn
 	kick chan struct{}
+	// linger bounds how long a chunk that may wait waits (0: none).
+	linger time.Duration
+	// hurry wakes a lingering flush when a chunk that may not wait comes.
+	hurry chan struct{}
+	// last is when the last flush of the outbox's goroutine started; only
+	// that goroutine uses it.
+	last time.Time
 	// msgs and chunks count what was published.
 	msgs, chunks interface{ Inc() }
 
@@ -31,6 +48,7 @@ type outbox struct {
 	spare   []*batchMsg
 	acks    []acker // jobs to ack in the next flush, before its messages
 	running bool    // the flushing goroutine runs; else put publishes at once
+	urgent  bool    // a pending chunk may not wait for the linger
 }
 
 // acker is the part of a jetstream.Msg the outbox uses.
@@ -42,13 +60,14 @@ type batchMsg struct {
 	buf     []byte
 }
 
-func newOutbox(nc *nats.Conn, msgs, chunks interface{ Inc() }) *outbox {
-	return &outbox{nc: nc, kick: make(chan struct{}, 1), msgs: msgs, chunks: chunks}
+func newOutbox(nc *nats.Conn, linger time.Duration, msgs, chunks interface{ Inc() }) *outbox {
+	return &outbox{nc: nc, kick: make(chan struct{}, 1), hurry: make(chan struct{}, 1), linger: max(linger, 0), msgs: msgs, chunks: chunks}
 }
 
 // put frames enc, the encoding of one chunk, into the pending message for
-// subject. It does not keep enc.
-func (o *outbox) put(subject string, enc []byte) error {
+// subject. It does not keep enc. An urgent chunk does not wait for the
+// linger, nor do the chunks pending with it.
+func (o *outbox) put(subject string, enc []byte, urgent bool) error {
 	o.mu.Lock()
 	m := o.open(subject)
 	start := len(m.buf)
@@ -69,7 +88,14 @@ func (o *outbox) put(subject string, enc []byte) error {
 		o.mu.Unlock()
 		return err
 	}
+	o.urgent = o.urgent || urgent
 	o.mu.Unlock()
+	if urgent {
+		select {
+		case o.hurry <- struct{}{}:
+		default:
+		}
+	}
 	select {
 	case o.kick <- struct{}{}:
 	default:
@@ -156,6 +182,7 @@ func (o *outbox) flushLocked() error {
 
 // run flushes whenever a stream put a chunk, until stop.
 func (o *outbox) run(stop <-chan struct{}) {
+	var t *time.Timer
 	for {
 		select {
 		case <-stop:
@@ -167,7 +194,33 @@ func (o *outbox) run(stop <-chan struct{}) {
 		// Whatever is at hand goes in this message; nothing waits for
 		// more than the work already queued on this process.
 		runtime.Gosched()
+		if o.linger > 0 {
+			o.mu.Lock()
+			urgent := o.urgent
+			o.mu.Unlock()
+			if wait := o.linger - time.Since(o.last); !urgent && wait > 0 {
+				if t == nil {
+					t = time.NewTimer(wait)
+				} else {
+					t.Reset(wait)
+				}
+				select {
+				case <-stop:
+					t.Stop()
+					return
+				case <-t.C:
+				case <-o.hurry:
+					t.Stop()
+				}
+			}
+			o.last = time.Now()
+		}
 		o.mu.Lock()
+		select {
+		case <-o.hurry: // taken by this flush
+		default:
+		}
+		o.urgent = false
 		_ = o.flushLocked() // a failed publish shows as a sequence gap at the broker
 		o.mu.Unlock()
 	}

@@ -60,6 +60,8 @@ type stream struct {
 	// sendMu orders send against resend: buf holds the last chunk sent
 	// until the next one is encoded.
 	sendMu sync.Mutex
+	// sentToken is set once a token chunk went out (under sendMu).
+	sentToken bool
 
 	// muted is set by a cancel: a cancelled attempt sends nothing more,
 	// whatever its engine still does (a PD decode leg runs on to take its
@@ -115,8 +117,16 @@ func (s *stream) send(c *wire.Chunk) error {
 	s.seq++
 	s.sendMu.Lock()
 	defer s.sendMu.Unlock()
+	// The first token and the end leave at once, with whatever the
+	// outbox holds then; the rest may wait for its linger. The client
+	// waits for neither accepted (the broker's) nor a keep-alive.
+	urgent := c.Kind == wire.Chunk_KIND_FINAL || c.Kind == wire.Chunk_KIND_ERROR ||
+		c.Kind == wire.Chunk_KIND_TOKEN && !s.sentToken
+	if c.Kind == wire.Chunk_KIND_TOKEN {
+		s.sentToken = true
+	}
 	var err error
-	s.buf, err = s.publish(s.buf, c)
+	s.buf, err = s.publish(s.buf, c, urgent)
 	return err
 }
 
@@ -124,8 +134,9 @@ func (s *stream) send(c *wire.Chunk) error {
 // outbox, with the attempt's secret, to a broker that gave one; alone, as
 // a bare chunk, to a broker that predates it. It returns buf holding c's
 // encoding, which resend sends again, bare, after a reconnect (a bare
-// message is one chunk to a broker that reads frames too).
-func (s *stream) publish(buf []byte, c *wire.Chunk) ([]byte, error) {
+// message is one chunk to a broker that reads frames too). An urgent
+// chunk does not wait for the outbox's linger.
+func (s *stream) publish(buf []byte, c *wire.Chunk, urgent bool) ([]byte, error) {
 	secret := s.job.GetSecret()
 	c.Secret = secret
 	buf, err := wire.AppendChunk(buf[:0], c)
@@ -133,7 +144,7 @@ func (s *stream) publish(buf []byte, c *wire.Chunk) ([]byte, error) {
 		return buf[:0], err
 	}
 	if secret != 0 {
-		return buf, s.a.out.put(s.job.GetReplySubject(), buf)
+		return buf, s.a.out.put(s.job.GetReplySubject(), buf, urgent)
 	}
 	// Publish copies into the connection's buffer, so buf is reusable.
 	return buf, s.a.nc.Publish(s.job.GetReplySubject(), buf)
@@ -215,7 +226,7 @@ func (s *stream) tick() {
 		Seq: max(s.seq, 1) - 1, AgentId: s.a.cfg.ID, Stage: s.stage,
 	}
 	var err error
-	s.kaBuf, err = s.publish(s.kaBuf, c)
+	s.kaBuf, err = s.publish(s.kaBuf, c, false)
 	s.kaTimer.Reset(s.kaEvery)
 	s.mu.Unlock()
 	if err != nil {

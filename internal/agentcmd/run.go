@@ -63,6 +63,7 @@ type options struct {
 	slowStart    time.Duration
 	slowFloor    float64
 	keepalive    time.Duration
+	replyLinger  time.Duration
 	kvHold       time.Duration
 	kvEvents     string
 	kvTopic      string
@@ -93,6 +94,7 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*o
 	fs.DurationVar(&o.kvHold, "kv-hold", agent.DefaultKVHold, "prefill: how long the engine holds a hand-off's KV for its decode leg (vLLM NIXL's lease, VLLM_NIXL_ABORT_REQUEST_TIMEOUT); a decode job taken later is not run and the broker retries the request")
 	fs.DurationVar(&o.slowStart, "slow-start", dispatch.DefaultSlowStart, "after the engine becomes ready, ramp the jobs held from the floor up to --slots over this long, as the broker's --slow-start weighs the agent (0: off)")
 	fs.Float64Var(&o.slowFloor, "slow-start-floor", dispatch.DefaultSlowStartFloor, "fraction of --slots held at the start of the slow-start ramp (at least one job)")
+	fs.DurationVar(&o.replyLinger, "reply-linger", agent.DefaultReplyLinger, "when the agent sends replies more often than this, a chunk waits up to this long for others to the same broker (one message, one wake-up of the broker for them); an attempt's first token and its end never wait, and a quiet agent sends each chunk at once (0: off)")
 	fs.DurationVar(&o.keepalive, "keepalive", agent.DefaultKeepalive, "while a job has no token yet (a long prefill, a busy engine, a decode waiting for its KV), tell the broker this often that the engine is working; keep it well under the broker's --stall-timeout (30s) (0: off)")
 	fs.StringVar(&o.kvEvents, "kv-events-endpoint", "", "forward the engine's KV-cache events (its vLLM --kv-events-config endpoint, e.g. tcp://127.0.0.1:5557) to the brokers for precise prefix-cache affinity, their block hashes as --kv-events-hash says (empty: off)")
 	fs.StringVar(&o.kvHash, "kv-events-hash", agent.KVHashBroker, "what the engine's KV-event block hashes are: broker (the broker's block keys, as sim-engine's are by default) or vllm (hashes of token ids, as vLLM and llm-d-inference-sim publish: the agent tokenizes each prompt with the engine's /tokenize, beside the engine call, and translates them to broker keys)")
@@ -124,7 +126,7 @@ Usage:
 		{Title: "Engine", Flags: []string{"engine", "engine-url", "engine-api-key", "model", "slots", "tokenizer", "engine-grpc-tls"}},
 		{Title: "Role", Flags: []string{"role", "pd-protocol", "pd-labels", "bootstrap-host", "bootstrap-port", "kv-hold"}},
 		{Title: "Prefix-cache affinity", Flags: []string{"kv-events-endpoint", "kv-events-topic", "kv-events-hash", "kv-block-size", "affinity-block-size", "no-directed"}},
-		{Title: "Load", Flags: []string{"slow-start", "slow-start-floor", "keepalive"}},
+		{Title: "Load", Flags: []string{"slow-start", "slow-start-floor", "keepalive", "reply-linger"}},
 		{Title: "Shutdown", Flags: []string{"drain-timeout"}},
 		{Title: "NATS", Flags: []string{"nats-url", "id", "heartbeat", "prefix",
 			"nats-creds", "nats-nkey", "nats-user", "nats-password", "nats-token", "nats-tls-ca", "nats-tls-cert", "nats-tls-key", "nats-inbox-prefix"}},
@@ -172,6 +174,8 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return fmt.Errorf("--slow-start-floor %g: want a fraction in [0, 1]", o.slowFloor)
 	case o.keepalive < 0:
 		return fmt.Errorf("--keepalive %s: want 0 (off) or more", o.keepalive)
+	case o.replyLinger < 0:
+		return fmt.Errorf("--reply-linger %s: want 0 (off) or more", o.replyLinger)
 	case o.kvHold <= 0:
 		return fmt.Errorf("--kv-hold %s: want a positive duration", o.kvHold)
 	case o.kvHash != agent.KVHashBroker && o.kvHash != agent.KVHashVLLM:
@@ -184,6 +188,10 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	keepalive := o.keepalive
 	if keepalive == 0 {
 		keepalive = -1 // off; zero in agent.Config takes the default
+	}
+	replyLinger := o.replyLinger
+	if replyLinger == 0 {
+		replyLinger = -1 // off, as keepalive
 	}
 	eng, transport, err := buildEngine(ctx, o)
 	defer func() {
@@ -214,7 +222,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		ID: o.id, Model: o.model, Pool: o.role, Slots: o.slots, Heartbeat: o.heartbeat, DrainTimeout: o.drainTimeout,
 		Prefix: o.prefix, Engine: o.engine, Transport: transport,
 		PDProtocol: o.pdProto, BootstrapHost: o.bsHost, BootstrapPort: o.bsPort, PDLabels: o.pdLabels,
-		SlowStart: o.slowStart, SlowStartFloor: o.slowFloor, Keepalive: keepalive, KVHold: o.kvHold,
+		SlowStart: o.slowStart, SlowStartFloor: o.slowFloor, Keepalive: keepalive, ReplyLinger: replyLinger, KVHold: o.kvHold,
 		KVEvents: o.kvEvents, KVEventsTopic: o.kvTopic, KVEventsHash: o.kvHash, KVBlockSize: o.kvBlockSize, AffinityBlockSize: o.affBlockSize,
 		NoDirected: o.noDirected,
 	}, aopts...)

@@ -29,6 +29,7 @@ func TestFlagsRefused(t *testing.T) {
 		{"floor above one", []string{"--slow-start-floor", "2"}, "--slow-start-floor"},
 		{"negative ramp", []string{"--slow-start", "-1s"}, "--slow-start -1s"},
 		{"negative keep-alive", []string{"--keepalive", "-1s"}, "--keepalive"},
+		{"negative reply linger", []string{"--reply-linger", "-1ms"}, "--reply-linger"},
 		{"no kv hold", []string{"--kv-hold", "0s"}, "--kv-hold"},
 	}
 	for _, tc := range tests {
@@ -48,7 +49,7 @@ func TestUsageListsRolloutFlags(t *testing.T) {
 	if err := Run(context.Background(), []string{"-h"}, noEnv, io.Discard, &stderr); err != nil {
 		t.Fatal(err)
 	}
-	for _, f := range []string{"--pd-labels", "--kv-hold", "--slow-start", "--slow-start-floor", "--keepalive"} {
+	for _, f := range []string{"--pd-labels", "--kv-hold", "--slow-start", "--slow-start-floor", "--keepalive", "--reply-linger"} {
 		if !strings.Contains(stderr.String(), "  "+f+" ") {
 			t.Errorf("usage lacks %s", f)
 		}
