@@ -41,7 +41,7 @@ const (
 	// for others to the same broker (see Config.ReplyLinger). Half a
 	// millisecond is under a tenth of the fastest engines' inter-token
 	// latency, and on the bench host it took the agents' messages at 64
-	// streams from 3 chunks each to 7.
+	// streams from 3 chunks each to 6.
 	DefaultReplyLinger = 500 * time.Microsecond
 )
 

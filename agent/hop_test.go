@@ -530,6 +530,17 @@ func TestOutboxLingersWhenBusy(t *testing.T) {
 	if d := time.Since(busy); d < linger/2 {
 		t.Fatalf("a busy outbox sent its next message after %s, want about its linger (%s)", d, linger)
 	}
+	// Quiet again once a linger passed since its last message, whatever
+	// kick the last flush left behind (the keep-alive's).
+	time.Sleep(linger * 6 / 5)
+	quiet := time.Now()
+	putKind(t, o, wire.Chunk_KIND_FINAL, false)
+	if ks := nextKinds(t, sub, 10*time.Second); fmt.Sprint(ks) != "[KIND_FINAL]" {
+		t.Fatalf("third message holds %v, want [FINAL]", ks)
+	}
+	if d := time.Since(quiet); d >= linger/2 {
+		t.Fatalf("a chunk put a linger after the last message took %s, as if the outbox were still busy", d)
+	}
 }
 
 // An urgent chunk ends the linger: it leaves at once with what waited.
@@ -574,5 +585,25 @@ func TestStreamFirstTokenAndEndDoNotLinger(t *testing.T) {
 	out.finish()
 	if ks := nextKinds(t, sub, 10*time.Second); fmt.Sprint(ks) != "[KIND_TOKEN KIND_FINAL]" {
 		t.Fatalf("the end's message holds %v, want the second token and the final", ks)
+	}
+}
+
+// A zero ReplyLinger takes the default; a negative one turns it off.
+func TestReplyLingerConfig(t *testing.T) {
+	nc, err := nats.Connect(natstest.RunJetStream(t).ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	for _, tc := range []struct {
+		set, want time.Duration
+	}{{0, DefaultReplyLinger}, {-1, 0}, {2 * time.Millisecond, 2 * time.Millisecond}} {
+		a, err := New(nc, nil, Config{ID: "a1", Model: "m", Slots: 1, ReplyLinger: tc.set})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a.out.linger != tc.want {
+			t.Errorf("ReplyLinger %s: the outbox lingers %s, want %s", tc.set, a.out.linger, tc.want)
+		}
 	}
 }

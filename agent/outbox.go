@@ -37,8 +37,9 @@ type outbox struct {
 	linger time.Duration
 	// hurry wakes a lingering flush when a chunk that may not wait comes.
 	hurry chan struct{}
-	// last is when the last flush of the outbox's goroutine started; only
-	// that goroutine uses it.
+	// last is when the outbox's goroutine last sent what was pending
+	// (not when a kick found nothing left to send); only that goroutine
+	// uses it.
 	last time.Time
 	// msgs and chunks count what was published.
 	msgs, chunks interface{ Inc() }
@@ -194,10 +195,14 @@ func (o *outbox) run(stop <-chan struct{}) {
 		// Whatever is at hand goes in this message; nothing waits for
 		// more than the work already queued on this process.
 		runtime.Gosched()
+		o.mu.Lock()
+		idle := len(o.pending) == 0 && len(o.acks) == 0
+		urgent := o.urgent
+		o.mu.Unlock()
+		if idle {
+			continue // a kick whose chunks the last flush took
+		}
 		if o.linger > 0 {
-			o.mu.Lock()
-			urgent := o.urgent
-			o.mu.Unlock()
 			if wait := o.linger - time.Since(o.last); !urgent && wait > 0 {
 				if t == nil {
 					t = time.NewTimer(wait)
@@ -213,7 +218,7 @@ func (o *outbox) run(stop <-chan struct{}) {
 					t.Stop()
 				}
 			}
-			o.last = time.Now()
+			o.last = time.Now() // when this message leaves
 		}
 		o.mu.Lock()
 		select {
