@@ -1,5 +1,28 @@
 package agent
 
+import (
+	"context"
+	"time"
+
+	"github.com/switchyard-ai/switchyard/wire"
+)
+
+// newJobCtx returns a job's context made alone (handle makes its own in
+// its jobRun): see jobCtx.init.
+func newJobCtx(parent context.Context, deadline time.Time) *jobCtx {
+	c := new(jobCtx)
+	c.init(parent, deadline)
+	return c
+}
+
+// newStream returns an attempt's stream made alone (handle makes its own
+// in its jobRun).
+func newStream(a *Agent, job *wire.Job) *stream {
+	s := new(stream)
+	s.init(a, job)
+	return s
+}
+
 // CancelRecorded reports whether the agent has taken in a cancel for
 // request id: a test that sends a cancel before its job waits for this
 // state instead of sleeping for it.

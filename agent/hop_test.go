@@ -485,12 +485,30 @@ func nextKinds(t *testing.T, sub *nats.Subscription, wait time.Duration) []wire.
 }
 
 // lingering returns hopStream's stream with its outbox running and
-// lingering for linger.
-func lingering(t *testing.T, linger time.Duration) (*stream, *nats.Subscription) {
+// lingering for linger, and a channel that receives as each flush starts
+// to wait.
+func lingering(t *testing.T, linger time.Duration) (*stream, *nats.Subscription, <-chan struct{}) {
 	out, sub := hopStream(t, false)
+	waits := make(chan struct{}, 16)
 	out.a.out.linger = linger
+	out.a.out.onLinger = func() {
+		select {
+		case waits <- struct{}{}:
+		default:
+		}
+	}
 	t.Cleanup(out.a.out.start())
-	return out, sub
+	return out, sub, waits
+}
+
+// waitLinger waits until the outbox starts to linger.
+func waitLinger(t *testing.T, waits <-chan struct{}) {
+	t.Helper()
+	select {
+	case <-waits:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the outbox did not linger")
+	}
 }
 
 // putKind frames a chunk of kind into o's message for the hop's reply
@@ -510,8 +528,8 @@ func putKind(t *testing.T, o *outbox, kind wire.Chunk_Kind, urgent bool) {
 // its linger ago gathers what comes next into one message, sent a linger
 // after the last.
 func TestOutboxLingersWhenBusy(t *testing.T) {
-	const linger = 2 * time.Second
-	out, sub := lingering(t, linger)
+	const linger = 3 * time.Second
+	out, sub, _ := lingering(t, linger)
 	o := out.a.out
 	start := time.Now()
 	putKind(t, o, wire.Chunk_KIND_ACCEPTED, false)
@@ -544,42 +562,51 @@ func TestOutboxLingersWhenBusy(t *testing.T) {
 }
 
 // An urgent chunk ends the linger: it leaves at once with what waited.
-// (Put while the outbox waits: one put before it looks leaves unwaited.)
 func TestOutboxUrgentEndsTheLinger(t *testing.T) {
-	out, sub := lingering(t, time.Hour)
+	out, sub, waits := lingering(t, time.Hour)
 	o := out.a.out
 	putKind(t, o, wire.Chunk_KIND_ACCEPTED, false) // quiet: at once
 	nextKinds(t, sub, 10*time.Second)
 	putKind(t, o, wire.Chunk_KIND_TOKEN, false)
-	// The outbox lingers on the token by now (nothing tells when it starts
-	// to; should it not have, the final still finds it pending).
-	time.Sleep(100 * time.Millisecond)
+	waitLinger(t, waits) // the outbox lingers on the token
 	putKind(t, o, wire.Chunk_KIND_FINAL, true)
 	if ks := nextKinds(t, sub, 10*time.Second); fmt.Sprint(ks) != "[KIND_TOKEN KIND_FINAL]" {
 		t.Fatalf("message holds %v, want the waiting token and the final", ks)
 	}
 }
 
-// Through an attempt's stream: its first token and its end never wait for
-// the linger; a later token waits, and leaves with the end.
+// roleChunk is the first chunk vLLM (and sim-engine) streams: a role and
+// no text.
+var roleChunk = []byte(`{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`)
+
+// Through an attempt's stream: its first text and its end never wait for
+// the linger, nor does a role-only chunk before the text; a later token
+// waits, and leaves with the end.
 func TestStreamFirstTokenAndEndDoNotLinger(t *testing.T) {
-	out, sub := lingering(t, time.Hour)
+	out, sub, waits := lingering(t, time.Hour)
 	if err := out.send(&wire.Chunk{Kind: wire.Chunk_KIND_ACCEPTED}); err != nil {
 		t.Fatal(err)
 	}
 	if ks := nextKinds(t, sub, 10*time.Second); fmt.Sprint(ks) != "[KIND_ACCEPTED]" {
 		t.Fatalf("first message holds %v, want [ACCEPTED] (a quiet outbox)", ks)
 	}
+	if err := out.emit(roleChunk, false); err != nil {
+		t.Fatal(err)
+	}
+	if ks := nextKinds(t, sub, 10*time.Second); fmt.Sprint(ks) != "[KIND_TOKEN]" {
+		t.Fatalf("the role chunk's message holds %v, want [TOKEN]", ks)
+	}
 	if err := out.emit(tokenChunk, false); err != nil {
 		t.Fatal(err)
 	}
 	if ks := nextKinds(t, sub, 10*time.Second); fmt.Sprint(ks) != "[KIND_TOKEN]" {
-		t.Fatalf("the first token's message holds %v, want [TOKEN]", ks)
+		t.Fatalf("the first text's message holds %v, want [TOKEN]", ks)
 	}
 	if err := out.emit(tokenChunk, false); err != nil {
 		t.Fatal(err)
 	}
-	if m, err := sub.NextMsg(300 * time.Millisecond); err == nil {
+	waitLinger(t, waits) // the second token waits for the linger
+	if m, err := sub.NextMsg(100 * time.Millisecond); err == nil {
 		t.Fatalf("the second token did not wait for the linger: %d bytes", len(m.Data))
 	}
 	out.finish()

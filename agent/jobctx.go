@@ -50,16 +50,9 @@ var closedDone = func() chan struct{} {
 	return c
 }()
 
-// newJobCtx returns a job's context under parent, which must carry no
-// cancel (context.WithoutCancel), ending at deadline unless it is zero.
-func newJobCtx(parent context.Context, deadline time.Time) *jobCtx {
-	c := new(jobCtx)
-	c.init(parent, deadline)
-	return c
-}
-
-// init readies a zero jobCtx in place (a job's, inside its jobRun), as
-// newJobCtx.
+// init readies a zero jobCtx in place (a job's, inside its jobRun): a
+// context under parent, which must carry no cancel
+// (context.WithoutCancel), ending at deadline unless it is zero.
 func (c *jobCtx) init(parent context.Context, deadline time.Time) {
 	c.parent, c.deadline = parent, deadline
 	c.afters = c.afterStore[:0]

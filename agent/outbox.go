@@ -37,6 +37,8 @@ type outbox struct {
 	linger time.Duration
 	// hurry wakes a lingering flush when a chunk that may not wait comes.
 	hurry chan struct{}
+	// onLinger, if set (by a test), is called as a flush starts to wait.
+	onLinger func()
 	// last is when the outbox's goroutine last sent what was pending
 	// (not when a kick found nothing left to send); only that goroutine
 	// uses it.
@@ -208,6 +210,9 @@ func (o *outbox) run(stop <-chan struct{}) {
 					t = time.NewTimer(wait)
 				} else {
 					t.Reset(wait)
+				}
+				if o.onLinger != nil {
+					o.onLinger()
 				}
 				select {
 				case <-stop:

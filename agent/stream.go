@@ -60,8 +60,9 @@ type stream struct {
 	// sendMu orders send against resend: buf holds the last chunk sent
 	// until the next one is encoded.
 	sendMu sync.Mutex
-	// sentToken is set once a token chunk went out (under sendMu).
-	sentToken bool
+	// sentText is set once a token chunk with text went out (under
+	// sendMu).
+	sentText bool
 
 	// muted is set by a cancel: a cancelled attempt sends nothing more,
 	// whatever its engine still does (a PD decode leg runs on to take its
@@ -81,12 +82,6 @@ type stream struct {
 	kaBuf     []byte // a keep-alive's encoding, reused
 	// final is the attempt's final chunk (see finish).
 	final wire.Chunk
-}
-
-func newStream(a *Agent, job *wire.Job) *stream {
-	s := new(stream)
-	s.init(a, job)
-	return s
 }
 
 // init readies a zero stream in place (a job's, inside its jobRun).
@@ -117,17 +112,29 @@ func (s *stream) send(c *wire.Chunk) error {
 	s.seq++
 	s.sendMu.Lock()
 	defer s.sendMu.Unlock()
-	// The first token and the end leave at once, with whatever the
-	// outbox holds then; the rest may wait for its linger. The client
-	// waits for neither accepted (the broker's) nor a keep-alive.
-	urgent := c.Kind == wire.Chunk_KIND_FINAL || c.Kind == wire.Chunk_KIND_ERROR ||
-		c.Kind == wire.Chunk_KIND_TOKEN && !s.sentToken
-	if c.Kind == wire.Chunk_KIND_TOKEN {
-		s.sentToken = true
+	// The first text and the end leave at once, with whatever the outbox
+	// holds then; the rest may wait for its linger. The client waits for
+	// neither accepted (the broker's) nor a keep-alive. Token chunks
+	// before the first text (an engine's role-only first chunk, reasoning)
+	// do not wait either: the client's first token is the first text.
+	urgent := c.Kind == wire.Chunk_KIND_FINAL || c.Kind == wire.Chunk_KIND_ERROR
+	if c.Kind == wire.Chunk_KIND_TOKEN && !s.sentText {
+		urgent = true
+		s.sentText = hasText(c)
 	}
 	var err error
 	s.buf, err = s.publish(s.buf, c, urgent)
 	return err
+}
+
+// hasText reports whether one of c's events carries text.
+func hasText(c *wire.Chunk) bool {
+	for _, ev := range c.GetEvents() {
+		if ev.GetDeltaText() != "" {
+			return true
+		}
+	}
+	return false
 }
 
 // publish sends c on the job's reply subject: framed through the agent's
