@@ -221,7 +221,34 @@ func validFieldName(name []byte) bool {
 		return false
 	}
 	for _, b := range name {
-		if b <= ' ' || b >= 0x7f || strings.IndexByte(`"(),/:;<=>?@[\]{}`, b) >= 0 {
+		if !tokenByte(b) {
+			return false
+		}
+	}
+	return true
+}
+
+func tokenByte(b byte) bool {
+	return b > ' ' && b < 0x7f && strings.IndexByte(`"(),/:;<=>?@[\]{}`, b) < 0
+}
+
+// validTrailer reports whether line is a line of a trailer section as
+// net/http's reader takes it (textproto): a field, whose name may hold
+// spaces (go.dev/issue/34540), or, but for the section's first line, the
+// continuation of the field before it. The fields are dropped.
+func validTrailer(line []byte, first bool) bool {
+	if !validHeaderValue(line) {
+		return false
+	}
+	if line[0] == ' ' || line[0] == '\t' {
+		return !first
+	}
+	name, _, ok := bytes.Cut(line, []byte(":"))
+	if !ok || len(name) == 0 {
+		return false
+	}
+	for _, b := range name {
+		if b != ' ' && !tokenByte(b) {
 			return false
 		}
 	}
@@ -346,7 +373,7 @@ func (b *chunkedBody) trailers() error {
 		if len(line) == 0 {
 			return io.EOF
 		}
-		if name, _, err := field(line); err != nil || name == nil && first {
+		if !validTrailer(line, first) {
 			return fmt.Errorf("%w: trailer line %q", errBadHead, line)
 		}
 		first = false

@@ -317,8 +317,7 @@ func (f *sseFeed) framingLine(line []byte) error {
 			f.bodyDone = true
 			return nil
 		}
-		// A folded line continues the field before it: not the first.
-		if name, _, err := field(line); err != nil || name == nil && f.trailers == 0 {
+		if !validTrailer(line, f.trailers == 0) {
 			return fmt.Errorf("%w: trailer line %q", errChunked, line)
 		}
 		f.trailers++
