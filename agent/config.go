@@ -38,11 +38,16 @@ const (
 	// (VLLM_NIXL_ABORT_REQUEST_TIMEOUT) is 30s today.
 	DefaultKVHold = 30 * time.Second
 	// DefaultReplyLinger is how long a busy agent lets a reply chunk wait
-	// for others to the same broker (see Config.ReplyLinger). Half a
-	// millisecond is under a tenth of the fastest engines' inter-token
-	// latency, and on the bench host it took the agents' messages at 64
-	// streams from 3 chunks each to 6.
-	DefaultReplyLinger = 500 * time.Microsecond
+	// for others to the same broker (see Config.ReplyLinger). It stays
+	// under half the fastest engines' inter-token latency (5 ms), so a
+	// stream's next token never catches up with the one that waits and
+	// the client never gets two in one write; an attempt's first token and
+	// its end never wait, so neither TTFT nor the end of a request moves.
+	// On the bench host, at 64 streams of 5 ms tokens, 2 ms took the
+	// agents' messages from 3 chunks each (no linger) to 11 (6 at 0.5 ms),
+	// the broker's CPU per request 10% below 0.5 ms's and the agents' 7%,
+	// for an ITL p99 0.5 ms longer (docs/benchmarks.md, item 49).
+	DefaultReplyLinger = 2 * time.Millisecond
 )
 
 // Config is what an agent needs; zero fields take the defaults.

@@ -3,7 +3,7 @@
 # and per request (broker and agents, from /proc), allocations per request
 # (go_memstats_mallocs_total from each process's /metrics: unlike CPU on a
 # shared machine, the same build gives the same count run after run),
-# output tokens/s and TTFT p50 and p99.
+# output tokens/s, TTFT p50 and p99, ITL p50 and p99 and end-to-end p50.
 #
 #   git worktree add /tmp/before <commit> && (cd /tmp/before && go build -o /tmp/before-bin/ ./cmd/...)
 #   go build -o /tmp/after-bin/ ./cmd/...
@@ -45,12 +45,12 @@ import json, sys
 d = json.load(sys.stdin)
 broker, agents, hz, name = int(sys.argv[1]), int(sys.argv[2]), 100, sys.argv[3]
 balloc, aalloc = int(sys.argv[4]), int(sys.argv[5])
-toks, reqs, tps, ttft, ttft99, itl = d["output_tokens"], d["requests"], d["output_tokens_per_s"], d["ttft_ms"]["p50"], d["ttft_ms"]["p99"], d["itl_ms"]["p50"]
+toks, reqs, tps, ttft, ttft99, itl, itl99, e2e = d["output_tokens"], d["requests"], d["output_tokens_per_s"], d["ttft_ms"]["p50"], d["ttft_ms"]["p99"], d["itl_ms"]["p50"], d["itl_ms"]["p99"], d["e2e_ms"]["p50"]
 errs = d["errors"]
 nerr = (sum(errs.values()) and errs) if isinstance(errs, dict) else errs
 us = lambda t, n: 1e6 * t / hz / max(n, 1)
-print("%s: %.1f us CPU per token (broker %.1f, agents %.1f), %.0f us per request (broker %.0f, agents %.0f), %.0f tokens/s, TTFT p50 %.3f ms, p99 %.3f ms, ITL p50 %.2f ms, errors %s, allocations per request broker %.1f, agents %.1f" % (
-	name, us(broker + agents, toks), us(broker, toks), us(agents, toks), us(broker + agents, reqs), us(broker, reqs), us(agents, reqs), tps, ttft, ttft99, itl, nerr,
+print("%s: %.1f us CPU per token (broker %.1f, agents %.1f), %.0f us per request (broker %.0f, agents %.0f), %.0f tokens/s, TTFT p50 %.3f ms, p99 %.3f ms, ITL p50 %.2f ms, p99 %.2f ms, end to end p50 %.2f ms, errors %s, allocations per request broker %.1f, agents %.1f" % (
+	name, us(broker + agents, toks), us(broker, toks), us(agents, toks), us(broker + agents, reqs), us(broker, reqs), us(agents, reqs), tps, ttft, ttft99, itl, itl99, e2e, nerr,
 	balloc / max(reqs, 1), aalloc / max(reqs, 1)))
 ' "$((b1 - b0))" "$((g1 - g0))" "$bin" "$((m1 - m0))" "$((n1 - n0))"
 }
