@@ -38,15 +38,15 @@ const (
 	// (VLLM_NIXL_ABORT_REQUEST_TIMEOUT) is 30s today.
 	DefaultKVHold = 30 * time.Second
 	// DefaultReplyLinger is how long a busy agent lets a reply chunk wait
-	// for others to the same broker (see Config.ReplyLinger). It stays
-	// under half the fastest engines' inter-token latency (5 ms), so a
-	// stream's next token never catches up with the one that waits and
-	// the client never gets two in one write; an attempt's first token and
-	// its end never wait, so neither TTFT nor the end of a request moves.
-	// On the bench host, at 64 streams of 5 ms tokens, 2 ms took the
-	// agents' messages from 3 chunks each (no linger) to 11 (6 at 0.5 ms),
-	// the broker's CPU per request 10% below 0.5 ms's and the agents' 7%,
-	// for an ITL p99 0.5 ms longer (docs/benchmarks.md, item 49).
+	// for others to the same broker (see Config.ReplyLinger). A token
+	// waits at most half its stream's last inter-token time besides, so
+	// faster engines get less, and a stream's next token never catches up
+	// with one that waits; an attempt's first token and its end never
+	// wait, so neither TTFT nor the end of a request moves. On the bench
+	// host, at 64 streams of 5 ms tokens, 2 ms took the agents' messages
+	// from 3 chunks each (no linger) to 11 (6 at 0.5 ms), the broker's CPU
+	// per request 10% below 0.5 ms's and the agents' 7%, for an ITL p99
+	// 0.5 ms longer (docs/benchmarks.md, item 49).
 	DefaultReplyLinger = 2 * time.Millisecond
 )
 
@@ -98,8 +98,10 @@ type Config struct {
 	// ReplyLinger bounds how long a chunk waits for others to the same
 	// broker when the agent sends more than one message per ReplyLinger:
 	// its next message leaves ReplyLinger after the last, or at once with
-	// an attempt's first token or its end, which never wait. A quiet agent
-	// sends every chunk at once. Zero takes DefaultReplyLinger, a negative
+	// an attempt's first token or its end, which never wait, or sooner
+	// when a token came less than two ReplyLingers after its stream's
+	// last (it waits at most half that interval). A quiet agent sends
+	// every chunk at once. Zero takes DefaultReplyLinger, a negative
 	// value turns it off.
 	ReplyLinger time.Duration
 	// KVHold is how long this prefill agent's engine holds a hand-off's KV

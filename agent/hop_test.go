@@ -339,7 +339,7 @@ func TestOutboxBigChunkStartsAMessage(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := o.put("sy.reply.b.chunks", enc, false); err != nil {
+		if err := o.put("sy.reply.b.chunks", enc, anyWait); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -511,15 +511,15 @@ func waitLinger(t *testing.T, waits <-chan struct{}) {
 	}
 }
 
-// putKind frames a chunk of kind into o's message for the hop's reply
-// subject.
-func putKind(t *testing.T, o *outbox, kind wire.Chunk_Kind, urgent bool) {
+// putKind frames a chunk of kind that may wait wait into o's message for
+// the hop's reply subject.
+func putKind(t *testing.T, o *outbox, kind wire.Chunk_Kind, wait time.Duration) {
 	t.Helper()
 	enc, err := proto.Marshal(&wire.Chunk{RequestId: "b-1x", Kind: kind})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := o.put("sy.reply.b.chunks", enc, urgent); err != nil {
+	if err := o.put("sy.reply.b.chunks", enc, wait); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -532,7 +532,7 @@ func TestOutboxLingersWhenBusy(t *testing.T) {
 	out, sub, _ := lingering(t, linger)
 	o := out.a.out
 	start := time.Now()
-	putKind(t, o, wire.Chunk_KIND_ACCEPTED, false)
+	putKind(t, o, wire.Chunk_KIND_ACCEPTED, anyWait)
 	if ks := nextKinds(t, sub, 10*time.Second); fmt.Sprint(ks) != "[KIND_ACCEPTED]" {
 		t.Fatalf("first message holds %v, want [ACCEPTED]", ks)
 	}
@@ -540,8 +540,8 @@ func TestOutboxLingersWhenBusy(t *testing.T) {
 		t.Fatalf("a quiet outbox's chunk took %s, as if it lingered (%s)", d, linger)
 	}
 	busy := time.Now()
-	putKind(t, o, wire.Chunk_KIND_TOKEN, false)
-	putKind(t, o, wire.Chunk_KIND_KEEPALIVE, false)
+	putKind(t, o, wire.Chunk_KIND_TOKEN, anyWait)
+	putKind(t, o, wire.Chunk_KIND_KEEPALIVE, anyWait)
 	if ks := nextKinds(t, sub, 10*time.Second); fmt.Sprint(ks) != "[KIND_TOKEN KIND_KEEPALIVE]" {
 		t.Fatalf("second message holds %v, want both chunks put after the first", ks)
 	}
@@ -552,7 +552,7 @@ func TestOutboxLingersWhenBusy(t *testing.T) {
 	// kick the last flush left behind (the keep-alive's).
 	time.Sleep(linger * 6 / 5)
 	quiet := time.Now()
-	putKind(t, o, wire.Chunk_KIND_FINAL, false)
+	putKind(t, o, wire.Chunk_KIND_FINAL, anyWait)
 	if ks := nextKinds(t, sub, 10*time.Second); fmt.Sprint(ks) != "[KIND_FINAL]" {
 		t.Fatalf("third message holds %v, want [FINAL]", ks)
 	}
@@ -565,13 +565,68 @@ func TestOutboxLingersWhenBusy(t *testing.T) {
 func TestOutboxUrgentEndsTheLinger(t *testing.T) {
 	out, sub, waits := lingering(t, time.Hour)
 	o := out.a.out
-	putKind(t, o, wire.Chunk_KIND_ACCEPTED, false) // quiet: at once
+	putKind(t, o, wire.Chunk_KIND_ACCEPTED, anyWait) // quiet: at once
 	nextKinds(t, sub, 10*time.Second)
-	putKind(t, o, wire.Chunk_KIND_TOKEN, false)
+	putKind(t, o, wire.Chunk_KIND_TOKEN, anyWait)
 	waitLinger(t, waits) // the outbox lingers on the token
-	putKind(t, o, wire.Chunk_KIND_FINAL, true)
+	putKind(t, o, wire.Chunk_KIND_FINAL, 0)
 	if ks := nextKinds(t, sub, 10*time.Second); fmt.Sprint(ks) != "[KIND_TOKEN KIND_FINAL]" {
 		t.Fatalf("message holds %v, want the waiting token and the final", ks)
+	}
+}
+
+// A chunk that may wait less than the linger leaves when its wait ends,
+// with what waited with it; one that comes while a flush lingers, and
+// may wait less than that flush would, shortens it.
+func TestOutboxChunkWaitsNoMoreThanItMay(t *testing.T) {
+	const may = 50 * time.Millisecond
+	out, sub, waits := lingering(t, time.Hour)
+	o := out.a.out
+	putKind(t, o, wire.Chunk_KIND_ACCEPTED, anyWait) // quiet: at once
+	nextKinds(t, sub, 10*time.Second)
+
+	start := time.Now()
+	putKind(t, o, wire.Chunk_KIND_KEEPALIVE, anyWait)
+	putKind(t, o, wire.Chunk_KIND_TOKEN, may)
+	if ks := nextKinds(t, sub, 10*time.Second); fmt.Sprint(ks) != "[KIND_KEEPALIVE KIND_TOKEN]" {
+		t.Fatalf("message holds %v, want the keep-alive and the token", ks)
+	}
+	if d := time.Since(start); d < may/2 {
+		t.Fatalf("the token left after %s: it did not wait (it may wait %s)", d, may)
+	}
+
+	for len(waits) > 0 { // the first flush's
+		<-waits
+	}
+	putKind(t, o, wire.Chunk_KIND_KEEPALIVE, anyWait)
+	waitLinger(t, waits) // lingering for the hour
+	putKind(t, o, wire.Chunk_KIND_TOKEN, may)
+	if ks := nextKinds(t, sub, 10*time.Second); fmt.Sprint(ks) != "[KIND_KEEPALIVE KIND_TOKEN]" {
+		t.Fatalf("message holds %v, want the keep-alive and the token", ks)
+	}
+}
+
+// Through an attempt's stream: a token waits at most half the time since
+// the stream's token before, so a stream's tokens never catch up with
+// each other in the outbox, whatever the linger.
+func TestStreamTokenWaitsHalfItsInterval(t *testing.T) {
+	out, sub, waits := lingering(t, time.Hour)
+	if err := out.emit(tokenChunk, false); err != nil { // the first text: at once
+		t.Fatal(err)
+	}
+	nextKinds(t, sub, 10*time.Second)
+	const gap = 100 * time.Millisecond
+	time.Sleep(gap)
+	sent := time.Now()
+	if err := out.emit(tokenChunk, false); err != nil {
+		t.Fatal(err)
+	}
+	waitLinger(t, waits)
+	if ks := nextKinds(t, sub, 10*time.Second); fmt.Sprint(ks) != "[KIND_TOKEN]" {
+		t.Fatalf("message holds %v, want the second token", ks)
+	}
+	if d := time.Since(sent); d < gap/4 {
+		t.Fatalf("the second token left after %s, want about half its interval (%s)", d, gap/2)
 	}
 }
 
@@ -602,10 +657,12 @@ func TestStreamFirstTokenAndEndDoNotLinger(t *testing.T) {
 	if ks := nextKinds(t, sub, 10*time.Second); fmt.Sprint(ks) != "[KIND_TOKEN]" {
 		t.Fatalf("the first text's message holds %v, want [TOKEN]", ks)
 	}
+	// A second apart, the next token may wait half a second.
+	time.Sleep(time.Second)
 	if err := out.emit(tokenChunk, false); err != nil {
 		t.Fatal(err)
 	}
-	waitLinger(t, waits) // the second token waits for the linger
+	waitLinger(t, waits) // the second token waits
 	if m, err := sub.NextMsg(100 * time.Millisecond); err == nil {
 		t.Fatalf("the second token did not wait for the linger: %d bytes", len(m.Data))
 	}

@@ -22,11 +22,13 @@ import (
 // A busy agent may also linger: when its last message left less than
 // linger ago, the next leaves linger after it, gathering what comes
 // meanwhile, unless a chunk that may not wait is pending (an attempt's
-// first token, its end: see put). So no chunk waits more than linger, a
-// quiet agent (a message less often than once per linger) sends each at
-// once, and a busy one sends a message per linger per broker, whatever its
-// token rate: the server's read and route and the broker's wake-ups are
-// paid per message.
+// first token, its end: see put), or sooner when a pending chunk may
+// wait less (a token of a stream whose tokens come less than two lingers
+// apart waits at most half their interval, so it leaves before its
+// stream's next). So no chunk waits more than linger, a quiet agent (a
+// message less often than once per linger) sends each at once, and a busy
+// one sends a message per linger per broker, whatever its token rate: the
+// server's read and route and the broker's wake-ups are paid per message.
 //
 // Chunks of one attempt keep their order: they are framed in order into
 // one subject's messages, which are published in order on one connection.
@@ -35,7 +37,8 @@ type outbox struct {
 	kick chan struct{}
 	// linger bounds how long a chunk that may wait waits (0: none).
 	linger time.Duration
-	// hurry wakes a lingering flush when a chunk that may not wait comes.
+	// hurry wakes a lingering flush when a chunk comes that may not wait
+	// as long as the flush would.
 	hurry chan struct{}
 	// onLinger, if set (by a test), is called as a flush starts to wait.
 	onLinger func()
@@ -52,7 +55,14 @@ type outbox struct {
 	acks    []acker // jobs to ack in the next flush, before its messages
 	running bool    // the flushing goroutine runs; else put publishes at once
 	urgent  bool    // a pending chunk may not wait for the linger
+	// due is when the pending chunk that may wait least must leave, if one
+	// may wait less than the linger (zero: none); until is when the wait
+	// of a lingering flush ends (zero: no flush waits).
+	due, until time.Time
 }
+
+// anyWait is put's wait for a chunk that the linger alone bounds.
+const anyWait = time.Duration(1<<63 - 1)
 
 // acker is the part of a jetstream.Msg the outbox uses.
 type acker interface{ Ack() error }
@@ -68,9 +78,10 @@ func newOutbox(nc *nats.Conn, linger time.Duration, msgs, chunks interface{ Inc(
 }
 
 // put frames enc, the encoding of one chunk, into the pending message for
-// subject. It does not keep enc. An urgent chunk does not wait for the
-// linger, nor do the chunks pending with it.
-func (o *outbox) put(subject string, enc []byte, urgent bool) error {
+// subject. It does not keep enc. The chunk waits at most wait (anyWait:
+// the linger), and so do those pending with it; one with a wait of zero
+// or less is urgent: it leaves with them at once.
+func (o *outbox) put(subject string, enc []byte, wait time.Duration) error {
 	o.mu.Lock()
 	m := o.open(subject)
 	start := len(m.buf)
@@ -91,9 +102,19 @@ func (o *outbox) put(subject string, enc []byte, urgent bool) error {
 		o.mu.Unlock()
 		return err
 	}
+	urgent := wait <= 0
+	hurry := urgent
 	o.urgent = o.urgent || urgent
+	if !urgent && wait < o.linger {
+		due := time.Now().Add(wait)
+		if o.due.IsZero() || due.Before(o.due) {
+			o.due = due
+		}
+		// A flush that waits past it must look again.
+		hurry = !o.until.IsZero() && due.Before(o.until)
+	}
 	o.mu.Unlock()
-	if urgent {
+	if hurry {
 		select {
 		case o.hurry <- struct{}{}:
 		default:
@@ -199,28 +220,52 @@ func (o *outbox) run(stop <-chan struct{}) {
 		runtime.Gosched()
 		o.mu.Lock()
 		idle := len(o.pending) == 0 && len(o.acks) == 0
-		urgent := o.urgent
+		urgent, due := o.urgent, o.due
 		o.mu.Unlock()
 		if idle {
 			continue // a kick whose chunks the last flush took
 		}
 		if o.linger > 0 {
-			if wait := o.linger - time.Since(o.last); !urgent && wait > 0 {
+			// Wait until a linger after the last message, or until the
+			// pending chunk that may wait least must leave; a chunk that
+			// comes meanwhile and may not wait that long ends the wait,
+			// and the flush looks again.
+			for !urgent {
+				end := o.last.Add(o.linger)
+				if !due.IsZero() && due.Before(end) {
+					end = due
+				}
+				wait := time.Until(end)
+				if wait <= 0 {
+					break
+				}
 				if t == nil {
 					t = time.NewTimer(wait)
 				} else {
 					t.Reset(wait)
 				}
+				o.mu.Lock()
+				o.until = end
+				o.mu.Unlock()
 				if o.onLinger != nil {
 					o.onLinger()
 				}
+				fired := false
 				select {
 				case <-stop:
 					t.Stop()
 					return
 				case <-t.C:
+					fired = true
 				case <-o.hurry:
 					t.Stop()
+				}
+				o.mu.Lock()
+				o.until = time.Time{}
+				urgent, due = o.urgent, o.due
+				o.mu.Unlock()
+				if fired {
+					break
 				}
 			}
 			o.last = time.Now() // when this message leaves
@@ -230,7 +275,7 @@ func (o *outbox) run(stop <-chan struct{}) {
 		case <-o.hurry: // taken by this flush
 		default:
 		}
-		o.urgent = false
+		o.urgent, o.due = false, time.Time{}
 		_ = o.flushLocked() // a failed publish shows as a sequence gap at the broker
 		o.mu.Unlock()
 	}

@@ -63,6 +63,8 @@ type stream struct {
 	// sentText is set once a token chunk with text went out (under
 	// sendMu).
 	sentText bool
+	// lastToken is when the last token chunk was sent (under sendMu).
+	lastToken time.Time
 
 	// muted is set by a cancel: a cancelled attempt sends nothing more,
 	// whatever its engine still does (a PD decode leg runs on to take its
@@ -116,14 +118,26 @@ func (s *stream) send(c *wire.Chunk) error {
 	// holds then; the rest may wait for its linger. The client waits for
 	// neither accepted (the broker's) nor a keep-alive. Token chunks
 	// before the first text (an engine's role-only first chunk, reasoning)
-	// do not wait either: the client's first token is the first text.
-	urgent := c.Kind == wire.Chunk_KIND_FINAL || c.Kind == wire.Chunk_KIND_ERROR
-	if c.Kind == wire.Chunk_KIND_TOKEN && !s.sentText {
-		urgent = true
-		s.sentText = hasText(c)
+	// do not wait either: the client's first token is the first text. A
+	// later token waits at most half the time since the one before, so
+	// it leaves before the next comes: however fast the engine, the
+	// client gets its tokens one at a time, as the engine made them.
+	wait := anyWait
+	switch c.Kind {
+	case wire.Chunk_KIND_FINAL, wire.Chunk_KIND_ERROR:
+		wait = 0
+	case wire.Chunk_KIND_TOKEN:
+		now := time.Now()
+		if !s.sentText {
+			wait = 0
+			s.sentText = hasText(c)
+		} else {
+			wait = now.Sub(s.lastToken) / 2
+		}
+		s.lastToken = now
 	}
 	var err error
-	s.buf, err = s.publish(s.buf, c, urgent)
+	s.buf, err = s.publish(s.buf, c, wait)
 	return err
 }
 
@@ -141,9 +155,9 @@ func hasText(c *wire.Chunk) bool {
 // outbox, with the attempt's secret, to a broker that gave one; alone, as
 // a bare chunk, to a broker that predates it. It returns buf holding c's
 // encoding, which resend sends again, bare, after a reconnect (a bare
-// message is one chunk to a broker that reads frames too). An urgent
-// chunk does not wait for the outbox's linger.
-func (s *stream) publish(buf []byte, c *wire.Chunk, urgent bool) ([]byte, error) {
+// message is one chunk to a broker that reads frames too). The chunk
+// waits in the outbox at most wait (see outbox.put).
+func (s *stream) publish(buf []byte, c *wire.Chunk, wait time.Duration) ([]byte, error) {
 	secret := s.job.GetSecret()
 	c.Secret = secret
 	buf, err := wire.AppendChunk(buf[:0], c)
@@ -151,7 +165,7 @@ func (s *stream) publish(buf []byte, c *wire.Chunk, urgent bool) ([]byte, error)
 		return buf[:0], err
 	}
 	if secret != 0 {
-		return buf, s.a.out.put(s.job.GetReplySubject(), buf, urgent)
+		return buf, s.a.out.put(s.job.GetReplySubject(), buf, wait)
 	}
 	// Publish copies into the connection's buffer, so buf is reusable.
 	return buf, s.a.nc.Publish(s.job.GetReplySubject(), buf)
@@ -233,7 +247,7 @@ func (s *stream) tick() {
 		Seq: max(s.seq, 1) - 1, AgentId: s.a.cfg.ID, Stage: s.stage,
 	}
 	var err error
-	s.kaBuf, err = s.publish(s.kaBuf, c, false)
+	s.kaBuf, err = s.publish(s.kaBuf, c, anyWait)
 	s.kaTimer.Reset(s.kaEvery)
 	s.mu.Unlock()
 	if err != nil {
