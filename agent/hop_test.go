@@ -524,6 +524,21 @@ func putKind(t *testing.T, o *outbox, kind wire.Chunk_Kind, wait time.Duration) 
 	}
 }
 
+// putPair puts a chunk of kind a that may wait aWait, then one of kind b
+// that may wait bWait, into o, and returns how long until sub got them,
+// failing t unless they come in one message.
+func putPair(t *testing.T, o *outbox, sub *nats.Subscription, a wire.Chunk_Kind, aWait time.Duration, b wire.Chunk_Kind, bWait time.Duration) time.Duration {
+	t.Helper()
+	start := time.Now()
+	putKind(t, o, a, aWait)
+	putKind(t, o, b, bWait)
+	want := fmt.Sprint([]wire.Chunk_Kind{a, b})
+	if ks := nextKinds(t, sub, 10*time.Second); fmt.Sprint(ks) != want {
+		t.Fatalf("message holds %v, want %s", ks, want)
+	}
+	return time.Since(start)
+}
+
 // A quiet outbox sends a chunk at once; one that sent a message less than
 // its linger ago gathers what comes next into one message, sent a linger
 // after the last.
@@ -539,13 +554,7 @@ func TestOutboxLingersWhenBusy(t *testing.T) {
 	if d := time.Since(start); d >= linger/2 {
 		t.Fatalf("a quiet outbox's chunk took %s, as if it lingered (%s)", d, linger)
 	}
-	busy := time.Now()
-	putKind(t, o, wire.Chunk_KIND_TOKEN, anyWait)
-	putKind(t, o, wire.Chunk_KIND_KEEPALIVE, anyWait)
-	if ks := nextKinds(t, sub, 10*time.Second); fmt.Sprint(ks) != "[KIND_TOKEN KIND_KEEPALIVE]" {
-		t.Fatalf("second message holds %v, want both chunks put after the first", ks)
-	}
-	if d := time.Since(busy); d < linger/2 {
+	if d := putPair(t, o, sub, wire.Chunk_KIND_TOKEN, anyWait, wire.Chunk_KIND_KEEPALIVE, anyWait); d < linger/2 {
 		t.Fatalf("a busy outbox sent its next message after %s, want about its linger (%s)", d, linger)
 	}
 	// Quiet again once a linger passed since its last message, whatever
@@ -585,13 +594,7 @@ func TestOutboxChunkWaitsNoMoreThanItMay(t *testing.T) {
 	putKind(t, o, wire.Chunk_KIND_ACCEPTED, anyWait) // quiet: at once
 	nextKinds(t, sub, 10*time.Second)
 
-	start := time.Now()
-	putKind(t, o, wire.Chunk_KIND_KEEPALIVE, anyWait)
-	putKind(t, o, wire.Chunk_KIND_TOKEN, may)
-	if ks := nextKinds(t, sub, 10*time.Second); fmt.Sprint(ks) != "[KIND_KEEPALIVE KIND_TOKEN]" {
-		t.Fatalf("message holds %v, want the keep-alive and the token", ks)
-	}
-	if d := time.Since(start); d < may/2 {
+	if d := putPair(t, o, sub, wire.Chunk_KIND_KEEPALIVE, anyWait, wire.Chunk_KIND_TOKEN, may); d < may/2 {
 		t.Fatalf("the token left after %s: it did not wait (it may wait %s)", d, may)
 	}
 
