@@ -220,7 +220,6 @@ func (o *outbox) run(stop <-chan struct{}) {
 		runtime.Gosched()
 		o.mu.Lock()
 		idle := len(o.pending) == 0 && len(o.acks) == 0
-		urgent, due := o.urgent, o.due
 		o.mu.Unlock()
 		if idle {
 			continue // a kick whose chunks the last flush took
@@ -229,24 +228,26 @@ func (o *outbox) run(stop <-chan struct{}) {
 			// Wait until a linger after the last message, or until the
 			// pending chunk that may wait least must leave; a chunk that
 			// comes meanwhile and may not wait that long ends the wait,
-			// and the flush looks again.
-			for !urgent {
+			// and the flush looks again. The end is set under the lock
+			// that put reads it under, so a put either sees it or is seen.
+			for {
+				o.mu.Lock()
 				end := o.last.Add(o.linger)
-				if !due.IsZero() && due.Before(end) {
-					end = due
+				if !o.due.IsZero() && o.due.Before(end) {
+					end = o.due
 				}
 				wait := time.Until(end)
-				if wait <= 0 {
+				if o.urgent || wait <= 0 {
+					o.mu.Unlock()
 					break
 				}
+				o.until = end
+				o.mu.Unlock()
 				if t == nil {
 					t = time.NewTimer(wait)
 				} else {
 					t.Reset(wait)
 				}
-				o.mu.Lock()
-				o.until = end
-				o.mu.Unlock()
 				if o.onLinger != nil {
 					o.onLinger()
 				}
@@ -262,7 +263,6 @@ func (o *outbox) run(stop <-chan struct{}) {
 				}
 				o.mu.Lock()
 				o.until = time.Time{}
-				urgent, due = o.urgent, o.due
 				o.mu.Unlock()
 				if fired {
 					break
