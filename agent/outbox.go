@@ -54,10 +54,10 @@ type outbox struct {
 	spare   []*batchMsg
 	acks    []acker // jobs to ack in the next flush, before its messages
 	running bool    // the flushing goroutine runs; else put publishes at once
-	urgent  bool    // a pending chunk may not wait for the linger
 	// due is when the pending chunk that may wait least must leave, if one
-	// may wait less than the linger (zero: none); until is when the wait
-	// of a lingering flush ends (zero: no flush waits).
+	// may wait less than the linger (zero: none; an urgent chunk's is when
+	// it was put); until is when the wait of a lingering flush ends (zero:
+	// no flush waits).
 	due, until time.Time
 }
 
@@ -102,11 +102,9 @@ func (o *outbox) put(subject string, enc []byte, wait time.Duration) error {
 		o.mu.Unlock()
 		return err
 	}
-	urgent := wait <= 0
-	hurry := urgent
-	o.urgent = o.urgent || urgent
-	if !urgent && wait < o.linger {
-		due := time.Now().Add(wait)
+	hurry := false
+	if wait < o.linger {
+		due := time.Now().Add(max(wait, 0))
 		if o.due.IsZero() || due.Before(o.due) {
 			o.due = due
 		}
@@ -237,7 +235,7 @@ func (o *outbox) run(stop <-chan struct{}) {
 					end = o.due
 				}
 				wait := time.Until(end)
-				if o.urgent || wait <= 0 {
+				if wait <= 0 {
 					o.mu.Unlock()
 					break
 				}
@@ -275,7 +273,7 @@ func (o *outbox) run(stop <-chan struct{}) {
 		case <-o.hurry: // taken by this flush
 		default:
 		}
-		o.urgent, o.due = false, time.Time{}
+		o.due = time.Time{}
 		_ = o.flushLocked() // a failed publish shows as a sequence gap at the broker
 		o.mu.Unlock()
 	}
