@@ -12,6 +12,8 @@
 # Two sim-engines, a broker on embedded NATS and two agents per run, on
 # fixed loopback ports (18001, 18002, 18080, 14222); the load generator is
 # the second build's. Interleave rounds: this machine's speed drifts.
+# Slow start is off in the broker and the agents, as in the runner, so
+# that both measure a fleet at its full slots from its first request.
 set -euo pipefail
 [ $# -ge 1 ] || { echo "usage: $0 BIN_A [BIN_B ...]" >&2; exit 2; }
 STREAMS=${STREAMS:-128} REQUESTS=${REQUESTS:-3000} ITL=${ITL:-1ms} TOKENS=${TOKENS:-32} ROUNDS=${ROUNDS:-2} WARMUP=${WARMUP:-0}
@@ -28,10 +30,10 @@ one() {
 	"$bin/sim-engine" --listen 127.0.0.1:18001 --ttft 0 --itl "$ITL" --slots 512 --model sim-model >/dev/null 2>&1 & pids+=($!)
 	"$bin/sim-engine" --listen 127.0.0.1:18002 --ttft 0 --itl "$ITL" --slots 512 --model sim-model >/dev/null 2>&1 & pids+=($!)
 	sleep 0.3
-	"$bin/broker" --http 127.0.0.1:18080 --grpc "" --nats-listen 127.0.0.1:14222 --data-dir "$data" --log-level warn >/dev/null 2>&1 & pids+=($!); local bp=$!
+	"$bin/broker" --http 127.0.0.1:18080 --grpc "" --nats-listen 127.0.0.1:14222 --data-dir "$data" --slow-start 0 --log-level warn >/dev/null 2>&1 & pids+=($!); local bp=$!
 	sleep 1
-	"$bin/worker-agent" --engine openai --engine-url http://127.0.0.1:18001 --model sim-model --slots 512 --nats-url nats://127.0.0.1:14222 --metrics-listen 127.0.0.1:19101 --log-level warn >/dev/null 2>&1 & pids+=($!); local a1=$!
-	"$bin/worker-agent" --engine openai --engine-url http://127.0.0.1:18002 --model sim-model --slots 512 --nats-url nats://127.0.0.1:14222 --metrics-listen 127.0.0.1:19102 --log-level warn >/dev/null 2>&1 & pids+=($!); local a2=$!
+	"$bin/worker-agent" --engine openai --engine-url http://127.0.0.1:18001 --model sim-model --slots 512 --slow-start 0 --nats-url nats://127.0.0.1:14222 --metrics-listen 127.0.0.1:19101 --log-level warn >/dev/null 2>&1 & pids+=($!); local a1=$!
+	"$bin/worker-agent" --engine openai --engine-url http://127.0.0.1:18002 --model sim-model --slots 512 --slow-start 0 --nats-url nats://127.0.0.1:14222 --metrics-listen 127.0.0.1:19102 --log-level warn >/dev/null 2>&1 & pids+=($!); local a2=$!
 	sleep 2
 	local b0 b1 g0 g1 m0 m1 n0 n1 out
 	b0=$(cpu "$bp") g0=$(cpu "$a1" "$a2") m0=$(mallocs 18080) n0=$(($(mallocs 19101) + $(mallocs 19102)))
