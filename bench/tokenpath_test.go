@@ -1,0 +1,27 @@
+package main
+
+import (
+	"math"
+	"testing"
+)
+
+func TestExtraTokenCost(t *testing.T) {
+	for _, c := range []struct {
+		name                                     string
+		shortMS, shortTok, longMS, longTok, want float64
+	}{
+		// 64-token requests that carried all 64: the old rule's figure.
+		{"every token asked for", 0.100, 1, 0.730, 64, 10},
+		// The sim-engine ends sequences early: 35.7 tokens a request on
+		// average; the extra tokens are 34.7, not 63.
+		{"sequences ended early", 0.166, 1, 1.795, 35.7, 1e3 * 1.629 / 34.7},
+		{"short row longer than one token", 0.200, 2, 1.200, 12, 100},
+	} {
+		if got := extraTokenCost(c.shortMS, c.shortTok, c.longMS, c.longTok); math.Abs(got-c.want) > 1e-9 {
+			t.Errorf("%s: extraTokenCost = %v µs, want %v", c.name, got, c.want)
+		}
+	}
+	if got := extraTokenCost(0.1, 4, 0.5, 4); !math.IsNaN(got) {
+		t.Errorf("same tokens in both rows: got %v, want NaN", got)
+	}
+}
