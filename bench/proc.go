@@ -205,12 +205,26 @@ func rssKB(pid int) (int, error) {
 // group is one of pgids (a supervised process and all its children, such
 // as nginx's workers).
 func cpuSeconds(pgids []int) float64 {
+	t := cpuTimes(pgids)
+	return t.user + t.system
+}
+
+// cpuTime is CPU time in seconds, in user space and in the kernel.
+type cpuTime struct{ user, system float64 }
+
+func (t cpuTime) sub(u cpuTime) cpuTime { return cpuTime{t.user - u.user, t.system - u.system} }
+
+// cpuTimes is cpuSeconds kept apart by where the time went. The kernel
+// splits a process's (exact) runtime into the two by where its clock
+// ticks landed, so the split is a sample: good over seconds, not over a
+// few ticks.
+func cpuTimes(pgids []int) cpuTime {
 	want := map[int]bool{}
 	for _, g := range pgids {
 		want[g] = true
 	}
 	ents, _ := os.ReadDir("/proc")
-	var ticks int64
+	var u, st int64
 	for _, de := range ents {
 		if _, err := strconv.Atoi(de.Name()); err != nil {
 			continue
@@ -219,21 +233,32 @@ func cpuSeconds(pgids []int) float64 {
 		if err != nil {
 			continue
 		}
-		s := string(b)
-		i := strings.LastIndexByte(s, ')')
-		if i < 0 {
+		pu, ps, g, ok := statTimes(string(b))
+		if !ok || !want[g] {
 			continue
 		}
-		f := strings.Fields(s[i+1:])
-		if len(f) < 13 {
-			continue
-		}
-		if g, _ := strconv.Atoi(f[2]); !want[g] {
-			continue
-		}
-		u, _ := strconv.ParseInt(f[11], 10, 64)
-		st, _ := strconv.ParseInt(f[12], 10, 64)
-		ticks += u + st
+		u += pu
+		st += ps
 	}
-	return float64(ticks) / 100 // USER_HZ is 100 on Linux
+	return cpuTime{float64(u) / 100, float64(st) / 100} // USER_HZ is 100 on Linux
+}
+
+// statTimes reads a /proc/PID/stat line's user and system ticks and its
+// process group.
+func statTimes(stat string) (user, system int64, pgid int, ok bool) {
+	i := strings.LastIndexByte(stat, ')')
+	if i < 0 {
+		return 0, 0, 0, false
+	}
+	f := strings.Fields(stat[i+1:])
+	if len(f) < 13 {
+		return 0, 0, 0, false
+	}
+	pgid, err1 := strconv.Atoi(f[2])
+	user, err2 := strconv.ParseInt(f[11], 10, 64)
+	system, err3 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil || err3 != nil {
+		return 0, 0, 0, false
+	}
+	return user, system, pgid, true
 }

@@ -99,7 +99,7 @@ func (e *env) tokenpath(d *doc) error {
 	}
 	type result struct {
 		rep      *loadgen.Report
-		cpu      map[string]float64 // group -> CPU seconds over the run
+		cpu      map[string]cpuTime // group -> CPU over the run
 		requests float64            // every request of the run, warm-up included
 		engines  float64
 	}
@@ -125,49 +125,54 @@ func (e *env) tokenpath(d *doc) error {
 					Timeout: 60 * time.Second,
 				}
 				e.logf("tokenpath round %d %s: %s at %d streams, %d tokens", round+1, ph.name, f.name, ph.streams, ph.toks)
-				c0 := map[string]float64{}
+				c0 := map[string]cpuTime{}
 				for _, g := range f.groups {
-					c0[g.name] = cpuSeconds(g.pids)
+					c0[g.name] = cpuTimes(g.pids)
 				}
 				e0 := cpuSeconds(enginePIDs)
 				rep, _, err := e.load(cfg, false, f.hosts...)
 				if err != nil {
 					return fmt.Errorf("tokenpath %s %s: %w", ph.name, f.name, err)
 				}
-				r := result{rep: rep, cpu: map[string]float64{}, requests: float64(rep.Requests + rep.Warmup), engines: cpuSeconds(enginePIDs) - e0}
-				total := 0.0
+				r := result{rep: rep, cpu: map[string]cpuTime{}, requests: float64(rep.Requests + rep.Warmup), engines: cpuSeconds(enginePIDs) - e0}
 				for _, g := range f.groups {
-					r.cpu[g.name] = cpuSeconds(g.pids) - c0[g.name]
-					total += r.cpu[g.name]
+					r.cpu[g.name] = cpuTimes(g.pids).sub(c0[g.name])
 				}
+				total := sumCPU(r.cpu, cpuAll)
 				prev, ok := res[ph.name][f.name]
-				if !ok || total/r.requests < sumCPU(prev.cpu)/prev.requests {
+				if !ok || total/r.requests < sumCPU(prev.cpu, cpuAll)/prev.requests {
 					res[ph.name][f.name] = r
 				}
 			}
 		}
 	}
 
-	perReq := func(ph, f, g string) float64 { // ms of CPU per request
+	// perReqOf is a group's CPU of the given part per request of phase
+	// ph, in ms (every group of front end f if g is empty); perReq all of
+	// it.
+	perReqOf := func(part cpuPart, ph, f, g string) float64 {
 		r := res[ph][f]
 		if g == "" {
-			return 1e3 * sumCPU(r.cpu) / r.requests
+			return 1e3 * sumCPU(r.cpu, part) / r.requests
 		}
-		return 1e3 * r.cpu[g] / r.requests
+		return 1e3 * part(r.cpu[g]) / r.requests
 	}
+	perReq := func(ph, f, g string) float64 { return perReqOf(cpuAll, ph, f, g) }
 	toksPerReq := func(ph, f string) float64 { // output tokens per completed request
 		r := res[ph][f].rep
 		return float64(r.OutputTokens) / float64(max(r.Completed, 1))
 	}
-	perTok := func(f, g string) float64 { // µs per extra token
-		return extraTokenCost(perReq("per-request", f, g), toksPerReq("per-request", f),
-			perReq("per-token", f, g), toksPerReq("per-token", f))
+	perTokOf := func(part cpuPart, f, g string) float64 { // µs per extra token
+		return extraTokenCost(perReqOf(part, "per-request", f, g), toksPerReq("per-request", f),
+			perReqOf(part, "per-token", f, g), toksPerReq("per-token", f))
 	}
+	perTok := func(f, g string) float64 { return perTokOf(cpuAll, f, g) }
 	var b strings.Builder
 	fmt.Fprintf(&b, "## The token path's cost against a proxy (issue 15)\n\n")
 	fmt.Fprintf(&b, "%d sim-engines (%s) behind Switchyard (the broker on its embedded NATS, one agent `--engine openai` per engine), nginx (round robin, the SSE-safe config above) and HAProxy (leastconn); "+
 		"direct is the client calling the engines itself. Closed-loop streams, 16-word prompts, %s measured after %s of warm-up per row; %d round(s) with the front ends interleaved, the round with the lower front-end CPU per request kept. "+
-		"CPU is utime+stime from /proc of each group's processes over the whole run (warm-up included) divided by every request of the run; the broker's figure includes its embedded NATS server.\n\n",
+		"CPU is utime+stime from /proc of each group's processes over the whole run (warm-up included) divided by every request of the run; the broker's figure includes its embedded NATS server. "+
+		"The user-space and kernel rows split it as /proc does (the exact total divided by where the clock ticks landed).\n\n",
 		nEngines, spec, win, warm, rounds)
 	fmt.Fprintf(&b, "The Go proxy is the floor of a front end built as the broker is: Go's net/http server and http.Transport (httputil.ReverseProxy, round robin, every chunk flushed), "+
 		"the runtime tuned as cmd/broker tunes it, and nothing else: no NATS, no validation, no JSON. What the broker costs beyond it is Switchyard's; what it costs beyond nginx is Go's.\n\n")
@@ -188,6 +193,8 @@ func (e *env) tokenpath(d *doc) error {
 	row("CPU per request (64-token requests)", "ms", func(f, g string) float64 { return perReq("per-token", f, g) })
 	row(fmt.Sprintf("CPU per extra token (64-token minus 1-token requests, over the extra tokens counted: %.1f per request through Switchyard, %.1f through nginx)",
 		toksPerReq("per-token", "Switchyard")-toksPerReq("per-request", "Switchyard"), toksPerReq("per-token", "nginx")-toksPerReq("per-request", "nginx")), "µs", perTok)
+	row("… of which in user space", "µs", func(f, g string) float64 { return perTokOf(cpuUser, f, g) })
+	row("… of which in the kernel", "µs", func(f, g string) float64 { return perTokOf(cpuSystem, f, g) })
 	fmt.Fprintf(&b, "\n| run | front end | requests/s | output tokens/s | TTFT p50 | TTFT p99 | added TTFT p50 | added TTFT p99 | ITL p50 | errors (by kind) | engines' CPU per request |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, ph := range phases {
 		dr := res[ph.name]["direct"].rep
@@ -308,10 +315,19 @@ func (e *env) tokenpath(d *doc) error {
 	return nil
 }
 
-func sumCPU(m map[string]float64) float64 {
+// cpuPart picks a part of a CPU time: all of it, user space's or the
+// kernel's.
+type cpuPart func(cpuTime) float64
+
+func cpuAll(t cpuTime) float64    { return t.user + t.system }
+func cpuUser(t cpuTime) float64   { return t.user }
+func cpuSystem(t cpuTime) float64 { return t.system }
+
+// sumCPU is the given part of every group's CPU in m, in seconds.
+func sumCPU(m map[string]cpuTime, part cpuPart) float64 {
 	t := 0.0
 	for _, v := range m {
-		t += v
+		t += part(v)
 	}
 	return t
 }
