@@ -190,6 +190,8 @@ func (e *env) tokenpath(d *doc) error {
 			fmtUnit(f("HAProxy", ""), unit), fmtUnit(gop, unit), sy/ng, br/ng, gop/ng, br/gop)
 	}
 	row("CPU per request (1-token requests)", "ms", func(f, g string) float64 { return perReq("per-request", f, g) })
+	row("… of which in user space", "ms", func(f, g string) float64 { return perReqOf(cpuUser, "per-request", f, g) })
+	row("… of which in the kernel", "ms", func(f, g string) float64 { return perReqOf(cpuSystem, "per-request", f, g) })
 	row("CPU per request (64-token requests)", "ms", func(f, g string) float64 { return perReq("per-token", f, g) })
 	row(fmt.Sprintf("CPU per extra token (64-token minus 1-token requests, over the extra tokens counted: %.1f per request through Switchyard, %.1f through nginx)",
 		toksPerReq("per-token", "Switchyard")-toksPerReq("per-request", "Switchyard"), toksPerReq("per-token", "nginx")-toksPerReq("per-request", "nginx")), "µs", perTok)
