@@ -205,8 +205,7 @@ func rssKB(pid int) (int, error) {
 // group is one of pgids (a supervised process and all its children, such
 // as nginx's workers).
 func cpuSeconds(pgids []int) float64 {
-	t := cpuTimes(pgids)
-	return t.user + t.system
+	return cpuAll(cpuTimes(pgids))
 }
 
 // cpuTime is CPU time in seconds, in user space and in the kernel.

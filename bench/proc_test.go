@@ -1,6 +1,9 @@
 package main
 
 import (
+	"bytes"
+	"fmt"
+	"os"
 	"os/exec"
 	"syscall"
 	"testing"
@@ -43,7 +46,12 @@ func TestCPUTimesOfABusyProcessGroup(t *testing.T) {
 	if err := syscall.Kill(cmd.Process.Pid, syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(20 * time.Millisecond)
+	for !stopped(t, cmd.Process.Pid) {
+		if time.Now().After(deadline) {
+			t.Fatal("the shell did not stop in 20 s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 	ct := cpuTimes(pg)
 	if ct.user < 0.3 || ct.system > ct.user {
 		t.Errorf("a spinning shell: %+v, want mostly user time", ct)
@@ -54,4 +62,16 @@ func TestCPUTimesOfABusyProcessGroup(t *testing.T) {
 	if d := ct.sub(cpuTime{0.1, 0}); d.user != ct.user-0.1 || d.system != ct.system {
 		t.Errorf("sub: %+v", d)
 	}
+}
+
+// stopped reports whether process pid is in the stopped state ('T' in
+// /proc/PID/stat).
+func stopped(t *testing.T, pid int) bool {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := bytes.LastIndexByte(b, ')')
+	return i >= 0 && i+2 < len(b) && b[i+2] == 'T'
 }
