@@ -22,6 +22,10 @@ pids=()
 stop() { for p in "${pids[@]:-}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; pids=(); }
 trap stop EXIT
 cpu() { local t=0 f; for p in "$@"; do read -r -a f < "/proc/$p/stat"; t=$((t + f[13] + f[14])); done; echo "$t"; }
+# until_ok waits up to 30 s for the command to succeed, polling every 20 ms.
+until_ok() { local i; for i in $(seq 1500); do "$@" >/dev/null 2>&1 && return 0; sleep 0.02; done; echo "ab.sh: timed out waiting for: $*" >&2; return 1; }
+# eligible succeeds when the broker's fleet view lists $1 eligible agents.
+eligible() { [ "$(curl -sf 127.0.0.1:18080/v1/fleet | grep -o '"eligible":true' | wc -l)" -ge "$1" ]; }
 # mallocs prints the allocations so far of the process serving /metrics on port $1 (0 if none).
 mallocs() { curl -s "127.0.0.1:$1/metrics" | awk '$1 == "go_memstats_mallocs_total" { printf "%.0f\n", $2; found = 1 } END { if (!found) print 0 }'; }
 one() {
@@ -29,12 +33,13 @@ one() {
 	data=$(mktemp -d)
 	"$bin/sim-engine" --listen 127.0.0.1:18001 --ttft 0 --itl "$ITL" --slots 512 --model sim-model >/dev/null 2>&1 & pids+=($!)
 	"$bin/sim-engine" --listen 127.0.0.1:18002 --ttft 0 --itl "$ITL" --slots 512 --model sim-model >/dev/null 2>&1 & pids+=($!)
-	sleep 0.3
+	until_ok curl -sf 127.0.0.1:18001/v1/models
+	until_ok curl -sf 127.0.0.1:18002/v1/models
 	"$bin/broker" --http 127.0.0.1:18080 --grpc "" --nats-listen 127.0.0.1:14222 --data-dir "$data" --slow-start 0 --log-level warn >/dev/null 2>&1 & pids+=($!); local bp=$!
-	sleep 1
+	until_ok curl -sf 127.0.0.1:18080/readyz
 	"$bin/worker-agent" --engine openai --engine-url http://127.0.0.1:18001 --model sim-model --slots 512 --slow-start 0 --nats-url nats://127.0.0.1:14222 --metrics-listen 127.0.0.1:19101 --log-level warn >/dev/null 2>&1 & pids+=($!); local a1=$!
 	"$bin/worker-agent" --engine openai --engine-url http://127.0.0.1:18002 --model sim-model --slots 512 --slow-start 0 --nats-url nats://127.0.0.1:14222 --metrics-listen 127.0.0.1:19102 --log-level warn >/dev/null 2>&1 & pids+=($!); local a2=$!
-	sleep 2
+	until_ok eligible 2
 	local b0 b1 g0 g1 m0 m1 n0 n1 out
 	b0=$(cpu "$bp") g0=$(cpu "$a1" "$a2") m0=$(mallocs 18080) n0=$(($(mallocs 19101) + $(mallocs 19102)))
 	out=$("$last/loadgen" --url http://127.0.0.1:18080 --model sim-model --concurrency "$STREAMS" --requests "$REQUESTS" --warmup "$WARMUP" \
