@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/switchyard-ai/switchyard/dispatch"
+	"github.com/switchyard-ai/switchyard/internal/alloctest"
 	"github.com/switchyard-ai/switchyard/internal/testwait"
 	"github.com/switchyard-ai/switchyard/wire"
 )
@@ -350,8 +351,8 @@ func TestDirectAllocs(t *testing.T) {
 	c.SetDirect(nopSink{})
 	// The reader waits (as in Next), and nothing is queued; the first run
 	// warms the chunk pool and the observers. The least of a few batches
-	// (see leastAllocs).
-	allocs := leastAllocs(func() {
+	// (see alloctest).
+	allocs := alloctest.PerRun(t, 200, func() {
 		c.mu.Lock()
 		c.nextSeq, c.waiting = 0, true
 		c.mu.Unlock()

@@ -2,13 +2,13 @@ package broker
 
 import (
 	"context"
-	"math"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/switchyard-ai/switchyard/internal/alloctest"
 	"github.com/switchyard-ai/switchyard/internal/natstest"
 	"github.com/switchyard-ai/switchyard/wire"
 )
@@ -69,7 +69,7 @@ func TestReplyTokenAllocs(t *testing.T) {
 	br, c, m := hopCall(t, 1)
 	c.Deadline = time.Now().Add(time.Hour)
 	ctx := context.Background()
-	allocs := leastAllocs(func() {
+	allocs := alloctest.PerRun(t, 200, func() {
 		c.nextSeq = 0
 		br.onReply(m)
 		if _, err := c.Next(ctx); err != nil {
@@ -90,7 +90,7 @@ func TestSentTextAllocs(t *testing.T) {
 	br, c, m := hopCall(t, 1)
 	c.Deadline = time.Now().Add(time.Hour)
 	ctx := context.Background()
-	allocs := leastAllocs(func() {
+	allocs := alloctest.PerRun(t, 200, func() {
 		c.sent = strings.Builder{}
 		c.nextSeq = 0
 		for range 40 {
@@ -106,24 +106,10 @@ func TestSentTextAllocs(t *testing.T) {
 		t.Fatalf("sent text %q", got)
 	}
 	// Under the race detector the chunk pool drops a share of what it is
-	// given (see leastAllocs): the text's count is not seen alone.
-	if allocs > 1 && !raceOn {
+	// given (see alloctest): the text's count is not seen alone.
+	if allocs > 1 && !alloctest.Race {
 		t.Fatalf("40 tokens: %.1f allocations, want 1", allocs)
 	}
-}
-
-// leastAllocs is the least of five testing.AllocsPerRun(200, f).
-// AllocsPerRun counts the whole process's allocations, the embedded NATS
-// server's among them, which a loaded machine or the race detector may
-// move into a batch (once in some forty runs of -race here); the race
-// detector also drops a share of what goes into a sync.Pool, the chunk
-// pool among them. The least of a few batches is f's own.
-func leastAllocs(f func()) float64 {
-	least := math.Inf(1)
-	for range 5 {
-		least = min(least, testing.AllocsPerRun(200, f))
-	}
-	return least
 }
 
 func itoa(n int) string {

@@ -1,5 +1,0 @@
-//go:build !race
-
-package broker
-
-const raceOn = false
