@@ -130,6 +130,17 @@ func getAffinity(t *testing.T, base string) (dispatched, offered uint64, fallbac
 	return a.Dispatched, a.Affinity, a.Fallbacks
 }
 
+// treeBlocks is the regular pool's (block, agent) entries in a broker's
+// affinity tree, as its fleet view shows them.
+func treeBlocks(t *testing.T, base string) int {
+	t.Helper()
+	a, ok, err := poolAffinity(base, subjects.PoolRegular)
+	if err != nil || !ok {
+		t.Fatalf("fleet: %v (models listed: %v)", err, ok)
+	}
+	return a.Blocks
+}
+
 // TestAffinityDirectedJobOutlivesItsAgent: the agent caching a prompt is
 // killed (a separate process, so nothing says goodbye; its slow heartbeat
 // keeps it ready in the broker's eyes for seconds) or drains; the next
@@ -277,10 +288,20 @@ func TestAffinityTwoBrokersShareTheCache(t *testing.T) {
 	waitEligible(t, b2.HTTP, "a0", "a1", "a2")
 	for c := range 6 {
 		sys := longSystem(fmt.Sprintf("conversation-%d", c))
+		known := treeBlocks(t, b2.HTTP)
 		first := servedBy(t, b1.HTTP, chatTurn(sys, "first question"), engines...)
 		_, hitsBefore, _ := engines[first].PrefixCache()
-		// The first broker's accept reached the second through NATS while
-		// the first turn ran.
+		// The first broker's accept reaches the second through NATS, as a
+		// learn message, usually while the first turn still runs. On a
+		// loaded machine it was seen to come after the next turn was
+		// dispatched (a no_match): wait for it in the second broker's
+		// tree, a state; how soon it comes is not what this test is about.
+		testwait.For(t, 10*time.Second, 10*time.Millisecond, func() error {
+			if n := treeBlocks(t, b2.HTTP); n <= known {
+				return fmt.Errorf("broker 2's tree holds %d blocks, as before the first turn", n)
+			}
+			return nil
+		})
 		next := servedBy(t, b2.HTTP, chatTurn(sys, "first question", "an answer", "second question"), engines...)
 		if next != first {
 			d, o, fb := getAffinity(t, b2.HTTP)
