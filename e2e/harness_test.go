@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"regexp"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -165,14 +166,29 @@ func start(t testing.TB, run func(context.Context, []string, func(string) string
 	p := &proc{cancel: cancel, done: make(chan error, 1), out: &syncBuffer{}, errs: &syncBuffer{}}
 	go func() { p.done <- run(ctx, args, noEnv, p.out, p.errs) }()
 	t.Cleanup(func() {
-		if os.Getenv("DEBUGLOGS") != "" && t.Failed() {
-			t.Logf("stderr of %v:\n%s", args, p.errs.String())
+		// A failing test shows what its commands logged (warnings, or
+		// everything with DEBUGLOGS set): a failure seen once in CI is
+		// then read from CI's output, not only from a rerun.
+		if t.Failed() {
+			t.Logf("stderr of %v:\n%s", args, tail(p.errs.String(), 16<<10))
 		}
 		if err := p.Stop(t); err != nil {
 			t.Errorf("command %v returned %v; stderr:\n%s", args, err, p.errs.String())
 		}
 	})
 	return p
+}
+
+// tail is the last n bytes of s, from a line's start, marked as cut.
+func tail(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	s = s[len(s)-n:]
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		s = s[i+1:]
+	}
+	return "[…]\n" + s
 }
 
 type brokerProc struct {

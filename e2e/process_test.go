@@ -126,7 +126,12 @@ func startChildEnv(t testing.TB, bin string, env []string, args ...string) *chil
 		t.Fatal(err)
 	}
 	go func() { c.err = c.cmd.Wait(); close(c.done) }()
-	t.Cleanup(func() { c.kill() })
+	t.Cleanup(func() {
+		c.kill()
+		if t.Failed() { // as start does for commands run in-process
+			t.Logf("output of %s %v:\n%s", bin, args, tail(c.out.String(), 16<<10))
+		}
+	})
 	return c
 }
 
