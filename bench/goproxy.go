@@ -20,14 +20,16 @@ import (
 	"github.com/switchyard-ai/switchyard/internal/procs"
 )
 
-// The Go proxy is the floor of a front end written as the broker's is: Go's
+// The Go proxy is the reference for a front end written in Go: Go's
 // net/http server in front, an http.Transport behind, round robin over the
 // engines, each chunk flushed as it comes (httputil.ReverseProxy with
 // FlushInterval -1), and the runtime tuned as cmd/broker tunes it (the
 // collector's target, the sysmon setting, the adaptive GOMAXPROCS). It has
 // no NATS, no validation and no JSON: whatever Switchyard's broker costs
 // beyond it is Switchyard's; what it costs beyond nginx is Go's net/http
-// and runtime on this machine, which the broker cannot go below.
+// and runtime on this machine. It is a bound, not a floor: the broker
+// serves HTTP/1.1 with its own loop (internal/h1), not net/http's, and
+// can cost less than it.
 
 // goproxyArg is the re-executed form of this program that serves the Go
 // proxy: "__goproxy HOST:PORT[,HOST:PORT...]".
