@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -302,11 +303,23 @@ func TestAffinityMoveRacePD(t *testing.T) {
 	// in the engine before that cancel on a loaded machine (seen once
 	// under -race): the engine then counts it, the agent counts it
 	// cancelled.
-	ok := scrapeCount(t, decMetrics, `switchyard_agent_jobs_total{outcome="ok"}`)
-	cancelled := 0
-	if v := scrapeValue(decMetrics+"/metrics", `switchyard_agent_jobs_total{outcome="cancelled"}`); v != "" {
-		cancelled = scrapeCount(t, decMetrics, `switchyard_agent_jobs_total{outcome="cancelled"}`)
+	// The agent counts a job once its engine call has returned, a moment
+	// after the engine's count: wait until it has counted as many legs
+	// as the engine started, ended ok or cancelled (a leg that ended
+	// otherwise leaves the wait to fail).
+	jobs := func(outcome string) int { // 0 until the agent has ended one so
+		v := scrapeValue(decMetrics+"/metrics", `switchyard_agent_jobs_total{outcome="`+outcome+`"}`)
+		n, _ := strconv.ParseFloat(v, 64)
+		return int(n)
 	}
+	var ok, cancelled int
+	testwait.For(t, 10*time.Second, 10*time.Millisecond, func() error {
+		ok, cancelled = jobs("ok"), jobs("cancelled")
+		if started := int(dec.served.Load()); ok+cancelled < started {
+			return fmt.Errorf("decode agent counted %d legs ok and %d cancelled of %d started", ok, cancelled, started)
+		}
+		return nil
+	})
 	if f := int(dec.finished.Load()); ok != n || f < n || f > n+cancelled {
 		t.Fatalf("decode agent ended %d legs ok and %d cancelled, its engine answered %d to their end (%d started), for %d requests",
 			ok, cancelled, f, dec.served.Load(), n)
