@@ -31,6 +31,8 @@ type Broker struct {
 	nc   *nats.Conn
 	js   jetstream.JetStream
 	subj subjects.Builder
+	// connWhy says why NATS is not connected (WithConnStatus); may be nil.
+	connWhy func() error
 
 	table   dispatch.Table
 	started atomic.Int64 // unix nanos when Run subscribed; 0 before
@@ -408,14 +410,29 @@ func (b *Broker) repairStream(ctx context.Context, reconnected bool) error {
 // graceful shutdown, so load balancers stop sending before streams end.
 func (b *Broker) StopAccepting() { b.closing.Store(true) }
 
+// ConnErr returns nil while the broker is connected to NATS, else an error
+// that is ErrNotConnected and says why, when the broker was told
+// (WithConnStatus).
+func (b *Broker) ConnErr() error {
+	if b.nc.IsConnected() {
+		return nil
+	}
+	if b.connWhy != nil {
+		if why := b.connWhy(); why != nil {
+			return fmt.Errorf("%w: %w", ErrNotConnected, why)
+		}
+	}
+	return ErrNotConnected
+}
+
 // Ready reports whether the broker can take requests: connected to NATS and
 // listening long enough to have heard every agent's heartbeat once.
 func (b *Broker) Ready() error {
 	if b.closing.Load() {
 		return ErrClosed
 	}
-	if !b.nc.IsConnected() {
-		return ErrNotConnected
+	if err := b.ConnErr(); err != nil {
+		return err
 	}
 	st := b.started.Load()
 	if st == 0 {

@@ -191,6 +191,11 @@ func (c Config) Validate() error {
 // Option sets a rarely needed knob.
 type Option func(*Broker)
 
+// WithConnStatus gives the broker a way to say why NATS is not connected
+// (the server's or the TLS stack's words), for Ready and the fleet view;
+// without it, a down connection is just ErrNotConnected.
+func WithConnStatus(why func() error) Option { return func(b *Broker) { b.connWhy = why } }
+
 // WithLogger sets the logger (default: slog.Default()).
 func WithLogger(l *slog.Logger) Option { return func(b *Broker) { b.log = l } }
 

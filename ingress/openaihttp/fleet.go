@@ -79,9 +79,13 @@ type fleetRecent struct {
 }
 
 type fleetView struct {
-	At     time.Time    `json:"at"`
-	Models []fleetModel `json:"models"`
-	Agents []fleetAgent `json:"agents"`
+	At time.Time `json:"at"`
+	// NotReady is "" while this broker takes requests, else why not: NATS
+	// unreachable in the server's own words, shutting down, or the capacity
+	// table still filling.
+	NotReady string       `json:"not_ready,omitempty"`
+	Models   []fleetModel `json:"models"`
+	Agents   []fleetAgent `json:"agents"`
 }
 
 func poolView(ps broker.PoolStats) fleetPool {
@@ -100,6 +104,9 @@ func (s *Server) fleet(w http.ResponseWriter, r *http.Request) {
 		engines[[2]string{hb.GetModel(), hb.GetAgentId()}] = [3]string{hb.GetEngine(), hb.GetTransport(), hb.GetStateReason()}
 	}
 	view := fleetView{At: time.Now().UTC(), Models: []fleetModel{}, Agents: []fleetAgent{}}
+	if err := s.backend.Ready(); err != nil {
+		view.NotReady = err.Error()
+	}
 	depth := s.backend.QueueDepth()
 	for _, name := range f.AllModels() {
 		m, _ := f.Model(name)

@@ -206,10 +206,12 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err != nil {
 		return err
 	}
-	nc, err := nats.Connect(o.natsURL, append(cli.NATSOptions(log, "switchyard-agent-"+o.id), natsOpts...)...)
+	link := cli.NewNATSLink(log, "switchyard-agent-"+o.id)
+	nc, err := nats.Connect(o.natsURL, append(link.Options(), natsOpts...)...)
 	if err != nil {
 		return fmt.Errorf("connect NATS %s: %w", o.natsURL, err)
 	}
+	go link.Watch(ctx, nc, o.natsURL, natsOpts)
 	defer nc.Close()
 	aopts := []agent.Option{agent.WithLogger(log)}
 	if o.kvEvents != "" && o.kvHash == agent.KVHashVLLM {
@@ -230,7 +232,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return err
 	}
 	if o.metrics != "" {
-		stopMetrics, err := serveMetrics(o.metrics, a, log)
+		stopMetrics, err := serveMetrics(o.metrics, a, func() error { return link.Err(nc) }, log)
 		if err != nil {
 			return err
 		}
@@ -391,7 +393,7 @@ func grpcEngine(o *options) (agent.Engine, string, error) {
 }
 
 // serveMetrics serves the agent's /metrics until the returned func is called.
-func serveMetrics(addr string, a *agent.Agent, log *slog.Logger) (func(), error) {
+func serveMetrics(addr string, a *agent.Agent, natsErr func() error, log *slog.Logger) (func(), error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if err := a.Metrics().Register(reg); err != nil {
@@ -403,6 +405,29 @@ func serveMetrics(addr string, a *agent.Agent, log *slog.Logger) (func(), error)
 	}
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	// Liveness: the process answers. Readiness: it pulls jobs, which needs
+	// NATS and a healthy engine; the body says why not.
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain")
+		_, _ = io.WriteString(w, "ok\n")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain")
+		if err := natsErr(); err != nil {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = fmt.Fprintf(w, "not ready: NATS: %v\n", err)
+			return
+		}
+		if st := a.State(); st != wire.StateReady {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			if why := a.StateReason(); why != "" {
+				st += ": " + why
+			}
+			_, _ = fmt.Fprintf(w, "not ready: %s\n", st)
+			return
+		}
+		_, _ = io.WriteString(w, "ready\n")
+	})
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {

@@ -290,17 +290,15 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		natsURL = ns.ClientURL()
 		natsOpts = append(natsOpts, nats.InProcessServer(ns))
 	}
-	connect := func(name string, extra ...nats.Option) (*nats.Conn, error) {
-		opts := append(append(cli.NATSOptions(log, name), natsOpts...), extra...)
-		return nats.Connect(natsURL, opts...)
-	}
 	// The broker's connection is its own: it needs none of what it
 	// publishes back (its learn messages, which every peer reads), which
 	// would cost a delivery through its reply path per request.
-	nc, err := connect("switchyard-broker", nats.NoEcho())
+	link := cli.NewNATSLink(log, "switchyard-broker")
+	nc, err := nats.Connect(natsURL, append(append(link.Options(), natsOpts...), nats.NoEcho())...)
 	if err != nil {
 		return fmt.Errorf("connect NATS %s: %w", natsURL, err)
 	}
+	go link.Watch(ctx, nc, natsURL, natsOpts)
 	defer nc.Close()
 
 	reg := prometheus.NewRegistry()
@@ -331,7 +329,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			Guard: affinity.Guard{MinBlocks: o.affMinBlocks, BalanceAbs: o.affBalAbs, BalanceRel: o.affBalRel},
 		},
 		LearnListeners: accountInterest(ns, nc),
-	}, broker.WithLogger(log), broker.WithMetrics(metrics))
+	}, broker.WithLogger(log), broker.WithMetrics(metrics), broker.WithConnStatus(func() error { return link.Err(nc) }))
 	if err != nil {
 		return err
 	}
