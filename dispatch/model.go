@@ -248,9 +248,13 @@ func NewModel(name string, agents []Agent, now time.Time, cfg Config) *Model {
 	m.pair()
 
 	var regUncounted int
-	pairUncounted := make([][2]int, len(m.pairs)) // prefill, decode
 	var regTiming timingSum
-	pairTiming := make([][2]timingSum, len(m.pairs)) // prefill, decode
+	// Per pairing, prefill then decode: what agents that do not count hold
+	// (leg.uncounted) and the eligible agents' timing.
+	perPair := make([]struct {
+		uncounted [2]int
+		timing    [2]timingSum
+	}, len(m.pairs))
 	for i := range m.agents {
 		v := &m.agents[i]
 		if v.Pool >= numPools {
@@ -264,9 +268,9 @@ func NewModel(name string, agents []Agent, now time.Time, cfg Config) *Model {
 		} else {
 			j := m.pairIndex(v.Pair)
 			side := &m.pairs[j].Prefill
-			unc, ts = &pairUncounted[j][0], &pairTiming[j][0]
+			unc, ts = &perPair[j].uncounted[0], &perPair[j].timing[0]
 			if v.Pool == PoolDecode {
-				side, unc, ts = &m.pairs[j].Decode, &pairUncounted[j][1], &pairTiming[j][1]
+				side, unc, ts = &m.pairs[j].Decode, &perPair[j].uncounted[1], &perPair[j].timing[1]
 			}
 			add(side, v)
 			ps = &m.pools[v.Pool]
@@ -288,6 +292,7 @@ func NewModel(name string, agents []Agent, now time.Time, cfg Config) *Model {
 		}
 	}
 
+	m.cands = make([]candidate, 0, 1+len(m.pairs))
 	if reg.Eligible > 0 {
 		m.cands = append(m.cands, candidate{
 			route: RouteRegular,
@@ -305,8 +310,8 @@ func NewModel(name string, agents []Agent, now time.Time, cfg Config) *Model {
 			route: RoutePD,
 			pair:  ps.Key,
 			legs: [2]leg{
-				{pool: PoolDecode, eff: ps.Decode.EffectiveSlots, active: ps.Decode.Active, uncounted: pairUncounted[i][1], fig: pairTiming[i][1].figures()},
-				{pool: PoolPrefill, eff: ps.Prefill.EffectiveSlots, active: ps.Prefill.Active, uncounted: pairUncounted[i][0], fig: pairTiming[i][0].figures()},
+				{pool: PoolDecode, eff: ps.Decode.EffectiveSlots, active: ps.Decode.Active, uncounted: perPair[i].uncounted[1], fig: perPair[i].timing[1].figures()},
+				{pool: PoolPrefill, eff: ps.Prefill.EffectiveSlots, active: ps.Prefill.Active, uncounted: perPair[i].uncounted[0], fig: perPair[i].timing[0].figures()},
 			},
 			nlegs: 2,
 		})
@@ -662,13 +667,16 @@ func (m *Model) At() time.Time { return m.at }
 
 // Weights returns the route weights from heartbeats alone (Decide with a
 // nil InFlight): regular, and PD summed over the eligible pairings. A
-// decision goes to PD with probability pd/(regular+pd).
+// decision goes to PD with probability pd/(regular+pd). In ModeSLO and
+// ModeThreshold they are the capacity weights of their frame: what a
+// request without targets (or prompt length) is drawn by.
 func (m *Model) Weights() (regular, pd float64) { return m.wRegular, m.wPD }
 
 // LiveWeights returns the weights Decide uses with seen: regular, the
 // pairings (as Pairs, with Weight the live weight) and whether the
-// capacity mode's fall-back to effective slots is in use. It allocates; it
-// is for views and metrics, not the request path.
+// capacity mode's fall-back to effective slots is in use (in ModeSLO and
+// ModeThreshold, the capacity weights of their frame, as Weights). It
+// allocates; it is for views and metrics, not the request path.
 func (m *Model) LiveWeights(seen InFlight) (regular float64, pairs []PairStats, saturated bool) {
 	pairs = m.Pairs()
 	if seen == nil || !m.mode.capacityFree() {

@@ -236,6 +236,37 @@ func near(a, b dispatch.Prediction) bool {
 		math.Abs(a.Headroom-b.Headroom) < 1e-6
 }
 
+// The prefill chunk bounds how much of a prompt one step of the running
+// decodes carries; unchunked, the whole prefill lands in one step.
+func TestSLOPrefillChunk(t *testing.T) {
+	R := dispatch.PoolRegular
+	need := dispatch.Need{PromptTokens: 8000, Targets: sloTargets}
+	tests := []struct {
+		name  string
+		chunk int
+		want  time.Duration // predicted ITL: 15ms + chunk / 40k tokens/s
+	}{
+		{name: "default chunk", chunk: dispatch.DefaultPrefillChunk, want: 66_200 * time.Microsecond},
+		{name: "small chunk", chunk: 512, want: 27_800 * time.Microsecond},
+		{name: "unchunked", chunk: 0, want: 215 * time.Millisecond},
+		{name: "chunk beyond the prompt", chunk: 16384, want: 215 * time.Millisecond},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := sloConfig()
+			c.PrefillChunk = tt.chunk
+			m := dispatch.NewModel("m", []dispatch.Agent{timed(ready("r1", R, 8, 1), regularTiming)}, t0, c)
+			d, err := m.Decide(need, nil, 0)
+			if err != nil || !d.Predicted {
+				t.Fatalf("Decide() = %+v, %v; want a prediction", d, err)
+			}
+			if (d.Prediction.ITL - tt.want).Abs() > time.Microsecond {
+				t.Errorf("predicted ITL = %v, want %v", d.Prediction.ITL, tt.want)
+			}
+		})
+	}
+}
+
 // Without targets, prompt length or history, slo decides exactly as
 // capacity does, for every random number and whatever the broker saw.
 func TestSLOFallsBackToCapacity(t *testing.T) {

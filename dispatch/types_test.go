@@ -169,4 +169,11 @@ func TestNewModelClampsConfig(t *testing.T) {
 	if r, pd := m.Weights(); r != 48 || pd != 16 {
 		t.Errorf("Weights() = %v, %v; want 48, 16", r, pd)
 	}
+
+	// A negative PD threshold counts as 0: any uncached token goes PD.
+	bad = dispatch.Config{Mode: dispatch.ModeThreshold, PDThreshold: -100, PrefillChunk: -1, TimingMaxAge: -time.Second}
+	m = dispatch.NewModel("m", pools(1, 1, 1, 8), t0, bad)
+	if d, err := m.Decide(dispatch.Need{PromptTokens: 1}, nil, math.MaxUint64); err != nil || d.Route != dispatch.RoutePD {
+		t.Errorf("negative threshold: Decide() = %+v, %v; want PD", d, err)
+	}
 }
