@@ -98,3 +98,49 @@ func BenchmarkNewModel(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkDecideSLO is the slo decision as the broker makes it: learned
+// timing on every agent, a prompt with a cached prefix, targets and what
+// the broker dispatched since the heartbeats. threshold is the reference
+// decider on the same fleet.
+func BenchmarkDecideSLO(b *testing.B) {
+	seen := inflight{
+		{dispatch.PoolRegular, ""}:       {pending: 2, active: 30},
+		{dispatch.PoolDecode, "vllm"}:    {pending: 1, active: 12},
+		{dispatch.PoolPrefill, "sglang"}: {pending: 3},
+	}
+	need := dispatch.Need{
+		PromptTokens: 6000,
+		Cache:        cache{{dispatch.PoolRegular, ""}: 1024, {dispatch.PoolPrefill, "vllm"}: 4096},
+		Targets:      sloTargets,
+	}
+	for _, mode := range []dispatch.Mode{dispatch.ModeSLO, dispatch.ModeThreshold} {
+		for _, n := range benchSizes {
+			b.Run(fmt.Sprintf("mode=%v/agents=%d", mode, n), func(b *testing.B) {
+				as := benchAgents(n)
+				for i := range as {
+					switch as[i].Pool {
+					case dispatch.PoolRegular:
+						as[i] = timed(as[i], regularTiming)
+					case dispatch.PoolPrefill:
+						as[i] = timed(as[i], prefillTiming)
+					case dispatch.PoolDecode:
+						as[i] = timed(as[i], decodeTiming)
+					}
+				}
+				m := dispatch.NewModel("m", as, t0, cfg(mode))
+				if d, _ := m.Decide(need, seen, 0); d.Predicted != (mode == dispatch.ModeSLO) {
+					b.Fatalf("Decide().Predicted = %v in mode %v", d.Predicted, mode)
+				}
+				var r uint64
+				b.ReportAllocs()
+				for b.Loop() {
+					r += 0x9e3779b97f4a7c15
+					if _, err := m.Decide(need, seen, r); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+	}
+}

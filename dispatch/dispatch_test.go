@@ -963,6 +963,10 @@ func TestDecideAllocs(t *testing.T) {
 	two := dispatch.NewModel("m", twoPairings(), t0, dispatch.DefaultConfig())
 	busy := inflight{{R, ""}: {pending: 3, active: 20}, {D, "vllm"}: {active: 2}}
 	full := inflight{{R, ""}: {pending: 48}, {D, "vllm"}: {pending: 16}}
+	slo := dispatch.NewModel("m", sloFleet(), t0, sloConfig())
+	threshold := dispatch.NewModel("m", pools(6, 2, 2, 8), t0, cfg(dispatch.ModeThreshold))
+	long := dispatch.Need{PromptTokens: 8000, Targets: sloTargets, Cache: cache{{R, ""}: 100}}
+	short := dispatch.Need{PromptTokens: 100, Targets: sloTargets}
 	tests := []struct {
 		name  string
 		m     *dispatch.Model
@@ -984,6 +988,12 @@ func TestDecideAllocs(t *testing.T) {
 		{name: "ErrUnsupported without reason", m: pdOnly, need: dispatch.Need{NoPD: true}},
 		// The reason is the caller's string: carrying it costs one struct.
 		{name: "ErrUnsupported with reason", m: pdOnly, need: dispatch.Need{NoPD: true, Reason: "n > 1"}, limit: 1},
+		{name: "slo pd", m: slo, need: long},
+		{name: "slo regular, seen", m: slo, need: short, seen: busy},
+		{name: "slo all full", m: slo, need: long, seen: full},
+		{name: "slo without targets", m: slo, need: dispatch.Need{PromptTokens: 100}},
+		{name: "threshold pd, seen", m: threshold, need: long, seen: busy},
+		{name: "threshold all full", m: threshold, need: short, seen: full},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

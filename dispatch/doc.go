@@ -49,6 +49,8 @@
 //	paired              regular = |R|       pairing g = 2·min(|P_g|, |D_g|)
 //	count               regular = |R|       pairing g = |P_g| + |D_g|
 //
+// slo and threshold keep capacity's weights as their frame (see below).
+//
 // capacity is in one unit, concurrent requests: a PD request holds a decode
 // slot for its whole life, and the pipeline cannot hold more than its
 // prefill pool feeds. free(pool) = max(0, effective slots − max(active by
@@ -61,6 +63,48 @@
 //
 // Decide picks one of [regular, pairing 1, pairing 2, ...] with probability
 // weight/(sum of weights), with one random number.
+//
+// # Latency targets: slo
+//
+// ModeSLO decides per request, by what decides its latency: how long its
+// prompt is (Need.PromptTokens), how much of it each route already caches
+// (Need.Cache), how long each queue is and how fast each pool works
+// (Agent.Timing, learned by the broker from the chunks it relays), and
+// that a long prefill on a regular engine stalls every decode running
+// beside it. With P the prompt tokens not cached on a route and a pool's
+// figures averaged over its eligible agents by effective slots:
+//
+//	regular  TTFT = QueueWait + P / PrefillRate
+//	         ITL  = ITL + min(P, PrefillChunk) / PrefillRate   (if the pool holds requests)
+//	PD       TTFT = prefill QueueWait + P / prefill PrefillRate + decode TTFT
+//	         ITL  = decode ITL
+//
+// An engine's batch step costs about base + perSeq × running + perToken ×
+// prefill tokens in the step, and its prefill is chunked at PrefillChunk
+// tokens a step: the learned ITL is the step as it is, 1/PrefillRate is
+// perToken, so the request's prefill lengthens each step of the decodes
+// beside it by one chunk's prefill time. A decode agent's TTFT is the PD
+// hop: its queue, the KV transfer and the first step.
+//
+// A route's headroom is the smallest (target − predicted) / target over
+// the request's targets (Need.Targets). Among the routes with free
+// capacity, Decide takes the one with the most headroom: the one that meets
+// the targets by the widest margin, or, when none meets them, the one that
+// misses least; equal headroom is drawn by capacity weight. Capacity stays
+// the frame: a route with no free slots (InFlight included) is never
+// chosen, slow start and warming hold as in capacity mode, and when every
+// route is full the capacity fall-back decides. Without targets, without a
+// prompt length, or when some eligible route has no fresh history (no
+// samples, no prefill rate where it prefills, or figures older than
+// Config.TimingMaxAge), Decide weighs exactly as ModeCapacity, which also
+// lets a route the predictions avoided earn fresh figures.
+//
+// ModeThreshold is the reference decider of llm-d: PD when the prompt
+// tokens not cached on the regular pool exceed Config.PDThreshold, else
+// regular, each pairing of PD by capacity weight. When the chosen route has
+// no free capacity the other one takes the request if it has some; when
+// neither has, the chosen one does (or the other, if the chosen one has no
+// eligible agent). Without a prompt length it weighs as ModeCapacity.
 //
 // # Requests PD cannot serve
 //

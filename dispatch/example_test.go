@@ -92,3 +92,68 @@ func ExampleModel_Decide() {
 	// n > 1: regular
 	// true dispatch: request not supported by the available route: model "llama" has no eligible regular agent and PD cannot serve this request: n > 1
 }
+
+// prefixes is what a broker's prefix-affinity tree says of one request:
+// the longest cached prefix on the regular pool and on each pairing's
+// prefill pool.
+type prefixes struct{ regular, prefill int }
+
+func (p *prefixes) Cached(pool dispatch.Pool, pair string) int {
+	if pool == dispatch.PoolRegular {
+		return p.regular
+	}
+	return p.prefill
+}
+
+func ExampleModel_Decide_slo() {
+	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	agent := func(id string, pool dispatch.Pool, active int, t dispatch.Timing) dispatch.Agent {
+		a := dispatch.Agent{
+			ID: id, Pool: pool, State: dispatch.StateReady,
+			Slots: 8, Active: active,
+			ReadySince: now.Add(-time.Hour), LastSeen: now, Interval: time.Second,
+		}
+		if pool != dispatch.PoolRegular {
+			a.PDProtocol = "vllm"
+		}
+		t.Samples, t.Updated = 100, now
+		a.Timing = t
+		return a
+	}
+	ms := time.Millisecond
+	cfg := dispatch.DefaultConfig()
+	cfg.Mode = dispatch.ModeSLO // prefill chunks of 2048 tokens
+	m := dispatch.NewModel("llama", []dispatch.Agent{
+		// A regular engine with 4 streams running: 15ms steps, 40k prompt
+		// tokens/s of prefill between them.
+		agent("r1", dispatch.PoolRegular, 4, dispatch.Timing{ITL: 15 * ms, PrefillRate: 40_000}),
+		// A prefill engine with a short queue, and a decode engine whose
+		// first token comes 120ms after the hand-off.
+		agent("p1", dispatch.PoolPrefill, 0, dispatch.Timing{QueueWait: 30 * ms, PrefillRate: 100_000}),
+		agent("d1", dispatch.PoolDecode, 2, dispatch.Timing{TTFT: 120 * ms, ITL: 15 * ms}),
+	}, now, cfg)
+
+	targets := dispatch.Targets{TTFT: 250 * ms, ITL: 50 * ms}
+	for _, req := range []struct {
+		name   string
+		prompt int
+		cached prefixes
+	}{
+		{"long prompt", 8000, prefixes{}},
+		{"short prompt", 256, prefixes{}},
+		{"long prompt, cached on regular", 8000, prefixes{regular: 7900}},
+	} {
+		d, _ := m.Decide(dispatch.Need{PromptTokens: req.prompt, Cache: &req.cached, Targets: targets}, nil, 0)
+		fmt.Printf("%s: %v, predicted TTFT %v, ITL %v, headroom %.2f\n",
+			req.name, d.Route, d.Prediction.TTFT.Round(100*time.Microsecond), d.Prediction.ITL.Round(100*time.Microsecond), d.Prediction.Headroom)
+	}
+
+	// Without targets the decision is capacity's weighted draw.
+	d, _ := m.Decide(dispatch.Need{PromptTokens: 8000}, nil, 0)
+	fmt.Println("no targets:", d.Route, d.Predicted)
+	// Output:
+	// long prompt: pd, predicted TTFT 230ms, ITL 15ms, headroom 0.08
+	// short prompt: regular, predicted TTFT 6.4ms, ITL 21.4ms, headroom 0.57
+	// long prompt, cached on regular: regular, predicted TTFT 2.5ms, ITL 17.5ms, headroom 0.65
+	// no targets: pd false
+}

@@ -35,6 +35,10 @@ type Agent struct {
 	// StateReason says why the agent does not serve, from its heartbeat
 	// ("engine not healthy yet: ..."); shown in the view of a warming agent.
 	StateReason string
+	// Timing is what the broker learned of the agent's latency from the
+	// chunks it relayed; ModeSLO predicts from it. The zero value is no
+	// history.
+	Timing Timing
 }
 
 // AgentView is an agent as a snapshot counts it, for the fleet view.
@@ -99,6 +103,16 @@ type Need struct {
 	NoPD bool
 	// Reason says why, for the error (e.g. "n > 1 is not supported by PD").
 	Reason string
+
+	// PromptTokens is the request's prompt length in tokens; 0 means
+	// unknown, and ModeSLO and ModeThreshold then weigh by capacity.
+	PromptTokens int
+	// Cache says how much of the prompt each route already holds; nil
+	// means nothing is cached anywhere.
+	Cache PrefixCache
+	// Targets are the request's latency targets for ModeSLO; zero means
+	// none.
+	Targets Targets
 }
 
 // InFlight is what the broker knows that heartbeats do not show yet: the
@@ -118,6 +132,11 @@ type InFlight interface {
 type Decision struct {
 	Route Route
 	Pair  string
+	// Predicted is set when ModeSLO chose the route by prediction, and
+	// Prediction is then what it predicted for it; otherwise the decision
+	// was by weight (or by threshold) and Prediction is zero.
+	Predicted  bool
+	Prediction Prediction
 }
 
 // Model is an immutable snapshot of one model's agents with the routing
@@ -138,6 +157,12 @@ type Model struct {
 	// cands are the eligible routes Decide weighs: regular first (when
 	// eligible), then the eligible pairings in Key order.
 	cands []candidate
+	// timed is set when every candidate has the learned timing ModeSLO
+	// predicts from.
+	timed bool
+	// threshold is ModeThreshold's bound, chunk the prefill budget per
+	// step (Config.PDThreshold, Config.PrefillChunk).
+	threshold, chunk int
 
 	errNoCapacity  error
 	errUnsupported error
@@ -157,7 +182,8 @@ type candidate struct {
 	nlegs    int
 }
 
-// leg is one pool of a route, for the capacity weight.
+// leg is one pool of a route, for the capacity weight and, in ModeSLO,
+// the prediction.
 type leg struct {
 	pool Pool
 	eff  float64
@@ -166,10 +192,14 @@ type leg struct {
 	// that the broker's count of held jobs, which includes theirs, is not
 	// charged to the eligible agents.
 	active, uncounted int
+	// fig is the pool's learned timing, over its eligible agents.
+	fig figures
 }
 
-// free is max(0, eff - max(heartbeat active, seen active) - seen pending).
-func (l *leg) free(seen InFlight, pair string) float64 {
+// load returns max(0, eff - max(heartbeat active, seen active) - seen
+// pending), the leg's free slots, and the requests it holds or is about to
+// (the larger active count plus pending).
+func (l *leg) load(seen InFlight, pair string) (free float64, busy int) {
 	act := l.active
 	var pending int
 	if seen != nil {
@@ -177,18 +207,21 @@ func (l *leg) free(seen InFlight, pair string) float64 {
 		pending, held = seen.Outstanding(l.pool, pair)
 		act = max(act, held-l.uncounted)
 	}
-	return max(l.eff-float64(act)-float64(max(pending, 0)), 0)
+	pending = max(pending, 0)
+	return max(l.eff-float64(act)-float64(pending), 0), act + pending
 }
 
 // weight is the capacity weight of c under seen: a route is as wide as its
 // narrowest leg (for PD the decode slots a request holds for its life,
-// bounded by what prefill can feed).
-func (c *candidate) weight(seen InFlight) float64 {
-	w := c.legs[0].free(seen, c.pair)
+// bounded by what prefill can feed). busy is what its first leg holds or
+// is about to (see leg.load).
+func (c *candidate) weight(seen InFlight) (w float64, busy int) {
+	w, busy = c.legs[0].load(seen, c.pair)
 	for i := 1; i < c.nlegs; i++ {
-		w = min(w, c.legs[i].free(seen, c.pair))
+		f, _ := c.legs[i].load(seen, c.pair)
+		w = min(w, f)
 	}
-	return w
+	return w, busy
 }
 
 // NewModel builds the snapshot of model name from its agents at time now.
@@ -199,10 +232,12 @@ func (c *candidate) weight(seen InFlight) float64 {
 func NewModel(name string, agents []Agent, now time.Time, cfg Config) *Model {
 	cfg = cfg.normalized()
 	m := &Model{
-		name:   name,
-		mode:   cfg.Mode,
-		at:     now,
-		agents: make([]AgentView, len(agents)),
+		name:      name,
+		mode:      cfg.Mode,
+		at:        now,
+		agents:    make([]AgentView, len(agents)),
+		threshold: cfg.PDThreshold,
+		chunk:     cfg.PrefillChunk,
 	}
 	for p := range m.pools {
 		m.pools[p].Pool = Pool(p)
@@ -213,7 +248,13 @@ func NewModel(name string, agents []Agent, now time.Time, cfg Config) *Model {
 	m.pair()
 
 	var regUncounted int
-	pairUncounted := make([][2]int, len(m.pairs)) // prefill, decode
+	var regTiming timingSum
+	// Per pairing, prefill then decode: what agents that do not count hold
+	// (leg.uncounted) and the eligible agents' timing.
+	perPair := make([]struct {
+		uncounted [2]int
+		timing    [2]timingSum
+	}, len(m.pairs))
 	for i := range m.agents {
 		v := &m.agents[i]
 		if v.Pool >= numPools {
@@ -221,14 +262,15 @@ func NewModel(name string, agents []Agent, now time.Time, cfg Config) *Model {
 		}
 		var ps *PoolStats
 		var unc *int
+		var ts *timingSum
 		if v.Pool == PoolRegular {
-			ps, unc = &m.pools[PoolRegular], &regUncounted
+			ps, unc, ts = &m.pools[PoolRegular], &regUncounted, &regTiming
 		} else {
 			j := m.pairIndex(v.Pair)
 			side := &m.pairs[j].Prefill
-			unc = &pairUncounted[j][0]
+			unc, ts = &perPair[j].uncounted[0], &perPair[j].timing[0]
 			if v.Pool == PoolDecode {
-				side, unc = &m.pairs[j].Decode, &pairUncounted[j][1]
+				side, unc, ts = &m.pairs[j].Decode, &perPair[j].uncounted[1], &perPair[j].timing[1]
 			}
 			add(side, v)
 			ps = &m.pools[v.Pool]
@@ -236,6 +278,8 @@ func NewModel(name string, agents []Agent, now time.Time, cfg Config) *Model {
 		add(ps, v)
 		if !v.Eligible {
 			*unc += max(v.Active, 0)
+		} else {
+			ts.add(v, now, cfg.TimingMaxAge)
 		}
 	}
 	reg := &m.pools[PoolRegular]
@@ -248,10 +292,11 @@ func NewModel(name string, agents []Agent, now time.Time, cfg Config) *Model {
 		}
 	}
 
+	m.cands = make([]candidate, 0, 1+len(m.pairs))
 	if reg.Eligible > 0 {
 		m.cands = append(m.cands, candidate{
 			route: RouteRegular,
-			legs:  [2]leg{{pool: PoolRegular, eff: reg.EffectiveSlots, active: reg.Active, uncounted: regUncounted}},
+			legs:  [2]leg{{pool: PoolRegular, eff: reg.EffectiveSlots, active: reg.Active, uncounted: regUncounted, fig: regTiming.figures()}},
 			nlegs: 1,
 		})
 	}
@@ -265,8 +310,8 @@ func NewModel(name string, agents []Agent, now time.Time, cfg Config) *Model {
 			route: RoutePD,
 			pair:  ps.Key,
 			legs: [2]leg{
-				{pool: PoolDecode, eff: ps.Decode.EffectiveSlots, active: ps.Decode.Active, uncounted: pairUncounted[i][1]},
-				{pool: PoolPrefill, eff: ps.Prefill.EffectiveSlots, active: ps.Prefill.Active, uncounted: pairUncounted[i][0]},
+				{pool: PoolDecode, eff: ps.Decode.EffectiveSlots, active: ps.Decode.Active, uncounted: perPair[i].uncounted[1], fig: perPair[i].timing[1].figures()},
+				{pool: PoolPrefill, eff: ps.Prefill.EffectiveSlots, active: ps.Prefill.Active, uncounted: perPair[i].uncounted[0], fig: perPair[i].timing[0].figures()},
 			},
 			nlegs: 2,
 		})
@@ -294,8 +339,8 @@ func NewModel(name string, agents []Agent, now time.Time, cfg Config) *Model {
 				c.static = 2 * float64(min(p.Prefill.Eligible, p.Decode.Eligible))
 			}
 			c.fallback = c.static
-		default: // ModeCapacity
-			c.static = c.weight(nil)
+		default: // ModeCapacity, and the frame of ModeSLO and ModeThreshold
+			c.static, _ = c.weight(nil)
 			c.fallback = c.legs[0].eff
 			if c.nlegs == 2 {
 				c.fallback = min(c.fallback, c.legs[1].eff)
@@ -308,6 +353,10 @@ func NewModel(name string, agents []Agent, now time.Time, cfg Config) *Model {
 	// eligible agent are at least 1, so this happens only with something
 	// eligible.
 	m.saturated = sum == 0 && len(m.cands) > 0
+	m.timed = len(m.cands) > 0
+	for i := range m.cands {
+		m.timed = m.timed && m.cands[i].timed()
+	}
 	for i := range m.cands {
 		c := &m.cands[i]
 		w := c.static
@@ -486,11 +535,15 @@ const below1 = 1 - 0x1p-53
 
 // Decide picks the route of one request and, for PD, its pairing: one of
 // [regular, pairing 1, pairing 2, ...] with probability proportional to its
-// weight. r is a uniformly random uint64 from the caller (math/rand/v2's
-// Uint64 in production, a seeded source in tests); its top 53 bits are the
-// one random number of the draw. seen, if not nil, is asked once per pool
-// of each eligible route (capacity mode only) for the jobs dispatched and
-// held since the heartbeats; nil means the heartbeats are the whole truth.
+// weight, or in ModeSLO and ModeThreshold by the request's prompt and
+// targets within the routes that have free capacity (see the package doc).
+// r is a uniformly random uint64 from the caller (math/rand/v2's Uint64 in
+// production, a seeded source in tests); its top 53 bits are the one random
+// number of the draw. seen, if not nil, is asked at most once per pool of
+// each eligible route (in every mode but paired and count) for the jobs
+// dispatched and held since the heartbeats; nil means the heartbeats are
+// the whole truth. need.Cache, if not nil, is asked at most once per
+// eligible route (ModeSLO and ModeThreshold only).
 //
 // Decide is O(eligible routes), allocation-free and lock-free, except that
 // an ErrUnsupported carrying a non-empty Need.Reason costs one small
@@ -513,8 +566,31 @@ func (m *Model) Decide(need Need, seen InFlight, r uint64) (Decision, error) {
 		}
 		return Decision{}, &decideError{sentinel: ErrUnsupported, model: m.name, reason: need.Reason}
 	}
-	live := seen != nil && m.mode == ModeCapacity
 	u := float64(r>>11) * 0x1p-53
+	chosen := -1
+	var d Decision
+	switch m.mode {
+	case ModeSLO:
+		chosen, d.Prediction, d.Predicted = m.decideSLO(&need, seen, u)
+	case ModeThreshold:
+		chosen = m.decideThreshold(&need, seen, u)
+	}
+	if chosen < 0 {
+		chosen = m.decideWeighted(seen, u)
+	}
+	if chosen < 0 {
+		return Decision{}, m.errNoCapacity
+	}
+	c := &m.cands[chosen]
+	d.Route, d.Pair = c.route, c.pair
+	return d, nil
+}
+
+// decideWeighted is the weighted draw of ModeCapacity, ModePaired and
+// ModeCount, and the frame of the other modes: the index of the chosen
+// candidate, or -1 when there is none.
+func (m *Model) decideWeighted(seen InFlight, u float64) int {
+	live := seen != nil && m.mode.capacityFree()
 
 	// One pass, one random number: each route with weight w replaces the
 	// choice so far with probability w / (sum of weights up to it), and u
@@ -526,21 +602,24 @@ func (m *Model) Decide(need Need, seen InFlight, r uint64) (Decision, error) {
 		c := &m.cands[i]
 		w := c.static
 		if live {
-			w = c.weight(seen)
+			w, _ = c.weight(seen)
 		}
 		chosen, sum, u = step(i, w, chosen, sum, u)
 	}
 	if chosen < 0 {
-		// Every route is full: fill the queues in proportion to capacity.
-		for i := range m.cands {
-			chosen, sum, u = step(i, m.cands[i].fallback, chosen, sum, u)
-		}
+		chosen = m.drawFallback(u)
 	}
-	if chosen < 0 {
-		return Decision{}, m.errNoCapacity
+	return chosen
+}
+
+// drawFallback draws among all candidates by their fall-back weights:
+// every route is full, so the queues fill in proportion to capacity.
+func (m *Model) drawFallback(u float64) int {
+	chosen, sum := -1, 0.0
+	for i := range m.cands {
+		chosen, sum, u = step(i, m.cands[i].fallback, chosen, sum, u)
 	}
-	c := &m.cands[chosen]
-	return Decision{Route: c.route, Pair: c.pair}, nil
+	return chosen
 }
 
 // step is one draw of Decide's weighted choice.
@@ -588,22 +667,25 @@ func (m *Model) At() time.Time { return m.at }
 
 // Weights returns the route weights from heartbeats alone (Decide with a
 // nil InFlight): regular, and PD summed over the eligible pairings. A
-// decision goes to PD with probability pd/(regular+pd).
+// decision goes to PD with probability pd/(regular+pd). In ModeSLO and
+// ModeThreshold they are the capacity weights of their frame: what a
+// request without targets (or prompt length) is drawn by.
 func (m *Model) Weights() (regular, pd float64) { return m.wRegular, m.wPD }
 
 // LiveWeights returns the weights Decide uses with seen: regular, the
 // pairings (as Pairs, with Weight the live weight) and whether the
-// capacity mode's fall-back to effective slots is in use. It allocates; it
-// is for views and metrics, not the request path.
+// capacity mode's fall-back to effective slots is in use (in ModeSLO and
+// ModeThreshold, the capacity weights of their frame, as Weights). It
+// allocates; it is for views and metrics, not the request path.
 func (m *Model) LiveWeights(seen InFlight) (regular float64, pairs []PairStats, saturated bool) {
 	pairs = m.Pairs()
-	if seen == nil || m.mode != ModeCapacity {
+	if seen == nil || !m.mode.capacityFree() {
 		return m.wRegular, pairs, m.saturated
 	}
 	ws := make([]float64, len(m.cands))
 	var sum float64
 	for i := range m.cands {
-		ws[i] = m.cands[i].weight(seen)
+		ws[i], _ = m.cands[i].weight(seen)
 		sum += ws[i]
 	}
 	saturated = sum == 0 && len(m.cands) > 0

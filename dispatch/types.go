@@ -146,11 +146,22 @@ const (
 	// agents, each PD pairing by its prefill plus decode agents. For
 	// comparison only.
 	ModeCount
+	// ModeSLO chooses per request, among the routes with free capacity,
+	// the one predicted to meet the request's latency targets (Need.Targets)
+	// with the most headroom, from what the broker learned of each pool
+	// (Agent.Timing); without targets, prompt length or history it weighs
+	// as ModeCapacity. See the package doc.
+	ModeSLO
+	// ModeThreshold sends a request to PD when its prompt tokens not
+	// cached on the regular pool exceed Config.PDThreshold, else to
+	// regular (llm-d's PD decider), falling back to the other route when
+	// the chosen one has no free capacity. For comparison.
+	ModeThreshold
 
-	numModes = 3
+	numModes = 5
 )
 
-var modeNames = [numModes]string{"capacity", "paired", "count"}
+var modeNames = [numModes]string{"capacity", "paired", "count", "slo", "threshold"}
 
 func (m Mode) String() string {
 	if m < numModes {
@@ -159,14 +170,14 @@ func (m Mode) String() string {
 	return "Mode(" + strconv.Itoa(int(m)) + ")"
 }
 
-// ParseMode parses "capacity", "paired" or "count".
+// ParseMode parses "capacity", "paired", "count", "slo" or "threshold".
 func ParseMode(s string) (Mode, error) {
 	for i, n := range modeNames {
 		if s == n {
 			return Mode(i), nil
 		}
 	}
-	return 0, fmt.Errorf("%w: mode %q (want capacity, paired or count)", ErrInvalid, s)
+	return 0, fmt.Errorf("%w: mode %q (want capacity, paired, count, slo or threshold)", ErrInvalid, s)
 }
 
 // MarshalText implements encoding.TextMarshaler.
@@ -176,6 +187,11 @@ func (m Mode) MarshalText() ([]byte, error) {
 	}
 	return []byte(m.String()), nil
 }
+
+// capacityFree reports whether m weighs routes by free capacity, so that
+// Decide asks InFlight: capacity itself, and slo and threshold, which keep
+// it as their frame and their fall-back.
+func (m Mode) capacityFree() bool { return m != ModePaired && m != ModeCount }
 
 // UnmarshalText implements encoding.TextUnmarshaler with ParseMode.
 func (m *Mode) UnmarshalText(b []byte) error {

@@ -25,6 +25,8 @@ func TestParseRoundTrip(t *testing.T) {
 		{name: "mode capacity", text: "capacity", parse: parseString(dispatch.ParseMode)},
 		{name: "mode paired", text: "paired", parse: parseString(dispatch.ParseMode)},
 		{name: "mode count", text: "count", parse: parseString(dispatch.ParseMode)},
+		{name: "mode slo", text: "slo", parse: parseString(dispatch.ParseMode)},
+		{name: "mode threshold", text: "threshold", parse: parseString(dispatch.ParseMode)},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -134,7 +136,10 @@ func TestConfigValidate(t *testing.T) {
 		{name: "zero value", cfg: dispatch.Config{}, ok: true},
 		{name: "count, no slow start", cfg: dispatch.Config{Mode: dispatch.ModeCount, MissedHeartbeats: 5}, ok: true},
 		{name: "floor 1", cfg: dispatch.Config{SlowStart: time.Minute, SlowStartFloor: 1}, ok: true},
-		{name: "unknown mode", cfg: dispatch.Config{Mode: 3}},
+		{name: "unknown mode", cfg: dispatch.Config{Mode: 5}},
+		{name: "negative PD threshold", cfg: dispatch.Config{PDThreshold: -1}},
+		{name: "negative prefill chunk", cfg: dispatch.Config{PrefillChunk: -1}},
+		{name: "negative timing max age", cfg: dispatch.Config{TimingMaxAge: -time.Second}},
 		{name: "negative slow start", cfg: dispatch.Config{SlowStart: -time.Second}},
 		{name: "negative floor", cfg: dispatch.Config{SlowStartFloor: -0.1}},
 		{name: "floor above 1", cfg: dispatch.Config{SlowStartFloor: 1.5}},
@@ -163,5 +168,12 @@ func TestNewModelClampsConfig(t *testing.T) {
 	}
 	if r, pd := m.Weights(); r != 48 || pd != 16 {
 		t.Errorf("Weights() = %v, %v; want 48, 16", r, pd)
+	}
+
+	// A negative PD threshold counts as 0: any uncached token goes PD.
+	bad = dispatch.Config{Mode: dispatch.ModeThreshold, PDThreshold: -100, PrefillChunk: -1, TimingMaxAge: -time.Second}
+	m = dispatch.NewModel("m", pools(1, 1, 1, 8), t0, bad)
+	if d, err := m.Decide(dispatch.Need{PromptTokens: 1}, nil, math.MaxUint64); err != nil || d.Route != dispatch.RoutePD {
+		t.Errorf("negative threshold: Decide() = %+v, %v; want PD", d, err)
 	}
 }

@@ -1,0 +1,286 @@
+package dispatch
+
+import (
+	"math"
+	"time"
+)
+
+// Timing is what the broker learned of one agent's latency from the chunks
+// it relays (it sees every job taken and every token arrive), as moving
+// averages the broker maintains; it needs no engine metrics. The broker
+// fills it in the Agent it passes to NewModel, so a snapshot carries the
+// figures as of its build.
+//
+// What each figure measures depends on the agent's pool:
+//
+//	            TTFT                               ITL                 QueueWait        PrefillRate
+//	regular     job published to first token       between tokens      published→taken  prompt tokens / prefill time
+//	prefill     job published to hand-off          -                   published→taken  prompt tokens / prefill time
+//	decode      hand-off to first token            between tokens      -                -
+//
+// where prefill time is TTFT less QueueWait, and the prompt tokens are the
+// ones the engine had to prefill (not cached). A decode agent's TTFT is the
+// cost of the PD hop: the decode queue, the KV transfer and the first
+// step. ModeSLO uses QueueWait, PrefillRate and ITL of regular agents,
+// QueueWait and PrefillRate of prefill agents, and TTFT and ITL of decode
+// agents; a regular agent's TTFT is for views.
+type Timing struct {
+	// Samples is how many requests the figures are drawn from; 0 is no
+	// history, and the other fields are ignored.
+	Samples int
+	// Updated is when the last sample arrived, on the broker's clock.
+	// Figures older than Config.TimingMaxAge count as no history; a zero
+	// Updated is not aged.
+	Updated   time.Time
+	TTFT      time.Duration
+	ITL       time.Duration
+	QueueWait time.Duration
+	// PrefillRate is prefill throughput in prompt tokens per second; 0
+	// means not known.
+	PrefillRate float64
+}
+
+// Targets are a request's latency targets; a zero field is no target.
+type Targets struct {
+	TTFT time.Duration // time to first token
+	ITL  time.Duration // inter-token latency
+}
+
+// PrefixCache says how much of one request's prompt is already cached
+// where it could go. The broker answers it from its prefix-affinity tree;
+// an implementation should not allocate (a pointer to the request's state,
+// for example), as Decide calls it on the request path.
+type PrefixCache interface {
+	// Cached returns the longest prefix of the prompt, in tokens, that an
+	// agent of pool holds: PoolRegular (pair ""), or PoolPrefill of the PD
+	// pairing pair. Values outside [0, Need.PromptTokens] are clamped.
+	Cached(pool Pool, pair string) int
+}
+
+// Prediction is what ModeSLO predicted for a route: the request's time to
+// first token and the inter-token latency on it.
+type Prediction struct {
+	TTFT time.Duration
+	ITL  time.Duration
+	// Headroom is the smallest of (target − predicted) / target over the
+	// request's targets: at least 0 when the route is predicted to meet
+	// them all, and otherwise minus the relative miss of the worst one.
+	Headroom float64
+}
+
+// figures is one leg's timing over its eligible agents, in seconds and
+// tokens per second. samples is 0 when no agent has fresh figures.
+type figures struct {
+	samples         int
+	ttft, itl, wait float64
+	rate            float64
+}
+
+// timingSum accumulates the fresh Timing of a leg's eligible agents,
+// weighted by effective slots: a request lands on one agent, more likely
+// on one with more room.
+type timingSum struct {
+	samples            int
+	w, ttft, itl, wait float64
+	wRate, rate        float64
+}
+
+func (s *timingSum) add(v *AgentView, now time.Time, maxAge time.Duration) {
+	t := &v.Timing
+	if t.Samples <= 0 || (maxAge > 0 && !t.Updated.IsZero() && now.Sub(t.Updated) >= maxAge) {
+		return
+	}
+	w := v.EffectiveSlots
+	s.samples += t.Samples
+	s.w += w
+	s.ttft += w * max(t.TTFT, 0).Seconds()
+	s.itl += w * max(t.ITL, 0).Seconds()
+	s.wait += w * max(t.QueueWait, 0).Seconds()
+	if t.PrefillRate > 0 && !math.IsInf(t.PrefillRate, 1) {
+		s.wRate += w
+		s.rate += w * t.PrefillRate
+	}
+}
+
+func (s *timingSum) figures() figures {
+	if s.samples == 0 || !(s.w > 0) {
+		return figures{}
+	}
+	f := figures{samples: s.samples, ttft: s.ttft / s.w, itl: s.itl / s.w, wait: s.wait / s.w}
+	if s.wRate > 0 {
+		f.rate = s.rate / s.wRate
+	}
+	return f
+}
+
+// timed reports whether c's legs have the figures its prediction needs:
+// history everywhere, and a prefill rate where the prompt is prefilled.
+func (c *candidate) timed() bool {
+	if c.route == RouteRegular {
+		return c.legs[0].fig.samples > 0 && c.legs[0].fig.rate > 0
+	}
+	return c.legs[0].fig.samples > 0 && c.legs[1].fig.samples > 0 && c.legs[1].fig.rate > 0
+}
+
+// uncached returns the prompt tokens of need not cached on pool (and
+// pair): what an engine there has to prefill.
+func (need *Need) uncached(pool Pool, pair string) float64 {
+	p := need.PromptTokens
+	if need.Cache == nil {
+		return float64(p)
+	}
+	return float64(p - min(max(need.Cache.Cached(pool, pair), 0), p))
+}
+
+// predict returns c's predicted TTFT and ITL in seconds for need. busy is
+// what c's first leg holds or is about to (leg.load).
+//
+// An engine runs batch steps; a step costs about
+//
+//	base + perSeq × running sequences + perToken × prefill tokens in it
+//
+// and prefill is chunked: a step carries at most chunk prompt tokens
+// (Config.PrefillChunk). The broker cannot see base or perSeq, but the
+// learned ITL is the step time as it is, and 1 / PrefillRate is perToken
+// (the time a prompt token adds to a step). So, with P the request's
+// uncached prompt tokens on the route:
+//
+//	regular  TTFT = QueueWait + P / PrefillRate
+//	         ITL  = ITL + min(P, chunk) / PrefillRate   when the pool is busy
+//	PD       TTFT = prefill QueueWait + P / prefill PrefillRate + decode TTFT
+//	         ITL  = decode ITL
+//
+// On regular, the request's prefill rides in the steps of the decodes
+// running beside it for about P / PrefillRate seconds, and each of those
+// steps grows by its chunk's share: the ITL the running decodes (and the
+// streams that follow) see is the learned ITL plus one chunk's prefill. An
+// idle regular pool has no decodes to stall. A decode pool runs no
+// prefills, and its TTFT is the PD hop (queue, KV transfer, first step).
+func (c *candidate) predict(need *Need, busy int, chunk int) (ttft, itl float64) {
+	if c.route == RouteRegular {
+		f := &c.legs[0].fig
+		p := need.uncached(PoolRegular, "")
+		ttft = f.wait + p/f.rate
+		itl = f.itl
+		if busy > 0 {
+			step := p
+			if chunk > 0 {
+				step = min(p, float64(chunk))
+			}
+			itl += step / f.rate
+		}
+		return ttft, itl
+	}
+	d, pf := &c.legs[0].fig, &c.legs[1].fig
+	p := need.uncached(PoolPrefill, c.pair)
+	return pf.wait + p/pf.rate + d.ttft, d.itl
+}
+
+// headroom is the smallest (target − predicted) / target over the targets
+// t sets; +Inf when it sets none.
+func headroom(t Targets, ttft, itl float64) float64 {
+	h := math.Inf(1)
+	if t.TTFT > 0 {
+		s := t.TTFT.Seconds()
+		h = min(h, (s-ttft)/s)
+	}
+	if t.ITL > 0 {
+		s := t.ITL.Seconds()
+		h = min(h, (s-itl)/s)
+	}
+	return h
+}
+
+// decideSLO is ModeSLO: among the candidates with free capacity, the one
+// with the most headroom (which, when none meets the targets, is the one
+// that misses least); equal headroom is drawn by capacity weight. It
+// returns -1, without asking seen, when the request has no targets or no
+// prompt length or some route has no history, so that Decide weighs by
+// capacity instead. When every route is full it draws by the capacity
+// fall-back, as ModeCapacity does.
+func (m *Model) decideSLO(need *Need, seen InFlight, u float64) (int, Prediction, bool) {
+	t := need.Targets
+	if (t.TTFT <= 0 && t.ITL <= 0) || need.PromptTokens <= 0 || !m.timed {
+		return -1, Prediction{}, false
+	}
+	chosen, sum := -1, 0.0
+	best := math.Inf(-1)
+	var pred Prediction
+	for i := range m.cands {
+		c := &m.cands[i]
+		w, busy := c.weight(seen)
+		if !(w > 0) {
+			continue
+		}
+		ttft, itl := c.predict(need, busy, m.chunk)
+		h := headroom(t, ttft, itl)
+		if math.IsNaN(h) || h < best {
+			continue
+		}
+		if h > best {
+			best, chosen, sum = h, -1, 0
+		}
+		if chosen, sum, u = step(i, w, chosen, sum, u); chosen == i {
+			pred = Prediction{TTFT: seconds(ttft), ITL: seconds(itl), Headroom: h}
+		}
+	}
+	if chosen < 0 {
+		return m.drawFallback(u), Prediction{}, false
+	}
+	return chosen, pred, true
+}
+
+// seconds converts s to a Duration, saturating.
+func seconds(s float64) time.Duration {
+	if s >= float64(math.MaxInt64)/float64(time.Second) {
+		return math.MaxInt64
+	}
+	return time.Duration(s * float64(time.Second))
+}
+
+// decideThreshold is ModeThreshold: PD when the prompt tokens not cached
+// on regular exceed m.threshold, else regular; within the chosen route,
+// its candidates by capacity weight. When the chosen route has no free
+// capacity (or no eligible agent) the other one with free capacity takes
+// the request; when neither has, the chosen one does, by the capacity
+// fall-back (its queues do the back-pressure), or the other when the
+// chosen one is not eligible at all. It returns -1, without asking seen,
+// when the prompt length is unknown.
+func (m *Model) decideThreshold(need *Need, seen InFlight, u float64) int {
+	if need.PromptTokens <= 0 {
+		return -1
+	}
+	want, other := RouteRegular, RoutePD
+	if need.uncached(PoolRegular, "") > float64(m.threshold) {
+		want, other = RoutePD, RouteRegular
+	}
+	if i := m.drawRoute(want, seen, false, u); i >= 0 {
+		return i
+	}
+	if i := m.drawRoute(other, seen, false, u); i >= 0 {
+		return i
+	}
+	if i := m.drawRoute(want, nil, true, u); i >= 0 {
+		return i
+	}
+	return m.drawRoute(other, nil, true, u)
+}
+
+// drawRoute draws among the candidates of route by their free capacity
+// under seen, or by their fall-back weight: the index, or -1 when none
+// weighs anything.
+func (m *Model) drawRoute(route Route, seen InFlight, fallback bool, u float64) int {
+	chosen, sum := -1, 0.0
+	for i := range m.cands {
+		c := &m.cands[i]
+		if c.route != route {
+			continue
+		}
+		w := c.fallback
+		if !fallback {
+			w, _ = c.weight(seen)
+		}
+		chosen, sum, u = step(i, w, chosen, sum, u)
+	}
+	return chosen
+}

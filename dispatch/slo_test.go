@@ -1,0 +1,399 @@
+package dispatch_test
+
+import (
+	"math"
+	"testing"
+	"time"
+
+	"github.com/switchyard-ai/switchyard/dispatch"
+)
+
+// timed returns a with the learned timing t, sampled at t0.
+func timed(a dispatch.Agent, t dispatch.Timing) dispatch.Agent {
+	if t.Samples == 0 {
+		t.Samples = 50
+	}
+	if t.Updated.IsZero() {
+		t.Updated = t0
+	}
+	a.Timing = t
+	return a
+}
+
+// The learned figures of sloFleet: a regular engine whose prefill shares
+// its steps with running decodes, a dedicated prefill engine 2.5 times as
+// fast, and a PD hop (decode queue, KV transfer, first step) of 120ms.
+var (
+	regularTiming = dispatch.Timing{ITL: 15 * time.Millisecond, TTFT: 40 * time.Millisecond, PrefillRate: 40_000}
+	prefillTiming = dispatch.Timing{QueueWait: 30 * time.Millisecond, TTFT: 60 * time.Millisecond, PrefillRate: 100_000}
+	decodeTiming  = dispatch.Timing{TTFT: 120 * time.Millisecond, ITL: 15 * time.Millisecond}
+)
+
+// sloFleet: one regular agent running 4 requests, one prefill agent and
+// one decode agent running 2, all with 8 slots and learned timing.
+func sloFleet() []dispatch.Agent {
+	R, P, D := dispatch.PoolRegular, dispatch.PoolPrefill, dispatch.PoolDecode
+	return []dispatch.Agent{
+		timed(ready("r1", R, 8, 4), regularTiming),
+		timed(ready("p1", P, 8, 0), prefillTiming),
+		timed(ready("d1", D, 8, 2), decodeTiming),
+	}
+}
+
+// cache is a fake PrefixCache: cached tokens per pool and pairing.
+type cache map[poolPair]int
+
+func (c cache) Cached(pool dispatch.Pool, pair string) int { return c[poolPair{pool, pair}] }
+
+var _ dispatch.PrefixCache = cache(nil)
+
+// sloTargets are interactive targets: 250ms to the first token, 50ms
+// between tokens.
+var sloTargets = dispatch.Targets{TTFT: 250 * time.Millisecond, ITL: 50 * time.Millisecond}
+
+func sloConfig() dispatch.Config {
+	c := dispatch.DefaultConfig() // prefill chunk 2048
+	c.Mode = dispatch.ModeSLO
+	return c
+}
+
+func TestSLO(t *testing.T) {
+	R, P, D := dispatch.PoolRegular, dispatch.PoolPrefill, dispatch.PoolDecode
+	long := dispatch.Need{PromptTokens: 8000, Targets: sloTargets}
+	short := dispatch.Need{PromptTokens: 256, Targets: sloTargets}
+	cachedOnRegular := long
+	cachedOnRegular.Cache = cache{{R, ""}: 7900}
+	congested := sloFleet()
+	congested[1].Timing.QueueWait = 2 * time.Second
+	tests := []struct {
+		name   string
+		agents []dispatch.Agent
+		need   dispatch.Need
+		seen   dispatch.InFlight
+		want   string // destination
+		// pred is the prediction for the chosen route, if checked.
+		pred *dispatch.Prediction
+	}{
+		{
+			// Regular: TTFT 200ms meets its target, but a 2048-token
+			// chunk per step adds 51.2ms to the 15ms steps of the running
+			// decodes (headroom -0.324). PD: 30ms queue + 80ms prefill +
+			// 120ms hop = 230ms, decode ITL 15ms (headroom 0.08).
+			name: "long uncached prompt goes PD when regular decodes would miss their ITL target",
+			need: long, want: "pd vllm",
+			pred: &dispatch.Prediction{TTFT: 230 * time.Millisecond, ITL: 15 * time.Millisecond, Headroom: 0.08},
+		},
+		{
+			// Regular: TTFT 6.4ms, ITL 21.4ms (headroom 0.572). PD: TTFT
+			// 152.56ms (headroom 0.39): the hop costs more of the TTFT
+			// target than the prefill costs the decodes of theirs.
+			name: "short prompt stays regular", need: short, want: "regular",
+			pred: &dispatch.Prediction{TTFT: 6400 * time.Microsecond, ITL: 21_400 * time.Microsecond, Headroom: 0.572},
+		},
+		{
+			name: "long prompt cached on regular stays regular", need: cachedOnRegular, want: "regular",
+			pred: &dispatch.Prediction{TTFT: 2500 * time.Microsecond, ITL: 17_500 * time.Microsecond, Headroom: 0.65},
+		},
+		{
+			name: "long prompt cached on prefill goes PD", want: "pd vllm",
+			need: dispatch.Need{PromptTokens: 8000, Targets: sloTargets, Cache: cache{{P, "vllm"}: 7000}},
+		},
+		{
+			// PD misses by 2s of queue (headroom -7.8), regular by its ITL
+			// (-0.324): regular misses least.
+			name: "congested prefill pool sends work to regular", agents: congested, need: long, want: "regular",
+		},
+		{
+			name: "idle regular pool: no decodes to stall, TTFT decides", need: dispatch.Need{PromptTokens: 2000, Targets: sloTargets},
+			agents: []dispatch.Agent{
+				timed(ready("r1", R, 8, 0), regularTiming),
+				timed(ready("p1", P, 8, 0), prefillTiming),
+				timed(ready("d1", D, 8, 2), decodeTiming),
+			},
+			want: "regular",
+			pred: &dispatch.Prediction{TTFT: 50 * time.Millisecond, ITL: 15 * time.Millisecond, Headroom: 0.7},
+		},
+		{
+			name: "running decodes seen between heartbeats stall like reported ones", need: dispatch.Need{PromptTokens: 2000, Targets: sloTargets},
+			agents: []dispatch.Agent{
+				timed(ready("r1", R, 8, 0), regularTiming),
+				timed(ready("p1", P, 8, 0), prefillTiming),
+				timed(ready("d1", D, 8, 2), decodeTiming),
+			},
+			seen: inflight{{R, ""}: {active: 3}},
+			want: "pd vllm",
+		},
+		{
+			name: "ITL target only", need: dispatch.Need{PromptTokens: 8000, Targets: dispatch.Targets{ITL: 50 * time.Millisecond}},
+			want: "pd vllm",
+		},
+		{
+			name: "TTFT target only: the regular prefill is slower, but the hop costs more", want: "regular",
+			need: dispatch.Need{PromptTokens: 1000, Targets: dispatch.Targets{TTFT: time.Second}},
+		},
+		// Capacity is the frame.
+		{
+			name: "full decode pool is never chosen", need: long, want: "regular",
+			agents: []dispatch.Agent{
+				timed(ready("r1", R, 8, 4), regularTiming),
+				timed(ready("p1", P, 8, 0), prefillTiming),
+				timed(ready("d1", D, 8, 8), decodeTiming),
+			},
+		},
+		{
+			name: "decode pool filled by what the broker sent is never chosen", need: long, want: "regular",
+			seen: inflight{{D, "vllm"}: {pending: 6}},
+		},
+		{
+			name: "full prefill pool is never chosen", need: long, want: "regular",
+			seen: inflight{{P, "vllm"}: {pending: 8}},
+		},
+		{
+			name: "full regular pool is never chosen", need: short, want: "pd vllm",
+			seen: inflight{{R, ""}: {active: 8}},
+		},
+		{
+			name: "slow start holds: a new decode agent's one slot taken, PD is full", need: long, want: "regular",
+			agents: []dispatch.Agent{
+				timed(ready("r1", R, 8, 4), regularTiming),
+				timed(ready("p1", P, 8, 0), prefillTiming),
+				with(timed(ready("d1", D, 8, 0), decodeTiming), func(a *dispatch.Agent) { a.ReadySince = t0 }),
+			},
+			seen: inflight{{D, "vllm"}: {pending: 1}},
+		},
+		{
+			name: "a warming pairing is never chosen", need: long, want: "regular",
+			agents: []dispatch.Agent{
+				timed(ready("r1", R, 8, 4), regularTiming),
+				timed(warming(ready("p1", P, 8, 0)), prefillTiming),
+				timed(warming(ready("d1", D, 8, 0)), decodeTiming),
+			},
+		},
+		{
+			name: "two pairings: the one without a queue", need: long, want: "pd sglang+kv=mooncake",
+			agents: []dispatch.Agent{
+				timed(ready("r1", R, 8, 4), regularTiming),
+				timed(ready("p1", P, 8, 0), dispatch.Timing{QueueWait: time.Second, PrefillRate: 100_000}),
+				timed(ready("d1", D, 8, 0), decodeTiming),
+				timed(mooncake(ready("p2", P, 8, 0)), prefillTiming),
+				timed(mooncake(ready("d2", D, 8, 0)), decodeTiming),
+			},
+		},
+		{
+			name: "figures are weighted by effective slots", need: long, want: "pd vllm",
+			agents: []dispatch.Agent{
+				timed(ready("r1", R, 8, 4), regularTiming),
+				// A congested prefill agent with 1 slot beside an idle one
+				// with 15: the pool waits 1/16 of its queue.
+				timed(ready("p1", P, 1, 0), dispatch.Timing{QueueWait: 1600 * time.Millisecond, PrefillRate: 100_000}),
+				timed(ready("p2", P, 15, 0), dispatch.Timing{PrefillRate: 100_000}),
+				timed(ready("d1", D, 8, 2), decodeTiming),
+			},
+			pred: &dispatch.Prediction{TTFT: 300 * time.Millisecond, ITL: 15 * time.Millisecond, Headroom: -0.2},
+		},
+		{
+			name: "agents without figures do not dilute their pool's", need: long, want: "pd vllm",
+			agents: append(sloFleet(), ready("p2", P, 8, 0), ready("d2", D, 8, 0)),
+			pred:   &dispatch.Prediction{TTFT: 230 * time.Millisecond, ITL: 15 * time.Millisecond, Headroom: 0.08},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			agents := tt.agents
+			if agents == nil {
+				agents = sloFleet()
+			}
+			m := dispatch.NewModel("m", agents, t0, sloConfig())
+			// Both ends of the random number: the choice must not depend
+			// on it.
+			for _, r := range []uint64{0, math.MaxUint64} {
+				d, err := m.Decide(tt.need, tt.seen, r)
+				if err != nil {
+					t.Fatalf("Decide() error = %v", err)
+				}
+				if got := destination(d); got != tt.want {
+					t.Fatalf("Decide(r=%#x) = %s, want %s (prediction %+v)", r, got, tt.want, d.Prediction)
+				}
+				if !d.Predicted {
+					t.Errorf("Decide(r=%#x).Predicted = false, want a decision by prediction", r)
+				}
+				if p := tt.pred; p != nil && !near(d.Prediction, *p) {
+					t.Errorf("Decide(r=%#x).Prediction = %+v, want %+v", r, d.Prediction, *p)
+				}
+			}
+		})
+	}
+}
+
+func mooncake(a dispatch.Agent) dispatch.Agent {
+	a.PDProtocol, a.PDLabels = "sglang", "kv=mooncake"
+	return a
+}
+
+// near compares predictions to the microsecond and headroom to 1e-6.
+func near(a, b dispatch.Prediction) bool {
+	return (a.TTFT-b.TTFT).Abs() <= time.Microsecond && (a.ITL-b.ITL).Abs() <= time.Microsecond &&
+		math.Abs(a.Headroom-b.Headroom) < 1e-6
+}
+
+// The prefill chunk bounds how much of a prompt one step of the running
+// decodes carries; unchunked, the whole prefill lands in one step.
+func TestSLOPrefillChunk(t *testing.T) {
+	R := dispatch.PoolRegular
+	need := dispatch.Need{PromptTokens: 8000, Targets: sloTargets}
+	tests := []struct {
+		name  string
+		chunk int
+		want  time.Duration // predicted ITL: 15ms + chunk / 40k tokens/s
+	}{
+		{name: "default chunk", chunk: dispatch.DefaultPrefillChunk, want: 66_200 * time.Microsecond},
+		{name: "small chunk", chunk: 512, want: 27_800 * time.Microsecond},
+		{name: "unchunked", chunk: 0, want: 215 * time.Millisecond},
+		{name: "chunk beyond the prompt", chunk: 16384, want: 215 * time.Millisecond},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := sloConfig()
+			c.PrefillChunk = tt.chunk
+			m := dispatch.NewModel("m", []dispatch.Agent{timed(ready("r1", R, 8, 1), regularTiming)}, t0, c)
+			d, err := m.Decide(need, nil, 0)
+			if err != nil || !d.Predicted {
+				t.Fatalf("Decide() = %+v, %v; want a prediction", d, err)
+			}
+			if (d.Prediction.ITL - tt.want).Abs() > time.Microsecond {
+				t.Errorf("predicted ITL = %v, want %v", d.Prediction.ITL, tt.want)
+			}
+		})
+	}
+}
+
+// Without targets, prompt length or history, slo decides exactly as
+// capacity does, for every random number and whatever the broker saw.
+func TestSLOFallsBackToCapacity(t *testing.T) {
+	R, P, D := dispatch.PoolRegular, dispatch.PoolPrefill, dispatch.PoolDecode
+	old := sloFleet()
+	for i := range old {
+		old[i].Timing.Updated = t0.Add(-dispatch.DefaultTimingMaxAge)
+	}
+	noRate := sloFleet()
+	noRate[0].Timing.PrefillRate = 0
+	full := inflight{{R, ""}: {active: 8}, {D, "vllm"}: {pending: 6}}
+	tests := []struct {
+		name   string
+		agents []dispatch.Agent
+		need   dispatch.Need
+		seen   dispatch.InFlight
+	}{
+		{name: "no targets", need: dispatch.Need{PromptTokens: 8000}},
+		{name: "no targets, seen", need: dispatch.Need{PromptTokens: 8000}, seen: inflight{{R, ""}: {pending: 2}}},
+		{name: "no prompt length", need: dispatch.Need{Targets: sloTargets}},
+		{name: "no history", agents: twoPairings(), need: dispatch.Need{PromptTokens: 8000, Targets: sloTargets}},
+		{
+			name: "one pool without history", need: dispatch.Need{PromptTokens: 8000, Targets: sloTargets},
+			agents: []dispatch.Agent{timed(ready("r1", R, 8, 4), regularTiming), timed(ready("p1", P, 8, 0), prefillTiming), ready("d1", D, 8, 2)},
+		},
+		{name: "figures past their max age", agents: old, need: dispatch.Need{PromptTokens: 8000, Targets: sloTargets}},
+		{name: "regular without a prefill rate", agents: noRate, need: dispatch.Need{PromptTokens: 8000, Targets: sloTargets}},
+		{name: "every route full", need: dispatch.Need{PromptTokens: 8000, Targets: sloTargets}, seen: full},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			agents := tt.agents
+			if agents == nil {
+				agents = sloFleet()
+			}
+			slo := dispatch.NewModel("m", agents, t0, sloConfig())
+			capacity := dispatch.NewModel("m", agents, t0, dispatch.DefaultConfig())
+			routes := map[string]int{}
+			for i := range 64 {
+				r := uint64(i) * (math.MaxUint64 / 63)
+				got, err := slo.Decide(tt.need, tt.seen, r)
+				want, wantErr := capacity.Decide(tt.need, tt.seen, r)
+				if got != want || err != wantErr {
+					t.Fatalf("r=%#x: slo Decide() = %+v, %v; capacity %+v, %v", r, got, err, want, wantErr)
+				}
+				routes[destination(got)]++
+			}
+			if len(routes) < 2 {
+				t.Errorf("routes %v: the fleet should give both routes some weight", routes)
+			}
+		})
+	}
+}
+
+// A request PD cannot serve goes regular in slo mode too, even when PD
+// would be predicted better.
+func TestSLONoPD(t *testing.T) {
+	m := dispatch.NewModel("m", sloFleet(), t0, sloConfig())
+	d, err := m.Decide(dispatch.Need{NoPD: true, PromptTokens: 8000, Targets: sloTargets}, nil, 0)
+	if err != nil || d.Route != dispatch.RouteRegular {
+		t.Fatalf("Decide() = %+v, %v; want regular", d, err)
+	}
+}
+
+func TestThreshold(t *testing.T) {
+	R, P, D := dispatch.PoolRegular, dispatch.PoolPrefill, dispatch.PoolDecode
+	c := dispatch.DefaultConfig()
+	c.Mode = dispatch.ModeThreshold
+	c.PDThreshold = 1000
+	prompt := func(n int, cached cache) dispatch.Need {
+		return dispatch.Need{PromptTokens: n, Cache: cached}
+	}
+	tests := []struct {
+		name   string
+		agents []dispatch.Agent
+		need   dispatch.Need
+		seen   dispatch.InFlight
+		want   string
+	}{
+		{name: "above the threshold goes PD", need: prompt(1001, nil), want: "pd vllm"},
+		{name: "at the threshold stays regular", need: prompt(1000, nil), want: "regular"},
+		{name: "short stays regular", need: prompt(10, nil), want: "regular"},
+		{name: "long but cached on regular stays regular", need: prompt(8000, cache{{R, ""}: 7500}), want: "regular"},
+		{name: "cached on prefill does not count", need: prompt(8000, cache{{P, "vllm"}: 8000}), want: "pd vllm"},
+		{name: "cached beyond the prompt counts as the prompt", need: prompt(8000, cache{{R, ""}: 9000}), want: "regular"},
+		{name: "long, PD full: regular", need: prompt(8000, nil), seen: inflight{{D, "vllm"}: {pending: 8}}, want: "regular"},
+		{name: "short, regular full: PD", need: prompt(10, nil), seen: inflight{{R, ""}: {pending: 8}}, want: "pd vllm"},
+		{name: "long, both full: PD by the fall-back", need: prompt(8000, nil), seen: inflight{{R, ""}: {pending: 8}, {D, "vllm"}: {pending: 8}}, want: "pd vllm"},
+		{name: "short, both full: regular by the fall-back", need: prompt(10, nil), seen: inflight{{R, ""}: {pending: 8}, {D, "vllm"}: {pending: 8}}, want: "regular"},
+		{name: "short without regular: PD", agents: pools(0, 1, 1, 8), need: prompt(10, nil), want: "pd vllm"},
+		{name: "long without PD: regular", agents: pools(1, 0, 1, 8), need: prompt(8000, nil), want: "regular"},
+		{name: "long without PD, regular full: regular", agents: pools(1, 0, 1, 8), need: prompt(8000, nil), seen: inflight{{R, ""}: {pending: 8}}, want: "regular"},
+		{
+			name: "long: the pairing with room", need: prompt(8000, nil), seen: inflight{{D, "vllm"}: {pending: 8}}, want: "pd sglang+kv=mooncake",
+			agents: twoPairings(),
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			agents := tt.agents
+			if agents == nil {
+				agents = pools(1, 1, 1, 8)
+			}
+			m := dispatch.NewModel("m", agents, t0, c)
+			for _, r := range []uint64{0, math.MaxUint64} {
+				d, err := m.Decide(tt.need, tt.seen, r)
+				if err != nil {
+					t.Fatalf("Decide() error = %v", err)
+				}
+				if got := destination(d); got != tt.want {
+					t.Fatalf("Decide(r=%#x) = %s, want %s", r, got, tt.want)
+				}
+				if d.Predicted {
+					t.Errorf("Decide(r=%#x).Predicted = true in threshold mode", r)
+				}
+			}
+		})
+	}
+
+	// Without a prompt length, threshold weighs by capacity.
+	m := dispatch.NewModel("m", pools(6, 2, 2, 8), t0, c)
+	capacity := dispatch.NewModel("m", pools(6, 2, 2, 8), t0, dispatch.DefaultConfig())
+	for _, r := range []uint64{0, 1 << 62, 1 << 63, math.MaxUint64} {
+		got, _ := m.Decide(dispatch.Need{}, nil, r)
+		want, _ := capacity.Decide(dispatch.Need{}, nil, r)
+		if got != want {
+			t.Errorf("no prompt length, r=%#x: threshold Decide() = %+v, capacity %+v", r, got, want)
+		}
+	}
+}
