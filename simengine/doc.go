@@ -7,7 +7,51 @@
 // FIFO waiting queue beyond them, a time to first token that grows with the
 // prompt ([Config.TTFT] + prompt tokens x [Config.PrefillPerToken], so a
 // long prompt's first token can take seconds), and a constant inter-token
-// latency.
+// latency. [Config.Batch] replaces the constant model with engine steps
+// in which prefills slow the decodes beside them; see "Batch model".
+//
+// # Batch model
+//
+// With [BatchModel.Enabled] the engine times tokens as a continuous
+// batching engine with chunked prefill does (vLLM's scheduler, Sarathi's
+// stall-free batches). One goroutine per engine runs steps while any
+// sequence holds a slot; [Config.Slots] is the engine's max-num-seqs, and
+// further requests wait in the FIFO queue. A sequence joins the batch
+// when it gets its slot. Each step decodes one token of every sequence
+// whose prompt is prefilled, and prefills up to
+// [BatchModel.MaxBatchedTokens] prompt tokens of the others, in the order
+// they joined. A step that decodes r sequences and prefills p tokens lasts
+//
+//	StepTime + r x StepPerSeq + p x StepPerPrefillToken
+//
+// ([BatchModel.StepDuration]). A sequence's first token comes at the end
+// of the step that prefills its last prompt token, and each next token
+// one step later, so a regular engine's inter-token latency rises while
+// long prompts prefill beside its decodes. Prompt tokens found in the
+// prefix cache are not prefilled. A decode engine prefills nothing: a
+// decode leg joins the batch [BatchModel.KVTransferPerToken] x prompt
+// tokens after its prefill engine handed its KV over, and its first token
+// comes one step later. A prefill engine's legs end with their first
+// token (an SGLang prefill always does; vLLM routers send max_tokens 1),
+// so it only prefills. Output stays what [Expect] says: the batch
+// model changes when tokens come, never which.
+//
+// The defaults ([DefaultBatchModel], cmd/sim-engine's flags) model
+// Llama-3.1-8B-Instruct in BF16 on one H100 80GB under vLLM:
+//
+//   - StepTime 6.4ms and StepPerSeq 40µs: InferenceBench's published
+//     concurrency sweep of that model on one H100-80GB-HBM3 with vLLM
+//     0.21.0 ("Recipe: concurrency sweep") gives a median TPOT of 6.48ms
+//     at concurrency 1 and 6.59ms at concurrency 4.
+//   - StepPerPrefillToken 40µs (25k prompt tokens/s): an estimate, since
+//     that sweep does not give prompt lengths: 2 x 8e9 FLOPs a token at
+//     about 40% of the H100's 989 dense BF16 TFLOPS.
+//   - MaxBatchedTokens 8192: vLLM's default max_num_batched_tokens for its
+//     OpenAI server on a GPU of at least 70 GiB other than an A100
+//     (EngineArgs batch defaults; 2048 elsewhere).
+//   - KVTransferPerToken 5µs: an estimate: the model's KV is 128 KiB a
+//     token (32 layers x 8 KV heads x 128 dims x K and V x 2 bytes), over
+//     a 200 Gb/s RDMA link at about 25 GB/s, as NIXL moves it.
 //
 // # Loading
 //

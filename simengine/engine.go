@@ -36,6 +36,10 @@ type Config struct {
 	// Slots is how many sequences run at once; further requests wait in a
 	// FIFO queue.
 	Slots int
+	// Batch, when enabled, times tokens by continuous-batching engine
+	// steps instead of TTFT, PrefillPerToken and ITL; see the package
+	// comment, "Batch model".
+	Batch BatchModel
 
 	// Role is RoleRegular (also the zero value), RolePrefill or RoleDecode;
 	// see the package comment, "Prefill/decode disaggregation".
@@ -172,6 +176,9 @@ func (c Config) Validate() error {
 	if err := c.KVEvents.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("%w: %w", ErrInvalidConfig, err))
 	}
+	if err := c.Batch.validate(); err != nil {
+		errs = append(errs, err)
+	}
 	if c.BootstrapTimeout < 0 || c.KVHoldTimeout < 0 || c.LoadTime < 0 {
 		errs = append(errs, fmt.Errorf("%w: bootstrap timeout, KV hold timeout and load time must not be negative", ErrInvalidConfig))
 	}
@@ -215,6 +222,7 @@ type Engine struct {
 	bootstrap *bootstrap   // prefill role only
 	client    *http.Client // decode role only
 	cache     *prefixCache // nil: no prefix caching
+	batch     *batcher     // nil: the constant timing model
 	kvpub     *kvevents.Publisher
 	closeOnce sync.Once
 	closeErr  error
@@ -264,6 +272,10 @@ func New(cfg Config, opts ...Option) (*Engine, error) {
 	}
 	for _, o := range opts {
 		o(e)
+	}
+	if cfg.Batch.Enabled {
+		e.batch = newBatcher(cfg.Batch)
+		e.cfg.Batch = e.batch.m
 	}
 	if cfg.PrefixCacheBlocks > 0 {
 		if cfg.PrefixBlockSize == 0 {
@@ -592,20 +604,17 @@ func (e *Engine) run(ctx context.Context, r *request, s sink) (err error) {
 	}
 	defer e.release()
 
-	var p pacer
-	defer p.stop()
-	start := time.Now()
-	ttft := e.prefillTime(o.promptTokens, 0)
+	decode := r.pd != nil && r.pd.role == RoleDecode
+	cached := 0 // prompt tokens found in the prefix cache
 	var pc *prefixRun
-	if e.cache != nil && (r.pd == nil || r.pd.role != RoleDecode) {
+	if e.cache != nil && !decode {
 		// Looked up when scheduled, as vLLM does; only the uncached
 		// tokens are prefilled.
 		pc = e.cache.begin(r, o.promptTokens)
-		ttft = e.prefillTime(o.promptTokens, pc.cached)
+		cached = pc.cached
 	}
-	if r.pd != nil && r.pd.role == RoleDecode {
-		// The KV arrives from the prefill engine, so no prefill cost: the
-		// first token comes one ITL after the transfer.
+	if decode {
+		// The KV arrives from the prefill engine: nothing to prefill.
 		if err := e.receiveKV(ctx, r); err != nil {
 			if ctx.Err() != nil {
 				return e.abort(r, ctx.Err())
@@ -614,10 +623,14 @@ func (e *Engine) run(ctx context.Context, r *request, s sink) (err error) {
 			return err
 		}
 		r.pd.received = true
-		start, ttft = time.Now(), e.cfg.ITL
+		if e.batch != nil {
+			if err := e.batch.transfer(ctx, o.promptTokens); err != nil {
+				return e.abort(r, err)
+			}
+		}
 	}
-	// The generation ends at its last deadline: 0 is the first token's,
-	// i the i-th next token's, o.tokens the stop-string tail's.
+	// The generation ends at its last output: 0 is the first token, i the
+	// i-th next token, o.tokens the stop-string tail.
 	last := o.tokens - 1
 	if o.tail != "" {
 		last = o.tokens
@@ -627,7 +640,26 @@ func (e *Engine) run(ctx context.Context, r *request, s sink) (err error) {
 			r.pd.finished = true
 		}
 	}
-	if err := p.wait(ctx, start, ttft); err != nil {
+	var wait func(i int) error // waits for output i
+	if e.batch != nil {
+		prefill := o.promptTokens - cached
+		if decode {
+			prefill = 0
+		}
+		seq := e.batch.join(prefill, last+1)
+		defer e.batch.leave(seq)
+		wait = func(int) error { return e.batch.next(ctx, seq) }
+	} else {
+		var p pacer
+		defer p.stop()
+		// A decode's first token comes one ITL after its KV.
+		start, ttft := time.Now(), e.cfg.ITL
+		if !decode {
+			ttft = e.prefillTime(o.promptTokens, cached)
+		}
+		wait = func(i int) error { return p.wait(ctx, start, ttft+time.Duration(i)*e.cfg.ITL) }
+	}
+	if err := wait(0); err != nil {
 		return e.abort(r, err)
 	}
 	if r.pd != nil && r.pd.role == RolePrefill {
@@ -643,7 +675,7 @@ func (e *Engine) run(ctx context.Context, r *request, s sink) (err error) {
 	c := o.start
 	for i := range o.tokens {
 		if i > 0 {
-			if err := p.wait(ctx, start, ttft+time.Duration(i)*e.cfg.ITL); err != nil {
+			if err := wait(i); err != nil {
 				return e.abort(r, err)
 			}
 			generated(i)
@@ -658,7 +690,7 @@ func (e *Engine) run(ctx context.Context, r *request, s sink) (err error) {
 	}
 	if o.tail != "" {
 		if o.tokens > 0 {
-			if err := p.wait(ctx, start, ttft+time.Duration(o.tokens)*e.cfg.ITL); err != nil {
+			if err := wait(o.tokens); err != nil {
 				return e.abort(r, err)
 			}
 			generated(o.tokens)
@@ -682,8 +714,8 @@ func (e *Engine) run(ctx context.Context, r *request, s sink) (err error) {
 	return nil
 }
 
-// prefillTime is the time to first token of a prompt of promptTokens
-// tokens, cached of which are in the prefix cache.
+// prefillTime is the constant model's time to first token of a prompt of
+// promptTokens tokens, cached of which are in the prefix cache.
 func (e *Engine) prefillTime(promptTokens, cached int) time.Duration {
 	return e.cfg.TTFT + time.Duration(max(0, promptTokens-cached))*e.cfg.PrefillPerToken
 }
