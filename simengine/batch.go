@@ -113,6 +113,11 @@ type batchSeq struct {
 	// outputs (its first token, then one per step) it takes before it
 	// leaves.
 	prefill, want int
+	// outputs is each choice's outputs, and width how many choices still
+	// generate: it counts as that many sequences in a step that decodes
+	// it.
+	outputs []int
+	width   int
 	// chunk and out are the current step's share: prompt tokens prefilled,
 	// and whether it yields an output.
 	chunk int
@@ -159,13 +164,19 @@ func (b *batcher) transfer(ctx context.Context, promptTokens int) error {
 	return b.sleep(ctx, time.Duration(promptTokens)*b.m.KVTransferPerToken)
 }
 
-// join adds a sequence that has prefill prompt tokens to prefill and takes
-// outputs outputs (at least 1).
-func (b *batcher) join(prefill, outputs int) *batchSeq {
+// join adds a request that has prefill prompt tokens to prefill and whose
+// choice i takes outputs[i] outputs (at least 1): its choices (n) decode
+// side by side once its prompt is prefilled, as vLLM's parallel sampling
+// shares the prompt's KV, and each stops counting once it has its outputs.
+func (b *batcher) join(prefill int, outputs []int) *batchSeq {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.ids++
-	s := &batchSeq{id: b.ids, prefill: prefill, want: max(1, outputs), in: true, ready: make(chan struct{}, 1)}
+	s := &batchSeq{id: b.ids, prefill: prefill, outputs: outputs, width: len(outputs), in: true, ready: make(chan struct{}, 1)}
+	for _, n := range outputs {
+		s.want = max(s.want, n)
+	}
+	s.want = max(1, s.want)
 	b.seqs = append(b.seqs, s)
 	if !b.active {
 		b.active = true
@@ -288,7 +299,7 @@ func (b *batcher) loop() {
 }
 
 // compose decides the step with mu held: every sequence done prefilling
-// decodes one token, and the others, in the order they joined, prefill
+// decodes one token (of each of its choices), and the others, in the order they joined, prefill
 // up to MaxBatchedTokens prompt tokens between them. A sequence whose
 // prefill ends in the step gets its first token at the step's end.
 func (b *batcher) compose() (running, prefill int) {
@@ -297,7 +308,7 @@ func (b *batcher) compose() (running, prefill int) {
 		s.chunk, s.out = 0, false
 		switch {
 		case s.prefill == 0:
-			running++
+			running += s.width
 			s.out = true
 		case budget > 0:
 			s.chunk = min(budget, s.prefill)
@@ -320,6 +331,12 @@ func (b *batcher) deliver(rec *stepRecord) {
 		}
 		s.produced++
 		s.avail++
+		s.width = 0
+		for _, n := range s.outputs {
+			if n > s.produced {
+				s.width++
+			}
+		}
 		select {
 		case s.ready <- struct{}{}:
 		default:

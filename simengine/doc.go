@@ -91,6 +91,15 @@
 // tokens received, yields the rest of the uninterrupted output. [Expect]
 // computes what a request must receive, without any timing.
 //
+// A request with n > 1 (at most [MaxN]) gets n choices generated side by
+// side, choice i from a seed of its own: choice 0 is what the request
+// with n 1 gets, the others differ from it and from each other, and
+// [ExpectChoices] gives them all. Streamed, each chunk carries one choice
+// (a chat's role chunk comes once per choice, and each choice has its
+// own finish chunk); the usage counts every choice's tokens. The request
+// holds one slot. Only choice 0 resumes exactly; PD engines and the gRPC
+// service refuse n > 1 with 400 (InvalidArgument) naming n.
+//
 // # Prefix cache
 //
 // With [Config.PrefixCacheBlocks] the engine caches prompt prefixes as

@@ -546,10 +546,16 @@ type sink interface {
 	open() error
 	// first is called at the first token time, before any token.
 	first() error
-	token(text, json string) error
-	// finish ends the generation; extra, when not empty, is top-level
-	// fields (",\"name\":value...") for the last chunk or the response.
-	finish(reason string, promptTokens, completionTokens int, extra []byte) error
+	// token is choice's next token.
+	token(choice int, text, json string) error
+	// stop ends choice's generation with reason.
+	stop(choice int, reason string, extra []byte) error
+	// finish ends the request once every choice has stopped.
+	//
+	// extra, when not empty, is top-level fields (",\"name\":value...")
+	// for the last chunk or the response; it is passed to the last stop
+	// and to finish, and a sink puts it in one of them.
+	finish(promptTokens, completionTokens int, extra []byte) error
 }
 
 // Stream runs one request and calls emit with each OpenAI streaming chunk:
@@ -630,10 +636,14 @@ func (e *Engine) run(ctx context.Context, r *request, s sink) (err error) {
 		}
 	}
 	// The generation ends at its last output: 0 is the first token, i the
-	// i-th next token, o.tokens the stop-string tail.
-	last := o.tokens - 1
-	if o.tail != "" {
-		last = o.tokens
+	// i-th next token, o.tokens the stop-string tail. Choices (n > 1)
+	// generate side by side, each ending at its own last output.
+	last := lastOutput(o)
+	outs := make([]outcome, max(1, r.n))
+	outs[0] = o
+	for i := 1; i < r.n; i++ {
+		outs[i] = r.choiceOutcome(i)
+		last = max(last, lastOutput(outs[i]))
 	}
 	generated := func(i int) {
 		if i >= last && r.pd != nil {
@@ -646,7 +656,11 @@ func (e *Engine) run(ctx context.Context, r *request, s sink) (err error) {
 		if decode {
 			prefill = 0
 		}
-		seq := e.batch.join(prefill, last+1)
+		ends := make([]int, len(outs))
+		for i, x := range outs {
+			ends[i] = lastOutput(x) + 1
+		}
+		seq := e.batch.join(prefill, ends)
 		defer e.batch.leave(seq)
 		wait = func(int) error { return e.batch.next(ctx, seq) }
 	} else {
@@ -672,38 +686,51 @@ func (e *Engine) run(ctx context.Context, r *request, s sink) (err error) {
 	if err := s.first(); err != nil {
 		return e.abort(r, err)
 	}
-	c := o.start
-	for i := range o.tokens {
-		if i > 0 {
-			if err := wait(i); err != nil {
-				return e.abort(r, err)
-			}
-			generated(i)
-		}
-		w, _ := c.next()
-		if err := s.token(tokenText[w], tokenJSON[w]); err != nil {
-			return e.abort(r, err)
-		}
-		if pc != nil {
-			_, _ = pc.h.WriteString(tokenText[w])
-		}
-	}
-	if o.tail != "" {
-		if o.tokens > 0 {
-			if err := wait(o.tokens); err != nil {
-				return e.abort(r, err)
-			}
-			generated(o.tokens)
-		}
-		if err := s.token(o.tail, string(oaiformat.AppendString(nil, o.tail))); err != nil {
-			return e.abort(r, err)
-		}
+	chains := make([]chain, len(outs))
+	completion := 0
+	for i, x := range outs {
+		chains[i] = x.start
+		completion += x.tokens
 	}
 	var extra []byte
 	if r.pd != nil {
 		extra = r.pd.extra
 	}
-	if err := s.finish(o.finish, o.promptTokens, o.tokens, extra); err != nil {
+	choices := len(outs) // not stopped yet
+	for k := 0; k <= last; k++ {
+		if k > 0 {
+			if err := wait(k); err != nil {
+				return e.abort(r, err)
+			}
+			generated(k)
+		}
+		for i := range outs {
+			x := &outs[i]
+			var err error
+			switch {
+			case k < x.tokens:
+				w, _ := chains[i].next()
+				err = s.token(i, tokenText[w], tokenJSON[w])
+				if i == 0 && pc != nil {
+					_, _ = pc.h.WriteString(tokenText[w])
+				}
+			case k == x.tokens && x.tail != "":
+				err = s.token(i, x.tail, string(oaiformat.AppendString(nil, x.tail)))
+			}
+			if err == nil && k == lastOutput(*x) {
+				choices--
+				var ex []byte
+				if choices == 0 {
+					ex = extra
+				}
+				err = s.stop(i, x.finish, ex)
+			}
+			if err != nil {
+				return e.abort(r, err)
+			}
+		}
+	}
+	if err := s.finish(o.promptTokens, completion, extra); err != nil {
 		return e.abort(r, err)
 	}
 	if pc != nil {
