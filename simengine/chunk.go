@@ -38,13 +38,26 @@ func (v *envelope) appendHead(b []byte, object string) []byte {
 	return oaiformat.AppendString(b, v.model)
 }
 
-func appendUsage(b []byte, prompt, completion int) []byte {
+// usageCounts are a request's token counts.
+type usageCounts struct {
+	prompt, completion int
+	// cached is the prompt tokens found in the prefix cache, or -1 when
+	// the engine has none: usage then has no prompt_tokens_details.
+	cached int
+}
+
+func appendUsage(b []byte, u usageCounts) []byte {
 	b = append(b, `{"prompt_tokens":`...)
-	b = strconv.AppendInt(b, int64(prompt), 10)
+	b = strconv.AppendInt(b, int64(u.prompt), 10)
 	b = append(b, `,"completion_tokens":`...)
-	b = strconv.AppendInt(b, int64(completion), 10)
+	b = strconv.AppendInt(b, int64(u.completion), 10)
 	b = append(b, `,"total_tokens":`...)
-	b = strconv.AppendInt(b, int64(prompt+completion), 10)
+	b = strconv.AppendInt(b, int64(u.prompt+u.completion), 10)
+	if u.cached >= 0 {
+		b = append(b, `,"prompt_tokens_details":{"cached_tokens":`...)
+		b = strconv.AppendInt(b, int64(u.cached), 10)
+		b = append(b, '}')
+	}
 	return append(b, '}')
 }
 
@@ -154,13 +167,13 @@ func (s *chunkSink) stop(i int, reason string, extra []byte) error {
 
 // finish sends the usage chunk, with extra at its top level, when the
 // request asked for it.
-func (s *chunkSink) finish(prompt, completion int, extra []byte) error {
+func (s *chunkSink) finish(u usageCounts, extra []byte) error {
 	if !s.includeUsage {
 		return nil
 	}
 	b := append(s.buf[:0], s.head...)
 	b = append(b, `],"usage":`...)
-	b = appendUsage(b, prompt, completion)
+	b = appendUsage(b, u)
 	b = append(b, extra...)
 	s.buf = append(b, '}')
 	return s.emit(s.buf)
@@ -192,7 +205,7 @@ func (s *textSink) stop(i int, reason string, _ []byte) error {
 	return nil
 }
 
-func (s *textSink) finish(prompt, completion int, extra []byte) error {
+func (s *textSink) finish(u usageCounts, extra []byte) error {
 	b := s.out[:0]
 	if s.api == APIChat {
 		b = s.v.appendHead(b, "chat.completion")
@@ -219,7 +232,7 @@ func (s *textSink) finish(prompt, completion int, extra []byte) error {
 		b = append(b, `"}`...)
 	}
 	b = append(b, `],"usage":`...)
-	b = appendUsage(b, prompt, completion)
+	b = appendUsage(b, u)
 	b = append(b, extra...)
 	s.out = append(b, '}')
 	return nil

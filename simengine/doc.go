@@ -112,7 +112,10 @@
 // the blocks its output fills once it ends, so the next turn of a
 // conversation, which re-sends the previous answer, hits them too.
 // /metrics counts vLLM's vllm:prefix_cache_queries_total and
-// vllm:prefix_cache_hits_total, in prompt tokens.
+// vllm:prefix_cache_hits_total, in prompt tokens. Usage reports a request's
+// cached prompt tokens as vLLM does with --enable-prompt-tokens-details:
+// "prompt_tokens_details":{"cached_tokens":N} (the gRPC service's
+// cached_tokens), on engines with the cache that prefill the request.
 //
 // A block's hash is the broker's block key of the same text
 // ([affinity.AppendKeys] over the rendered prompt), so with

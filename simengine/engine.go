@@ -550,12 +550,13 @@ type sink interface {
 	token(choice int, text, json string) error
 	// stop ends choice's generation with reason.
 	stop(choice int, reason string, extra []byte) error
-	// finish ends the request once every choice has stopped.
+	// finish ends the request once every choice has stopped, with its
+	// usage.
 	//
 	// extra, when not empty, is top-level fields (",\"name\":value...")
 	// for the last chunk or the response; it is passed to the last stop
 	// and to finish, and a sink puts it in one of them.
-	finish(promptTokens, completionTokens int, extra []byte) error
+	finish(u usageCounts, extra []byte) error
 }
 
 // Stream runs one request and calls emit with each OpenAI streaming chunk:
@@ -730,7 +731,11 @@ func (e *Engine) run(ctx context.Context, r *request, s sink) (err error) {
 			}
 		}
 	}
-	if err := s.finish(o.promptTokens, completion, extra); err != nil {
+	u := usageCounts{prompt: o.promptTokens, completion: completion, cached: -1}
+	if pc != nil {
+		u.cached = cached
+	}
+	if err := s.finish(u, extra); err != nil {
 		return e.abort(r, err)
 	}
 	if pc != nil {

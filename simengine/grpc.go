@@ -235,12 +235,13 @@ func (s *grpcSink) stop(_ int, reason string, _ []byte) error {
 	return nil
 }
 
-func (s *grpcSink) finish(prompt, completion int, extra []byte) error {
+func (s *grpcSink) finish(u usageCounts, extra []byte) error {
 	c := &vllmpb.GenerateComplete{
 		OutputIds:        s.ids,
 		FinishReason:     s.reason,
-		PromptTokens:     uint32(prompt),
-		CompletionTokens: uint32(completion),
+		PromptTokens:     uint32(u.prompt),
+		CompletionTokens: uint32(u.completion),
+		CachedTokens:     uint32(max(0, u.cached)),
 	}
 	// extra is `,"kv_transfer_params":{...}` for a vLLM prefill.
 	if kv, ok := bytes.CutPrefix(extra, []byte(`,"`+FieldKVTransferParams+`":`)); ok {
