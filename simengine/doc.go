@@ -15,10 +15,12 @@
 // With [BatchModel.Enabled] the engine times tokens as a continuous
 // batching engine with chunked prefill does (vLLM's scheduler, Sarathi's
 // stall-free batches). One goroutine per engine runs steps while any
-// sequence holds a slot; [Config.Slots] is the engine's max-num-seqs, and
-// further requests wait in the FIFO queue. A sequence joins the batch
-// when it gets its slot. Each step decodes one token of every sequence
-// whose prompt is prefilled, and prefills up to
+// sequence is in the batch, and none runs while the engine is idle.
+// [Config.Slots] is the engine's max-num-seqs: a request joins the batch
+// when it gets its slot, and further requests wait in the FIFO queue.
+// Each step decodes one token of every sequence whose prompt is
+// prefilled (each choice of a request with n > 1 is a sequence, and its
+// prompt is prefilled once), and prefills up to
 // [BatchModel.MaxBatchedTokens] prompt tokens of the others, in the order
 // they joined. A step that decodes r sequences and prefills p tokens lasts
 //
@@ -37,7 +39,8 @@
 // model changes when tokens come, never which.
 //
 // The defaults ([DefaultBatchModel], cmd/sim-engine's flags) model
-// Llama-3.1-8B-Instruct in BF16 on one H100 80GB under vLLM:
+// Llama-3.1-8B-Instruct in 16-bit weights on one H100 80GB under vLLM
+// (the slot count keeps the simulator's own default):
 //
 //   - StepTime 6.4ms and StepPerSeq 40µs: InferenceBench's published
 //     concurrency sweep of that model on one H100-80GB-HBM3 with vLLM
@@ -45,7 +48,7 @@
 //     at concurrency 1 and 6.59ms at concurrency 4.
 //   - StepPerPrefillToken 40µs (25k prompt tokens/s): an estimate, since
 //     that sweep does not give prompt lengths: 2 x 8e9 FLOPs a token at
-//     about 40% of the H100's 989 dense BF16 TFLOPS.
+//     about 40% of the H100's 989 dense 16-bit TFLOPS.
 //   - MaxBatchedTokens 8192: vLLM's default max_num_batched_tokens for its
 //     OpenAI server on a GPU of at least 70 GiB other than an A100
 //     (EngineArgs batch defaults; 2048 elsewhere).
