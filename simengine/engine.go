@@ -206,7 +206,8 @@ type Load struct {
 
 // Engine is one simulated model server. It is safe for concurrent use.
 //
-// Lock order: Engine.mu and bootstrap.mu are never held together.
+// Lock order: Engine.mu, bootstrap.mu and batcher.mu are never held
+// together.
 type Engine struct {
 	cfg        Config
 	log        *slog.Logger
