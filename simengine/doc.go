@@ -7,7 +7,54 @@
 // FIFO waiting queue beyond them, a time to first token that grows with the
 // prompt ([Config.TTFT] + prompt tokens x [Config.PrefillPerToken], so a
 // long prompt's first token can take seconds), and a constant inter-token
-// latency.
+// latency. [Config.Batch] replaces the constant model with engine steps
+// in which prefills slow the decodes beside them; see "Batch model".
+//
+// # Batch model
+//
+// With [BatchModel.Enabled] the engine times tokens as a continuous
+// batching engine with chunked prefill does (vLLM's scheduler, Sarathi's
+// stall-free batches). One goroutine per engine runs steps while any
+// sequence is in the batch, and none runs while the engine is idle.
+// [Config.Slots] is the engine's max-num-seqs: a request joins the batch
+// when it gets its slot, and further requests wait in the FIFO queue.
+// Each step decodes one token of every sequence whose prompt is
+// prefilled (each choice of a request with n > 1 is a sequence, and its
+// prompt is prefilled once), and prefills up to
+// [BatchModel.MaxBatchedTokens] prompt tokens of the others, in the order
+// they joined. A step that decodes r sequences and prefills p tokens lasts
+//
+//	StepTime + r x StepPerSeq + p x StepPerPrefillToken
+//
+// ([BatchModel.StepDuration]). A sequence's first token comes at the end
+// of the step that prefills its last prompt token, and each next token
+// one step later, so a regular engine's inter-token latency rises while
+// long prompts prefill beside its decodes. Prompt tokens found in the
+// prefix cache are not prefilled. A decode engine prefills nothing: a
+// decode leg joins the batch [BatchModel.KVTransferPerToken] x prompt
+// tokens after its prefill engine handed its KV over, and its first token
+// comes one step later. A prefill engine's legs end with their first
+// token (an SGLang prefill always does; vLLM routers send max_tokens 1),
+// so it only prefills. Output stays what [Expect] says: the batch
+// model changes when tokens come, never which.
+//
+// The defaults ([DefaultBatchModel], cmd/sim-engine's flags) model
+// Llama-3.1-8B-Instruct in 16-bit weights on one H100 80GB under vLLM
+// (the slot count keeps the simulator's own default):
+//
+//   - StepTime 6.4ms and StepPerSeq 40µs: InferenceBench's published
+//     concurrency sweep of that model on one H100-80GB-HBM3 with vLLM
+//     0.21.0 ("Recipe: concurrency sweep") gives a median TPOT of 6.48ms
+//     at concurrency 1 and 6.59ms at concurrency 4.
+//   - StepPerPrefillToken 40µs (25k prompt tokens/s): an estimate, since
+//     that sweep does not give prompt lengths: 2 x 8e9 FLOPs a token at
+//     about 40% of the H100's 989 dense 16-bit TFLOPS.
+//   - MaxBatchedTokens 8192: vLLM's default max_num_batched_tokens for its
+//     OpenAI server on a GPU of at least 70 GiB other than an A100
+//     (EngineArgs batch defaults; 2048 elsewhere).
+//   - KVTransferPerToken 5µs: an estimate: the model's KV is 128 KiB a
+//     token (32 layers x 8 KV heads x 128 dims x K and V x 2 bytes), over
+//     a 200 Gb/s RDMA link at about 25 GB/s, as NIXL moves it.
 //
 // # Loading
 //
@@ -47,6 +94,15 @@
 // tokens received, yields the rest of the uninterrupted output. [Expect]
 // computes what a request must receive, without any timing.
 //
+// A request with n > 1 (at most [MaxN]) gets n choices generated side by
+// side, choice i from a seed of its own: choice 0 is what the request
+// with n 1 gets, the others differ from it and from each other, and
+// [ExpectChoices] gives them all. Streamed, each chunk carries one choice
+// (a chat's role chunk comes once per choice, and each choice has its
+// own finish chunk); the usage counts every choice's tokens. The request
+// holds one slot. Only choice 0 resumes exactly; PD engines and the gRPC
+// service refuse n > 1 with 400 (InvalidArgument) naming n.
+//
 // # Prefix cache
 //
 // With [Config.PrefixCacheBlocks] the engine caches prompt prefixes as
@@ -59,7 +115,10 @@
 // the blocks its output fills once it ends, so the next turn of a
 // conversation, which re-sends the previous answer, hits them too.
 // /metrics counts vLLM's vllm:prefix_cache_queries_total and
-// vllm:prefix_cache_hits_total, in prompt tokens.
+// vllm:prefix_cache_hits_total, in prompt tokens. Usage reports a request's
+// cached prompt tokens as vLLM does with --enable-prompt-tokens-details:
+// "prompt_tokens_details":{"cached_tokens":N} (the gRPC service's
+// cached_tokens), on engines with the cache that prefill the request.
 //
 // A block's hash is the broker's block key of the same text
 // ([affinity.AppendKeys] over the rendered prompt), so with

@@ -36,6 +36,10 @@ type Config struct {
 	// Slots is how many sequences run at once; further requests wait in a
 	// FIFO queue.
 	Slots int
+	// Batch, when enabled, times tokens by continuous-batching engine
+	// steps instead of TTFT, PrefillPerToken and ITL; see the package
+	// comment, "Batch model".
+	Batch BatchModel
 
 	// Role is RoleRegular (also the zero value), RolePrefill or RoleDecode;
 	// see the package comment, "Prefill/decode disaggregation".
@@ -172,6 +176,9 @@ func (c Config) Validate() error {
 	if err := c.KVEvents.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("%w: %w", ErrInvalidConfig, err))
 	}
+	if err := c.Batch.validate(); err != nil {
+		errs = append(errs, err)
+	}
 	if c.BootstrapTimeout < 0 || c.KVHoldTimeout < 0 || c.LoadTime < 0 {
 		errs = append(errs, fmt.Errorf("%w: bootstrap timeout, KV hold timeout and load time must not be negative", ErrInvalidConfig))
 	}
@@ -199,7 +206,8 @@ type Load struct {
 
 // Engine is one simulated model server. It is safe for concurrent use.
 //
-// Lock order: Engine.mu and bootstrap.mu are never held together.
+// Lock order: Engine.mu, bootstrap.mu and batcher.mu are never held
+// together.
 type Engine struct {
 	cfg        Config
 	log        *slog.Logger
@@ -215,6 +223,7 @@ type Engine struct {
 	bootstrap *bootstrap   // prefill role only
 	client    *http.Client // decode role only
 	cache     *prefixCache // nil: no prefix caching
+	batch     *batcher     // nil: the constant timing model
 	kvpub     *kvevents.Publisher
 	closeOnce sync.Once
 	closeErr  error
@@ -264,6 +273,10 @@ func New(cfg Config, opts ...Option) (*Engine, error) {
 	}
 	for _, o := range opts {
 		o(e)
+	}
+	if cfg.Batch.Enabled {
+		e.batch = newBatcher(cfg.Batch)
+		e.cfg.Batch = e.batch.m
 	}
 	if cfg.PrefixCacheBlocks > 0 {
 		if cfg.PrefixBlockSize == 0 {
@@ -534,10 +547,17 @@ type sink interface {
 	open() error
 	// first is called at the first token time, before any token.
 	first() error
-	token(text, json string) error
-	// finish ends the generation; extra, when not empty, is top-level
-	// fields (",\"name\":value...") for the last chunk or the response.
-	finish(reason string, promptTokens, completionTokens int, extra []byte) error
+	// token is choice's next token.
+	token(choice int, text, json string) error
+	// stop ends choice's generation with reason.
+	stop(choice int, reason string, extra []byte) error
+	// finish ends the request once every choice has stopped, with its
+	// usage.
+	//
+	// extra, when not empty, is top-level fields (",\"name\":value...")
+	// for the last chunk or the response; it is passed to the last stop
+	// and to finish, and a sink puts it in one of them.
+	finish(u usageCounts, extra []byte) error
 }
 
 // Stream runs one request and calls emit with each OpenAI streaming chunk:
@@ -592,20 +612,17 @@ func (e *Engine) run(ctx context.Context, r *request, s sink) (err error) {
 	}
 	defer e.release()
 
-	var p pacer
-	defer p.stop()
-	start := time.Now()
-	ttft := e.prefillTime(o.promptTokens, 0)
+	decode := r.pd != nil && r.pd.role == RoleDecode
+	cached := 0 // prompt tokens found in the prefix cache
 	var pc *prefixRun
-	if e.cache != nil && (r.pd == nil || r.pd.role != RoleDecode) {
+	if e.cache != nil && !decode {
 		// Looked up when scheduled, as vLLM does; only the uncached
 		// tokens are prefilled.
 		pc = e.cache.begin(r, o.promptTokens)
-		ttft = e.prefillTime(o.promptTokens, pc.cached)
+		cached = pc.cached
 	}
-	if r.pd != nil && r.pd.role == RoleDecode {
-		// The KV arrives from the prefill engine, so no prefill cost: the
-		// first token comes one ITL after the transfer.
+	if decode {
+		// The KV arrives from the prefill engine: nothing to prefill.
 		if err := e.receiveKV(ctx, r); err != nil {
 			if ctx.Err() != nil {
 				return e.abort(r, ctx.Err())
@@ -614,20 +631,51 @@ func (e *Engine) run(ctx context.Context, r *request, s sink) (err error) {
 			return err
 		}
 		r.pd.received = true
-		start, ttft = time.Now(), e.cfg.ITL
+		if e.batch != nil {
+			if err := e.batch.transfer(ctx, o.promptTokens); err != nil {
+				return e.abort(r, err)
+			}
+		}
 	}
-	// The generation ends at its last deadline: 0 is the first token's,
-	// i the i-th next token's, o.tokens the stop-string tail's.
-	last := o.tokens - 1
-	if o.tail != "" {
-		last = o.tokens
+	// The generation ends at its last output: 0 is the first token, i the
+	// i-th next token, o.tokens the stop-string tail. Choices (n > 1)
+	// generate side by side, each ending at its own last output.
+	last := lastOutput(o)
+	outs := make([]outcome, max(1, r.n))
+	outs[0] = o
+	for i := 1; i < r.n; i++ {
+		outs[i] = r.choiceOutcome(i)
+		last = max(last, lastOutput(outs[i]))
 	}
 	generated := func(i int) {
 		if i >= last && r.pd != nil {
 			r.pd.finished = true
 		}
 	}
-	if err := p.wait(ctx, start, ttft); err != nil {
+	var wait func(i int) error // waits for output i
+	if e.batch != nil {
+		prefill := o.promptTokens - cached
+		if decode {
+			prefill = 0
+		}
+		ends := make([]int, len(outs))
+		for i, x := range outs {
+			ends[i] = lastOutput(x) + 1
+		}
+		seq := e.batch.join(prefill, ends)
+		defer e.batch.leave(seq)
+		wait = func(int) error { return e.batch.next(ctx, seq) }
+	} else {
+		var p pacer
+		defer p.stop()
+		// A decode's first token comes one ITL after its KV.
+		start, ttft := time.Now(), e.cfg.ITL
+		if !decode {
+			ttft = e.prefillTime(o.promptTokens, cached)
+		}
+		wait = func(i int) error { return p.wait(ctx, start, ttft+time.Duration(i)*e.cfg.ITL) }
+	}
+	if err := wait(0); err != nil {
 		return e.abort(r, err)
 	}
 	if r.pd != nil && r.pd.role == RolePrefill {
@@ -640,38 +688,55 @@ func (e *Engine) run(ctx context.Context, r *request, s sink) (err error) {
 	if err := s.first(); err != nil {
 		return e.abort(r, err)
 	}
-	c := o.start
-	for i := range o.tokens {
-		if i > 0 {
-			if err := p.wait(ctx, start, ttft+time.Duration(i)*e.cfg.ITL); err != nil {
-				return e.abort(r, err)
-			}
-			generated(i)
-		}
-		w, _ := c.next()
-		if err := s.token(tokenText[w], tokenJSON[w]); err != nil {
-			return e.abort(r, err)
-		}
-		if pc != nil {
-			_, _ = pc.h.WriteString(tokenText[w])
-		}
-	}
-	if o.tail != "" {
-		if o.tokens > 0 {
-			if err := p.wait(ctx, start, ttft+time.Duration(o.tokens)*e.cfg.ITL); err != nil {
-				return e.abort(r, err)
-			}
-			generated(o.tokens)
-		}
-		if err := s.token(o.tail, string(oaiformat.AppendString(nil, o.tail))); err != nil {
-			return e.abort(r, err)
-		}
+	chains := make([]chain, len(outs))
+	completion := 0
+	for i, x := range outs {
+		chains[i] = x.start
+		completion += x.tokens
 	}
 	var extra []byte
 	if r.pd != nil {
 		extra = r.pd.extra
 	}
-	if err := s.finish(o.finish, o.promptTokens, o.tokens, extra); err != nil {
+	choices := len(outs) // not stopped yet
+	for k := 0; k <= last; k++ {
+		if k > 0 {
+			if err := wait(k); err != nil {
+				return e.abort(r, err)
+			}
+			generated(k)
+		}
+		for i := range outs {
+			x := &outs[i]
+			var err error
+			switch {
+			case k < x.tokens:
+				w, _ := chains[i].next()
+				err = s.token(i, tokenText[w], tokenJSON[w])
+				if i == 0 && pc != nil {
+					_, _ = pc.h.WriteString(tokenText[w])
+				}
+			case k == x.tokens && x.tail != "":
+				err = s.token(i, x.tail, string(oaiformat.AppendString(nil, x.tail)))
+			}
+			if err == nil && k == lastOutput(*x) {
+				choices--
+				var ex []byte
+				if choices == 0 {
+					ex = extra
+				}
+				err = s.stop(i, x.finish, ex)
+			}
+			if err != nil {
+				return e.abort(r, err)
+			}
+		}
+	}
+	u := usageCounts{prompt: o.promptTokens, completion: completion, cached: -1}
+	if pc != nil {
+		u.cached = cached
+	}
+	if err := s.finish(u, extra); err != nil {
 		return e.abort(r, err)
 	}
 	if pc != nil {
@@ -682,8 +747,8 @@ func (e *Engine) run(ctx context.Context, r *request, s sink) (err error) {
 	return nil
 }
 
-// prefillTime is the time to first token of a prompt of promptTokens
-// tokens, cached of which are in the prefix cache.
+// prefillTime is the constant model's time to first token of a prompt of
+// promptTokens tokens, cached of which are in the prefix cache.
 func (e *Engine) prefillTime(promptTokens, cached int) time.Duration {
 	return e.cfg.TTFT + time.Duration(max(0, promptTokens-cached))*e.cfg.PrefillPerToken
 }

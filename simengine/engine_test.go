@@ -70,6 +70,9 @@ func TestStreamUsageChunk(t *testing.T) {
 			if (tr.usage != nil) != tc.usage {
 				t.Fatalf("usage chunk %v, want %v", tr.usage, tc.usage)
 			}
+			if tr.usage != nil && tr.usage.PromptTokensDetails != nil {
+				t.Fatalf("usage %+v: prompt_tokens_details without a prefix cache", tr.usage)
+			}
 			x := mustExpect(t, APICompletion, body)
 			if tr.text() != x.Text || tr.finish != x.FinishReason {
 				t.Fatalf("got %q %s, want %q %s", tr.text(), tr.finish, x.Text, x.FinishReason)

@@ -23,7 +23,24 @@ func Expect(api API, body []byte) (Expectation, error) {
 	if err != nil {
 		return Expectation{}, err
 	}
-	o := r.outcome()
+	return expect(r.outcome()), nil
+}
+
+// ExpectChoices is Expect for each of the request's n choices, in index
+// order; choice 0 is what Expect gives.
+func ExpectChoices(api API, body []byte) ([]Expectation, error) {
+	r, err := parseRequest(api, body)
+	if err != nil {
+		return nil, err
+	}
+	xs := make([]Expectation, r.n)
+	for i := range xs {
+		xs[i] = expect(r.choiceOutcome(i))
+	}
+	return xs, nil
+}
+
+func expect(o outcome) Expectation {
 	x := Expectation{
 		Tokens:           make([]string, 0, o.tokens+1),
 		PromptTokens:     o.promptTokens,
@@ -42,5 +59,5 @@ func Expect(api API, body []byte) (Expectation, error) {
 		sb.WriteString(o.tail)
 	}
 	x.Text = sb.String()
-	return x, nil
+	return x
 }

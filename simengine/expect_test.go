@@ -74,7 +74,7 @@ func TestHTTPMatchesExpect(t *testing.T) {
 						}
 						return
 					}
-					want := usage{x.PromptTokens, x.CompletionTokens, x.PromptTokens + x.CompletionTokens}
+					want := usage{PromptTokens: x.PromptTokens, CompletionTokens: x.CompletionTokens, TotalTokens: x.PromptTokens + x.CompletionTokens}
 					if tr.usage == nil || *tr.usage != want {
 						t.Fatalf("usage %+v, want %+v", tr.usage, want)
 					}
@@ -124,7 +124,7 @@ func TestHTTPMatchesExpect(t *testing.T) {
 				if text != x.Text || c.FinishReason != x.FinishReason {
 					t.Fatalf("got %q/%s, want %q/%s", text, c.FinishReason, x.Text, x.FinishReason)
 				}
-				if want := (usage{x.PromptTokens, x.CompletionTokens, x.PromptTokens + x.CompletionTokens}); got.Usage != want {
+				if want := (usage{PromptTokens: x.PromptTokens, CompletionTokens: x.CompletionTokens, TotalTokens: x.PromptTokens + x.CompletionTokens}); got.Usage != want {
 					t.Fatalf("usage %+v, want %+v", got.Usage, want)
 				}
 				if got.Model != "sim-model" || got.ID == "" {

@@ -7,9 +7,10 @@ import (
 	"testing"
 )
 
-// FuzzStreamRequest feeds arbitrary bodies to Expect and Stream: neither may
-// panic, they must agree on what they accept, and every chunk must be JSON
-// whose deltas add up to Expect's text.
+// FuzzStreamRequest feeds arbitrary bodies to ExpectChoices and Stream:
+// neither may panic, they must agree on what they accept, and every chunk
+// must be JSON whose deltas add up, choice by choice, to the expected
+// texts.
 func FuzzStreamRequest(f *testing.F) {
 	for _, tc := range expectCases {
 		f.Add(tc.api == APIChat, []byte(tc.body))
@@ -29,8 +30,8 @@ func FuzzStreamRequest(f *testing.F) {
 		if chat {
 			api = APIChat
 		}
-		x, xerr := Expect(api, body)
-		var text strings.Builder
+		xs, xerr := ExpectChoices(api, body)
+		text := map[int]*strings.Builder{}
 		serr := e.Stream(t.Context(), api, body, func(c []byte) error {
 			if !json.Valid(c) {
 				t.Fatalf("invalid chunk %q", c)
@@ -38,11 +39,16 @@ func FuzzStreamRequest(f *testing.F) {
 			var ch chunk
 			_ = json.Unmarshal(c, &ch)
 			for _, choice := range ch.Choices {
+				sb := text[choice.Index]
+				if sb == nil {
+					sb = &strings.Builder{}
+					text[choice.Index] = sb
+				}
 				if choice.Text != nil {
-					text.WriteString(*choice.Text)
+					sb.WriteString(*choice.Text)
 				}
 				if choice.Delta != nil && choice.Delta.Content != nil {
-					text.WriteString(*choice.Delta.Content)
+					sb.WriteString(*choice.Delta.Content)
 				}
 			}
 			return nil
@@ -63,8 +69,13 @@ func FuzzStreamRequest(f *testing.F) {
 			}
 			return
 		}
-		if text.String() != x.Text {
-			t.Fatalf("streamed %q, want %q", text.String(), x.Text)
+		if len(text) != len(xs) {
+			t.Fatalf("streamed %d choices, want %d", len(text), len(xs))
+		}
+		for i, x := range xs {
+			if sb := text[i]; sb == nil || sb.String() != x.Text {
+				t.Fatalf("choice %d streamed %v, want %q", i, sb, x.Text)
+			}
 		}
 	})
 }

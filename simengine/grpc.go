@@ -125,7 +125,7 @@ func (g *grpcService) Generate(req *vllmpb.GenerateRequest, ss grpc.ServerStream
 
 // grpcRequest turns a GenerateRequest into the engine's request.
 func (e *Engine) grpcRequest(req *vllmpb.GenerateRequest) (*request, *Error) {
-	r := &request{api: APICompletion, stream: req.GetStream(), includeUsage: true}
+	r := &request{api: APICompletion, stream: req.GetStream(), includeUsage: true, n: 1}
 	switch in := req.GetInput().(type) {
 	case *vllmpb.GenerateRequest_Text:
 		r.prompt = in.Text
@@ -148,7 +148,7 @@ func (e *Engine) grpcRequest(req *vllmpb.GenerateRequest) (*request, *Error) {
 		}
 	}
 	if n := sp.GetN(); n > 1 {
-		return nil, badRequest("n", "n must be 1 (the simulator generates one choice), got %d", n)
+		return nil, badRequest("n", "n must be 1 over the gRPC engine service, got %d", n)
 	}
 	for _, s := range sp.GetStop() {
 		if s != "" {
@@ -207,12 +207,13 @@ type grpcSink struct {
 	sent   int
 	ids    []uint32 // non-streaming: every id
 	prompt int
+	reason string
 }
 
 func (s *grpcSink) open() error  { return nil }
 func (s *grpcSink) first() error { return nil }
 
-func (s *grpcSink) token(text, _ string) error {
+func (s *grpcSink) token(_ int, text, _ string) error {
 	ids, err := s.tok.Encode(text)
 	if err != nil {
 		return err
@@ -229,12 +230,18 @@ func (s *grpcSink) token(text, _ string) error {
 	}}})
 }
 
-func (s *grpcSink) finish(reason string, prompt, completion int, extra []byte) error {
+func (s *grpcSink) stop(_ int, reason string, _ []byte) error {
+	s.reason = reason
+	return nil
+}
+
+func (s *grpcSink) finish(u usageCounts, extra []byte) error {
 	c := &vllmpb.GenerateComplete{
 		OutputIds:        s.ids,
-		FinishReason:     reason,
-		PromptTokens:     uint32(prompt),
-		CompletionTokens: uint32(completion),
+		FinishReason:     s.reason,
+		PromptTokens:     uint32(u.prompt),
+		CompletionTokens: uint32(u.completion),
+		CachedTokens:     uint32(max(0, u.cached)),
 	}
 	// extra is `,"kv_transfer_params":{...}` for a vLLM prefill.
 	if kv, ok := bytes.CutPrefix(extra, []byte(`,"`+FieldKVTransferParams+`":`)); ok {

@@ -280,3 +280,22 @@ func TestTokenizer(t *testing.T) {
 }
 
 func isValid(b []byte) bool { return strings.ToValidUTF8(string(b), "\x00") == string(b) }
+
+// With the prefix cache on, GenerateComplete counts the cached prompt
+// tokens.
+func TestGRPCCachedTokens(t *testing.T) {
+	c := grpcClient(t, newTestEngine(t, cacheConfig(64, 4)))
+	req := &vllmpb.GenerateRequest{
+		Input:          &vllmpb.GenerateRequest_Text{Text: promptWords("g", 20)},
+		SamplingParams: &vllmpb.SamplingParams{MaxTokens: u32(2)},
+	}
+	for _, want := range []uint32{0, 16} { // cold, then four blocks of four
+		_, comp, err := generate(t, t.Context(), c, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if comp.GetCachedTokens() != want {
+			t.Fatalf("cached tokens %d, want %d", comp.GetCachedTokens(), want)
+		}
+	}
+}

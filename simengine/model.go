@@ -1,6 +1,9 @@
 package simengine
 
-import "strings"
+import (
+	"strconv"
+	"strings"
+)
 
 // vocab is the generation vocabulary: plain lowercase ASCII words, so that a
 // token's JSON encoding never needs escaping.
@@ -80,14 +83,26 @@ func fnvString(h uint64, s string) uint64 {
 // trailing context words are vocabulary words. It depends on the context
 // only, which is what makes resuming exact.
 type chain struct {
+	seed   uint64 // seedHash for choice 0, choiceSeed(i) for choice i
 	p2, p1 string
 	run    int
+}
+
+// choiceSeed is the seed of choice i of a request with n > 1: choice 0
+// has the simulator's own, so that it is what Expect and a resumed request
+// give, and every other choice one of its own.
+func choiceSeed(i int) uint64 {
+	if i == 0 {
+		return seedHash
+	}
+	h := fnvString(seedHash, "\x00choice ")
+	return fnvString(h, strconv.Itoa(i))
 }
 
 // newChain scans prompt and returns the chain state after it and the number
 // of prompt tokens (strings.Fields words).
 func newChain(prompt string) (chain, int) {
-	var c chain
+	c := chain{seed: seedHash}
 	n := 0
 	for w := range strings.FieldsSeq(prompt) {
 		n++
@@ -103,7 +118,7 @@ func newChain(prompt string) (chain, int) {
 
 // next returns the index in vocab of the next word, or eos.
 func (c *chain) next() (word int, eos bool) {
-	h := fnvString(seedHash, c.p2)
+	h := fnvString(c.seed, c.p2)
 	h *= fnvPrime64 // a zero byte between the words: h ^= 0 is a no-op
 	h = fnvString(h, c.p1)
 	if h%eosModulus == 0 && c.run >= eosMinRun {
@@ -133,8 +148,22 @@ type outcome struct {
 	finish string
 }
 
-func (r *request) outcome() outcome {
+// lastOutput is the output at which o's generation ends: output 0 is the
+// first token, i the i-th next token, o.tokens the stop-string tail.
+func lastOutput(o outcome) int {
+	if o.tail != "" {
+		return o.tokens
+	}
+	return max(0, o.tokens-1)
+}
+
+// outcome is choice 0's outcome, what a request with n 1 generates.
+func (r *request) outcome() outcome { return r.choiceOutcome(0) }
+
+// choiceOutcome is choice i's outcome.
+func (r *request) choiceOutcome(i int) outcome {
 	c, n := newChain(r.prompt)
+	c.seed = choiceSeed(i)
 	o := outcome{start: c, promptTokens: n, finish: finishLength}
 	if len(r.stops) == 0 {
 		for o.tokens < r.maxTokens {

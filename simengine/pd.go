@@ -125,6 +125,9 @@ func fingerprint(model, prompt string) string {
 
 // checkPD validates a request's hand-off fields for a PD engine.
 func (e *Engine) checkPD(r *request) *Error {
+	if r.n > 1 {
+		return badRequest("n", "n must be 1 on a %s engine: a hand-off carries one sequence, got %d", e.cfg.Role, r.n)
+	}
 	leg := &pdLeg{
 		role:        e.cfg.Role,
 		proto:       e.cfg.PDProtocol,

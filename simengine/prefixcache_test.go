@@ -61,7 +61,7 @@ func TestPrefixCacheHits(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			before, _, _ := e.PrefixCache()
-			mustStream(t, e, APICompletion, tt.body)
+			tr := mustStream(t, e, APICompletion, tt.body) // not streaming: the usage comes
 			q, h, n := e.PrefixCache()
 			if q != tt.queries || h != tt.hits || n != tt.blocksAfter {
 				t.Errorf("queries %d hits %d blocks %d, want %d %d %d", q, h, n, tt.queries, tt.hits, tt.blocksAfter)
@@ -70,6 +70,10 @@ func TestPrefixCacheHits(t *testing.T) {
 			cached := prompt - tt.uncachedOfPrompt
 			if got, want := e.prefillTime(prompt, cached), e.prefillTime(tt.uncachedOfPrompt, 0); got != want {
 				t.Errorf("prefill time %v, want that of %d tokens, %v", got, tt.uncachedOfPrompt, want)
+			}
+			// As vLLM reports them, in usage.prompt_tokens_details.
+			if d := tr.usage.PromptTokensDetails; d == nil || d.CachedTokens != cached {
+				t.Errorf("usage %+v, want %d cached tokens", tr.usage, cached)
 			}
 		})
 	}

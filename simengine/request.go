@@ -14,6 +14,9 @@ const (
 	// MaxTokensLimit bounds max_tokens, standing in for a model's context
 	// length so that a request cannot occupy a slot for ever.
 	MaxTokensLimit = 1 << 20
+	// MaxN bounds n, the choices of one request (oaiformat.MaxN, the
+	// broker's bound).
+	MaxN = oaiformat.MaxN
 )
 
 // request is a validated OpenAI request reduced to what the simulator uses.
@@ -26,9 +29,11 @@ type request struct {
 	chat          []chatText
 	continueFinal bool
 	maxTokens     int
-	stops         []string
-	stream        bool
-	includeUsage  bool
+	// n is how many choices to generate (at least 1).
+	n            int
+	stops        []string
+	stream       bool
+	includeUsage bool
 
 	// pdRaw is kept undecoded so that a regular engine ignores it as it
 	// ignores any unknown field; PD engines decode it in checkPD.
@@ -150,8 +155,12 @@ func (r *request) common(maxTokens *int, param string, n *int, stop json.RawMess
 		}
 		r.maxTokens = *maxTokens
 	}
-	if n != nil && *n != 1 {
-		return badRequest("n", "n must be 1 (the simulator generates one choice), got %d", *n)
+	r.n = 1
+	if n != nil {
+		if *n < 1 || *n > MaxN {
+			return badRequest("n", "n must be between 1 and %d, got %d", MaxN, *n)
+		}
+		r.n = *n
 	}
 	var err *Error
 	if r.stops, err = parseStop(stop); err != nil {

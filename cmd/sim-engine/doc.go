@@ -11,6 +11,17 @@
 // --prefill-per-token adds to --ttft per prompt token, so that a long
 // prompt's first token can take many seconds.
 //
+// --batch-model replaces that constant model (--ttft, --prefill-per-token,
+// --itl) with continuous batching and chunked prefill: each engine step
+// decodes one token of every running sequence and prefills up to
+// --max-batched-tokens prompt tokens of the others, and lasts --step-time
+// + --step-per-seq x decoding sequences + --step-per-prefill-token x
+// prefilled tokens, so long prompts slow the decodes beside them. --slots
+// is the engine's max-num-seqs. A decode engine's leg joins the batch
+// --kv-transfer-per-token x prompt tokens after its KV was handed over.
+// The defaults model Llama-3.1-8B on one H100 under vLLM; package
+// simengine names their source.
+//
 // --load-time D (default 0) makes the engine load for D after it starts:
 // it listens at once, but /health, /v1/models and the completion routes
 // answer 503 (gRPC: Unavailable) until D has passed, as a vLLM or SGLang

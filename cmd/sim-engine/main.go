@@ -41,6 +41,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	fs.SetOutput(stderr)
 	def := simengine.DefaultConfig()
 	cfg := def
+	cfg.Batch = simengine.DefaultBatchModel()
 	listen := fs.String("listen", "127.0.0.1:8000", "address to listen on")
 	grpcListen := fs.String("grpc-listen", "", "address to serve vLLM's gRPC engine service (vllm.grpc.engine.VllmEngine) on; empty: off")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
@@ -48,7 +49,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	fs.DurationVar(&cfg.TTFT, "ttft", def.TTFT, "base latency before the first token")
 	fs.DurationVar(&cfg.PrefillPerToken, "prefill-per-token", def.PrefillPerToken, "latency added before the first token per prompt token")
 	fs.DurationVar(&cfg.ITL, "itl", def.ITL, "delay between tokens")
-	fs.IntVar(&cfg.Slots, "slots", def.Slots, "concurrent sequences; more requests wait in a FIFO queue")
+	fs.IntVar(&cfg.Slots, "slots", def.Slots, "concurrent sequences (an engine's max-num-seqs); more requests wait in a FIFO queue")
+	cfg.Batch.RegisterFlags(fs, "")
 	role := fs.String("role", string(def.Role), "PD role: regular, prefill or decode")
 	protocol := fs.String("pd-protocol", string(def.PDProtocol), "PD hand-off protocol of a prefill or decode engine: vllm or sglang")
 	fs.StringVar(&cfg.BootstrapHost, "bootstrap-host", def.BootstrapHost, "host a prefill engine's bootstrap side channel listens on and advertises")
@@ -120,9 +122,17 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	// The bound addresses are logged so that a caller passing port 0 learns
 	// them.
-	attrs := []any{"addr", ln.Addr().String(), "model", cfg.Model,
-		"ttft", cfg.TTFT, "prefill_per_token", cfg.PrefillPerToken, "itl", cfg.ITL, "slots", cfg.Slots,
-		"role", eng.Role(), "load_time", (*simengine.LoadTime)(&cfg.LoadTime).String()}
+	attrs := []any{"addr", ln.Addr().String(), "model", cfg.Model}
+	if b := cfg.Batch; b.Enabled {
+		attrs = append(attrs, "batch_model", true, "max_batched_tokens", b.MaxBatchedTokens, "step_time", b.StepTime,
+			"step_per_seq", b.StepPerSeq, "step_per_prefill_token", b.StepPerPrefillToken)
+		if eng.Role() == simengine.RoleDecode {
+			attrs = append(attrs, "kv_transfer_per_token", b.KVTransferPerToken)
+		}
+	} else {
+		attrs = append(attrs, "ttft", cfg.TTFT, "prefill_per_token", cfg.PrefillPerToken, "itl", cfg.ITL)
+	}
+	attrs = append(attrs, "slots", cfg.Slots, "role", eng.Role(), "load_time", (*simengine.LoadTime)(&cfg.LoadTime).String())
 	if gln != nil {
 		attrs = append(attrs, "grpc_addr", gln.Addr().String())
 	}

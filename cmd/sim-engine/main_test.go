@@ -123,6 +123,9 @@ func TestRunErrors(t *testing.T) {
 		{"negative load time", []string{"--load-time", "-1s", "--listen", "127.0.0.1:0"}, nil},
 		{"bad load time env", []string{"--listen", "127.0.0.1:0"}, map[string]string{"SIM_ENGINE_LOAD_TIME": "later"}},
 		{"negative kv hold timeout", []string{"--role", "prefill", "--kv-hold-timeout", "-1s", "--listen", "127.0.0.1:0"}, nil},
+		{"negative max batched tokens", []string{"--batch-model", "--max-batched-tokens", "-1", "--listen", "127.0.0.1:0"}, nil},
+		{"negative step time", []string{"--batch-model", "--step-time", "-1ms", "--listen", "127.0.0.1:0"}, nil},
+		{"bad step per seq env", []string{"--listen", "127.0.0.1:0"}, map[string]string{"SIM_ENGINE_STEP_PER_SEQ": "tiny"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -236,5 +239,47 @@ func TestRunRejectsBadKVEventsConfig(t *testing.T) {
 		if err == nil {
 			t.Errorf("run(%q) = nil", args)
 		}
+	}
+}
+
+// --batch-model serves the same text as the constant model, with the
+// step flags (and their environment variables) taken.
+func TestRunBatchModel(t *testing.T) {
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	attrs, done := startRunAttrs(t, ctx, []string{
+		"--listen", "127.0.0.1:0", "--batch-model", "--max-batched-tokens", "4",
+		"--step-time", "100us", "--step-per-seq", "10us", "--step-per-prefill-token", "1us",
+	}, map[string]string{"SIM_ENGINE_KV_TRANSFER_PER_TOKEN": "2us"})
+	if attrs["batch_model"] != "true" || attrs["max_batched_tokens"] != "4" || attrs["step_time"] != "100µs" ||
+		attrs["step_per_seq"] != "10µs" || attrs["step_per_prefill_token"] != "1µs" || attrs["itl"] != "" {
+		t.Fatalf("listening line %v", attrs)
+	}
+	body := `{"prompt":"a prompt longer than one chunk of four words","max_tokens":25,"stop":" zz"}`
+	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, "http://"+attrs["addr"]+"/v1/completions", strings.NewReader(body))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var got struct {
+		Choices []struct {
+			Text string `json:"text"`
+		} `json:"choices"`
+	}
+	if err := json.Unmarshal(raw, &got); err != nil || resp.StatusCode != http.StatusOK || len(got.Choices) != 1 {
+		t.Fatalf("%d %s: %v", resp.StatusCode, raw, err)
+	}
+	x, err := simengine.Expect(simengine.APICompletion, []byte(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Choices[0].Text != x.Text {
+		t.Fatalf("got %q, want %q", got.Choices[0].Text, x.Text)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("run: %v", err)
 	}
 }

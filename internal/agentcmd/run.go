@@ -49,6 +49,7 @@ type options struct {
 	simITL       time.Duration
 	simPrefill   time.Duration
 	simLoad      time.Duration
+	simBatch     simengine.BatchModel
 	pdProto      string
 	bsHost       string
 	bsPort       int
@@ -113,6 +114,8 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*o
 	fs.DurationVar(&o.simITL, "sim-itl", 10*time.Millisecond, "sim engine: inter-token latency")
 	fs.DurationVar(&o.simPrefill, "sim-prefill-per-token", 0, "sim engine: latency added before the first token per prompt token (long prompts)")
 	fs.Var((*simengine.LoadTime)(&o.simLoad), "sim-load-time", "sim engine: how long it loads before it is healthy: a `duration`, or never")
+	o.simBatch = simengine.DefaultBatchModel()
+	o.simBatch.RegisterFlags(fs, "sim-")
 	fs.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	cli.SetUsage(fs, `worker-agent: runs beside one inference engine. It heartbeats the engine's
@@ -131,7 +134,8 @@ Usage:
 		{Title: "NATS", Flags: []string{"nats-url", "id", "heartbeat", "prefix",
 			"nats-creds", "nats-nkey", "nats-user", "nats-password", "nats-token", "nats-tls-ca", "nats-tls-cert", "nats-tls-key", "nats-inbox-prefix"}},
 		{Title: "Observability", Flags: []string{"metrics-listen", "log-format", "log-level"}},
-		{Title: "Simulator (--engine sim)", Flags: []string{"sim-ttft", "sim-itl", "sim-prefill-per-token", "sim-load-time"}},
+		{Title: "Simulator (--engine sim)", Flags: []string{"sim-ttft", "sim-itl", "sim-prefill-per-token", "sim-load-time",
+			"sim-batch-model", "sim-max-batched-tokens", "sim-step-time", "sim-step-per-seq", "sim-step-per-prefill-token", "sim-kv-transfer-per-token"}},
 	})
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -308,7 +312,7 @@ func buildEngine(ctx context.Context, o *options) (agent.Engine, string, error) 
 		if o.model == "" {
 			o.model = "sim-model"
 		}
-		cfg := simengine.Config{Model: o.model, TTFT: o.simTTFT, ITL: o.simITL, Slots: o.slots, PrefillPerToken: o.simPrefill, LoadTime: o.simLoad}
+		cfg := simengine.Config{Model: o.model, TTFT: o.simTTFT, ITL: o.simITL, Slots: o.slots, PrefillPerToken: o.simPrefill, LoadTime: o.simLoad, Batch: o.simBatch}
 		if pdRole {
 			cfg.Role, cfg.PDProtocol, cfg.BootstrapPort = simengine.Role(o.role), simengine.PDProtocol(o.pdProto), 0
 		}
