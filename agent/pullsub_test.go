@@ -3,6 +3,7 @@ package agent
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -121,5 +122,27 @@ func TestRanHereForgets(t *testing.T) {
 	a.ranHere(attemptKey{"req-4", 0}, t0.Add(3*dupWindow))
 	if _, ok := a.running[attemptKey{"now", 0}]; !ok || len(a.running) != 2 || len(a.ranOrder) != 1 {
 		t.Fatalf("much later: running %v, order %v", a.running, a.ranOrder)
+	}
+}
+
+// A pull wait is a pull's expiry: zero takes the default, a negative or
+// sub-millisecond one is refused by name.
+func TestConfigPullWait(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		wait time.Duration
+		ok   bool
+	}{
+		{"default", 0, true},
+		{"short", 50 * time.Millisecond, true},
+		{"negative", -time.Second, false},
+		{"below a millisecond", time.Microsecond, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := Config{ID: "a1", Model: "m", PullWait: tc.wait}.Validate()
+			if (err == nil) != tc.ok || (err != nil && !strings.Contains(err.Error(), "pull wait")) {
+				t.Fatalf("Validate: %v, want ok %v", err, tc.ok)
+			}
+		})
 	}
 }
