@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/switchyard-ai/switchyard/dispatch"
+	"github.com/switchyard-ai/switchyard/internal/jserr"
 	"github.com/switchyard-ai/switchyard/oaiformat"
 	"github.com/switchyard-ai/switchyard/subjects"
 	"github.com/switchyard-ai/switchyard/wire"
@@ -484,223 +485,6 @@ func (a *Agent) queue() (name, filter string, err error) {
 	return name, filter, err
 }
 
-// consumerRef is the pool's consumer as the agent's slots share it. When a
-// pull shows the consumer gone (a NATS server restarted on an empty store,
-// a stream recreated, a consumer deleted by hand), the first slot to notice
-// binds it again and the others wait for that rather than each asking.
-type consumerRef struct {
-	mu   sync.Mutex // held while the consumer is being bound again
-	cons jetstream.Consumer
-	gen  int
-	// bind binds the consumer again; nil: the pool's shared consumer.
-	bind func(context.Context) (jetstream.Consumer, error)
-	// yield delays a pull after a slot freed on a full agent, so that
-	// another queue's pull claims it first (see pullAll).
-	yield time.Duration
-}
-
-func (r *consumerRef) get() (jetstream.Consumer, int) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.cons, r.gen
-}
-
-// renew binds the consumer again unless another slot already did since gen.
-func (r *consumerRef) renew(ctx context.Context, a *Agent, gen int) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.gen != gen {
-		return
-	}
-	a.log.Warn("jobs consumer gone, binding it again", "stream", a.cfg.Stream)
-	bind := r.bind
-	if bind == nil {
-		bind = a.consumer
-	}
-	cons, err := bind(ctx)
-	if err != nil {
-		return // ctx ended
-	}
-	r.cons = cons
-	r.gen++
-	a.log.Info("jobs consumer bound again", "stream", a.cfg.Stream)
-}
-
-// consumerGone reports whether a pull error means the consumer (or its
-// stream) no longer exists. No responders also happens for a moment while
-// a cluster elects a consumer leader; binding again is idempotent, so that
-// costs one extra request.
-func consumerGone(err error) bool {
-	return errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrConsumerDeleted) ||
-		errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, nats.ErrNoResponders)
-}
-
-// pullRetryMax bounds the wait between failed pulls: NATS away, a
-// consumer being bound again. Reconnects are every 250ms, so pulling resumes
-// within about this once NATS is back.
-const pullRetryMax = time.Second
-
-// workerIdle is how long a job worker waits for another job before it
-// ends.
-const workerIdle = 10 * time.Second
-
-// pull is the agent's one pull loop: it asks the pool's consumer for as
-// many jobs as its pull limit leaves room for and runs each in its own
-// goroutine. A pull asks for exactly that room, so the agent never holds
-// more jobs than its limit (its slots, or less while it ramps up after
-// becoming ready), and it keeps one pull request waiting at the server
-// instead of one per idle slot. Pull failures back off (a pull that fails
-// at once must not spin) and a consumer found gone is bound again.
-//
-// The agent runs one such loop per queue it pulls (the shared one and its
-// directed one, see pullAll); they share one count of jobs held, so two
-// pulls may together be offered more than the room left: a job beyond the
-// limit is handed straight back (Nak) and never started.
-func (a *Agent) pull(ctx context.Context, ref *consumerRef, jobs *sync.WaitGroup) {
-	backoff := time.Duration(0)
-	pause := func() {
-		backoff = min(max(2*backoff, 50*time.Millisecond), pullRetryMax)
-		select {
-		case <-ctx.Done():
-		case <-time.After(backoff):
-		}
-	}
-	ps, err := newPullSub(a.nc, a.cfg.Slots)
-	if err != nil {
-		a.log.Error("no pull loop", "err", err)
-		return
-	}
-	defer ps.close()
-	// Jobs run on workers that outlive one job: a goroutine per job grew
-	// its stack anew for every engine call (the HTTP client's depth), a
-	// measurable share of a short job's CPU. A worker waits a while for the
-	// next job, and every worker ends with the pull loop.
-	work := make(chan jobMessage)
-	quit := make(chan struct{})
-	defer close(quit)
-	// A job's context has the loop's values, not its cancel: a stopping
-	// agent drains its jobs.
-	base := context.WithoutCancel(ctx)
-	runJob := func(msg jobMessage) {
-		defer jobs.Done()
-		defer a.slots.release()
-		a.handle(base, msg)
-	}
-	worker := func(msg jobMessage) {
-		idle := time.NewTimer(workerIdle)
-		defer idle.Stop()
-		for {
-			runJob(msg)
-			idle.Reset(workerIdle)
-			select {
-			case msg = <-work:
-			case <-idle.C:
-				return
-			case <-quit:
-				return
-			}
-		}
-	}
-	// take starts a job the pull delivered, or hands it straight back.
-	take := func(m *nats.Msg) {
-		msg := &jobMsg{nc: a.nc, m: m}
-		if ctx.Err() != nil {
-			// Draining: hand the job straight back to the pool.
-			_ = msg.Nak()
-			return
-		}
-		if !a.slots.acquire(a.pullLimit(time.Now())) {
-			// The other queue's pull filled the room meanwhile, or the job
-			// came late to a pull that had ended.
-			_ = msg.Nak()
-			return
-		}
-		jobs.Add(1)
-		select {
-		case work <- msg: // an idle worker takes it
-		default:
-			go worker(msg)
-		}
-	}
-	// A pull whose end never came (its status lost in a reconnect) is
-	// given up on this long after it should have expired, as nats.go's
-	// Fetch does.
-	giveUp := time.NewTimer(time.Hour)
-	defer giveUp.Stop()
-	for ctx.Err() == nil {
-		if !a.waitServing(ctx) {
-			return
-		}
-		now := time.Now()
-		freed := a.slots.freed() // before counting: a job ending meanwhile wakes the wait below
-		limit := a.pullLimit(now)
-		n := limit - a.slots.held()
-		if n <= 0 {
-			// Full: wait for a job to end, or for the ramp to make room.
-			var grow <-chan time.Time
-			var t *time.Timer
-			if every, ok := a.ramping(now); ok {
-				t = time.NewTimer(every)
-				grow = t.C
-			}
-			select {
-			case <-freed:
-				if ref.yield > 0 {
-					time.Sleep(ref.yield)
-				}
-			case <-grow:
-			case <-ctx.Done():
-			case m := <-ps.ch:
-				// A job late to a pull that had ended: no room for it.
-				if status(m) == nil {
-					take(m)
-				}
-			}
-			if t != nil {
-				t.Stop()
-			}
-			continue
-		}
-		cons, gen := ref.get()
-		if err := ps.request(cons, n, a.cfg.PullWait); err != nil {
-			if ctx.Err() == nil {
-				a.log.Warn("pull failed", "err", err)
-				pause()
-			}
-			continue
-		}
-		// A pull ends when it has n jobs or expires; while it has fewer,
-		// every job that arrives is delivered to it at once.
-		giveUp.Reset(a.cfg.PullWait + time.Second)
-		err = nil
-		for got := 0; got < n && err == nil; {
-			select {
-			case m := <-ps.ch:
-				switch err = status(m); err {
-				case nil:
-					got++
-					take(m)
-				case errNotEnd:
-					err = nil
-				}
-			case <-giveUp.C:
-				err = errPullEnded
-			}
-		}
-		switch {
-		case err == nil || errors.Is(err, errPullEnded) || ctx.Err() != nil:
-			backoff = 0
-		case consumerGone(err):
-			ref.renew(ctx, a, gen)
-			backoff = 0 // bound again: pull again soon
-			pause()
-		default:
-			a.log.Debug("pull ended", "err", err)
-			pause()
-		}
-	}
-}
-
 // doubleAck acks a job and waits for the server's confirmation, but no
 // longer than the consumer's AckWait: an ack lost in a NATS failover (its
 // request went to the node that died) gets no answer, and past AckWait the
@@ -781,250 +565,333 @@ func (a *Agent) wasCancelled(id string, attempt uint32) bool {
 }
 
 // jobRun is what handle makes for one job, in one allocation: the job,
-// its stream, its context, its prefill state, its accepted chunk and its
-// engine request. Nothing is reused: what outlives handle (a stream kept
-// by a late cancel, a context an engine still holds) keeps it alive.
+// its stream, its prefill state, its accepted chunk, its engine request
+// and what handle's steps learn of it. Nothing is reused: what outlives
+// handle (a stream kept by a late cancel, a context an engine still holds)
+// keeps it alive.
 type jobRun struct {
 	job      wire.Job
 	out      stream
-	ctx      jobCtx
 	pf       prefillState
 	accepted wire.Chunk
 	req      Request
+
+	msg     jobMessage
+	key     attemptKey
+	prefill bool // a PD job's prefill leg
+	// pdDecode: a decode leg, carrying a hand-off whose KV the prefill
+	// engine holds until a decode reads it (or its hold ends).
+	pdDecode bool
+	// release: a decode leg that only takes its hand-off, in silence (its
+	// request was cancelled while its prefill ran, or it is a second
+	// decode leg of one attempt).
+	release   bool
+	cancelled bool
+	ran       bool // the job reached its engine
 }
 
 // handle runs one job to its end, in a context under base, which carries
-// no cancel (see jobCtx).
+// no cancel (see jobContext): it admits the job (decoded, not expired,
+// the agent serving), claims its attempt, accepts it, holds it where a
+// cancel finds it, calls the engine and reports the outcome.
 func (a *Agent) handle(base context.Context, msg jobMessage) {
+	run := a.admit(msg)
+	if run == nil || !a.claim(run) {
+		return
+	}
+	defer a.unclaim(run)
+	if run.cancelled && !a.takeCancelled(run) {
+		return
+	}
+	var deadline time.Time
+	if dl := run.job.GetDeadline(); dl != nil {
+		deadline = dl.AsTime()
+	}
+	ctx, cancel := jobContext(base, deadline)
+	defer cancel(nil)
+	defer run.out.quiet()
+	if !a.accept(ctx, run) {
+		return
+	}
+	run.ran = true
+	a.hold(run, a.stopper(run, cancel))
+	defer a.unhold(run)
+	a.callEngine(ctx, run)
+}
+
+// admit decodes a job and checks that it may start: its deadline and, for
+// a decode leg, its hand-off's KV hold have not passed, and the agent
+// serves. It returns nil for a job it ended here.
+func (a *Agent) admit(msg jobMessage) *jobRun {
 	// The job's body aliases the message's data (see wire.DecodeJob): a
 	// buffer nats.go allocates for this message alone, which nothing here
 	// reads or writes again (the message is only acked or termed), and no
 	// engine writes into a body (a PD or streaming body is a new one).
-	run := new(jobRun)
+	run := &jobRun{msg: msg}
 	job := &run.job
 	if err := wire.DecodeJob(msg.Data(), job); err != nil {
 		a.log.Warn("undecodable job dropped", "err", err)
 		_ = msg.Term()
-		return
+		return nil
 	}
 	out := &run.out
 	out.init(a, job)
-	id, attempt := job.GetRequestId(), job.GetAttempt()
+	run.key = attemptKey{job.GetRequestId(), job.GetAttempt()}
 	now := time.Now()
 	if dl := job.GetDeadline(); dl != nil && now.After(dl.AsTime()) {
 		a.metrics.jobs.WithLabelValues(JobExpired).Inc()
 		_ = msg.Term()
 		out.fail(&wire.Error{Code: wire.CodeDeadlineExceeded, Message: "job deadline passed before it started"})
-		return
+		return nil
 	}
-	prefill := a.cfg.Pool == subjects.PoolPrefill
-	// A decode leg carries a hand-off whose KV the prefill engine holds
-	// until a decode reads it (or its hold ends).
-	pdDecode := a.cfg.Pool == subjects.PoolDecode && job.GetPd() != nil
+	run.prefill = a.cfg.Pool == subjects.PoolPrefill
+	run.pdDecode = a.cfg.Pool == subjects.PoolDecode && job.GetPd() != nil
 	// A released decode job belongs to a request cancelled while its
 	// prefill ran: it is handled as cancelled, whoever heard the cancel.
-	release := pdDecode && job.GetRelease()
-	cancelled := release || a.wasCancelled(id, attempt)
-	if exp := job.GetHandoffExpires(); pdDecode && exp != nil && now.After(exp.AsTime()) {
+	run.release = run.pdDecode && job.GetRelease()
+	run.cancelled = run.release || a.wasCancelled(run.key.request, run.key.attempt)
+	if exp := job.GetHandoffExpires(); run.pdDecode && exp != nil && now.After(exp.AsTime()) {
 		// The prefill engine no longer holds the KV: the decode would fail
 		// or recompute. End the attempt before any token; the broker
 		// retries the request.
 		a.metrics.jobs.WithLabelValues(JobExpired).Inc()
 		_ = msg.Term()
-		if !cancelled {
+		if !run.cancelled {
 			out.fail(&wire.Error{Code: wire.CodeHandoffExpired, Retryable: true,
 				Message: fmt.Sprintf("decode job taken %s after its hand-off expired (the prefill engine's KV hold)", now.Sub(exp.AsTime()).Round(time.Millisecond))})
 		}
-		return
+		return nil
 	}
 	if a.heldBack(msg) {
-		return
+		return nil
 	}
-	// The broker relays one agent per attempt and stops the others as
-	// they speak, but it cannot tell two runs of one agent apart: a second
-	// copy here is taken off the queue and never started. A decode leg
-	// always runs, since it frees its prefill engine's KV: two prefill
-	// legs of one attempt (an offer that moved as its agent took it, the
-	// second stopped only after its hand-off) send two decode jobs, and
-	// the second one here (while the first runs, or after it ended: see
-	// dupWindow) takes its hand-off in silence, as a released
-	// one does, instead of interleaving a second stream of the same
-	// chunk numbers (batched differently) with the first. A released
-	// job is silent anyway and holds no place.
-	ran := false // the job reached its engine (a deferred func reads it)
-	if !release {
-		k := attemptKey{id, attempt}
-		a.mu.Lock()
-		_, dup := a.running[k]
-		if !dup {
-			a.running[k] = time.Time{}
-		}
-		a.mu.Unlock()
-		switch {
-		case dup && !pdDecode:
-			a.metrics.jobs.WithLabelValues(JobCancelled).Inc()
-			a.log.Debug("second copy of an attempt running or run here dropped", "request", id, "attempt", attempt)
-			_ = msg.Ack()
-			return
-		case dup:
-			a.log.Debug("second decode leg of an attempt running or run here: its hand-off is taken in silence", "request", id, "attempt", attempt)
-			release, cancelled = true, true
-		default:
-			// Remembered once it reached its engine; a job dropped before
-			// (its ack not confirmed) may come back here and must run.
-			defer func() {
-				a.mu.Lock()
-				if ran {
-					a.ranHere(k, time.Now())
-				} else {
-					delete(a.running, k)
-				}
-				a.mu.Unlock()
-			}()
-		}
+	return run
+}
+
+// claim records the job's attempt as running here, and reports whether
+// the job goes on. The broker relays one agent per attempt and stops the
+// others as they speak, but it cannot tell two runs of one agent apart: a
+// second copy here is taken off the queue and never started. A decode leg
+// always runs, since it frees its prefill engine's KV: two prefill legs
+// of one attempt (an offer that moved as its agent took it, the second
+// stopped only after its hand-off) send two decode jobs, and the second
+// one here (while the first runs, or after it ended: see dupWindow) takes
+// its hand-off in silence, as a released one does, instead of
+// interleaving a second stream of the same chunk numbers (batched
+// differently) with the first. A released job is silent anyway and holds
+// no place.
+func (a *Agent) claim(run *jobRun) bool {
+	if run.release {
+		return true
 	}
-	if cancelled {
-		if !pdDecode {
-			a.metrics.jobs.WithLabelValues(JobCancelled).Inc()
-			_ = msg.Term()
-			return
-		}
-		// A decode leg of a cancelled request still takes its hand-off, in
-		// silence, so the prefill engine frees the KV it holds for it; the
-		// cancel below aborts it at its first chunk.
-		out.muted.Store(true)
+	a.mu.Lock()
+	_, dup := a.running[run.key]
+	if !dup {
+		a.running[run.key] = time.Time{}
 	}
-	var deadline time.Time
-	if dl := job.GetDeadline(); dl != nil {
-		deadline = dl.AsTime()
+	a.mu.Unlock()
+	switch {
+	case !dup:
+		return true
+	case !run.pdDecode:
+		a.metrics.jobs.WithLabelValues(JobCancelled).Inc()
+		a.log.Debug("second copy of an attempt running or run here dropped", "request", run.key.request, "attempt", run.key.attempt)
+		_ = run.msg.Ack()
+		return false
+	default:
+		a.log.Debug("second decode leg of an attempt running or run here: its hand-off is taken in silence", "request", run.key.request, "attempt", run.key.attempt)
+		run.release, run.cancelled = true, true
+		return true
 	}
-	jc := &run.ctx
-	jc.init(base, deadline)
-	actx, cancel := context.Context(jc), context.CancelCauseFunc(jc.cancelCause)
-	defer cancel(nil)
-	defer out.quiet()
-	if prefill {
-		if err := a.doubleAck(actx, msg); err != nil {
+}
+
+// unclaim ends claim's record: an attempt that reached its engine is
+// remembered as run here; a job dropped before (its ack not confirmed)
+// may come back here and must run.
+func (a *Agent) unclaim(run *jobRun) {
+	if run.release {
+		return // never claimed, or a second decode leg: not its record
+	}
+	a.mu.Lock()
+	if run.ran {
+		a.ranHere(run.key, time.Now())
+	} else {
+		delete(a.running, run.key)
+	}
+	a.mu.Unlock()
+}
+
+// takeCancelled handles a job whose request was cancelled before it
+// started, and reports whether it still runs: a decode leg takes its
+// hand-off, in silence, so the prefill engine frees the KV it holds for
+// it (its stop aborts it at its first chunk); any other job is termed.
+func (a *Agent) takeCancelled(run *jobRun) bool {
+	if !run.pdDecode {
+		a.metrics.jobs.WithLabelValues(JobCancelled).Inc()
+		_ = run.msg.Term()
+		return false
+	}
+	run.out.muted.Store(true)
+	return true
+}
+
+// accept acks the job and tells the broker it runs here; false if the
+// job is dropped. A prefill leg double-acks first: its decode job must
+// not go out from two agents. Any other speaks at once: accepted now,
+// tokens as the engine makes them, the ack's round trip overlapping the
+// engine's work instead of delaying the first token. Should two agents
+// ever run one attempt (an ack lost in a NATS failover, the job
+// redelivered after AckWait), the broker listens only to the first that
+// spoke for it.
+func (a *Agent) accept(ctx context.Context, run *jobRun) bool {
+	out, id := &run.out, run.key.request
+	if run.prefill {
+		if err := a.doubleAck(ctx, run.msg); err != nil {
 			// Not confirmed: the job may already be with another agent.
 			a.log.Warn("job ack failed, dropping it", "request", id, "err", err)
-			return
+			return false
 		}
-	} else {
-		// Speak at once: accepted now, tokens as the engine makes them. The
-		// ack's round trip overlaps the engine's work instead of delaying
-		// the first token. Should two agents ever run one attempt (an ack
-		// lost in a NATS failover, the job redelivered after AckWait), the
-		// broker listens only to the first that spoke for it.
-		run.accepted = wire.Chunk{Kind: wire.Chunk_KIND_ACCEPTED, PrefillAgent: job.GetPd().GetPrefillAgent()}
-		if err := out.send(&run.accepted); err != nil {
-			a.log.Warn("accepted chunk not sent", "request", id, "err", err)
-		}
-		// A plain ack: nothing waits for its confirmation any more, so the
-		// server's reply would only cost a message and a goroutine per job.
-		// It leaves with the accepted chunk, in the outbox's next flush.
-		if err := a.out.ack(msg); err != nil {
-			a.log.Warn("job ack not sent", "request", id, "err", err)
-		}
-		// Until the first token the broker hears from this attempt only
-		// through keep-alives: a long prefill, a busy engine, a decode
-		// waiting for its KV.
-		out.keepalive(actx, a.cfg.Keepalive)
+		return true
 	}
-	ran = true
-	pf := &run.pf
-	stop := func(cause error) {
+	run.accepted = wire.Chunk{Kind: wire.Chunk_KIND_ACCEPTED, PrefillAgent: run.job.GetPd().GetPrefillAgent()}
+	if err := out.send(&run.accepted); err != nil {
+		a.log.Warn("accepted chunk not sent", "request", id, "err", err)
+	}
+	// A plain ack: nothing waits for its confirmation, so the server's
+	// reply would only cost a message and a goroutine per job. It leaves
+	// with the accepted chunk, in the outbox's next flush.
+	if err := a.out.ack(run.msg); err != nil {
+		a.log.Warn("job ack not sent", "request", id, "err", err)
+	}
+	// Until the first token the broker hears from this attempt only
+	// through keep-alives: a long prefill, a busy engine, a decode waiting
+	// for its KV.
+	out.keepalive(ctx, a.cfg.Keepalive)
+	return true
+}
+
+// stopper returns how the job is stopped: with cause, or for the broker's
+// cancel (errCancelled) in the PD hand-off's own way (see stopPD).
+func (a *Agent) stopper(run *jobRun, cancel context.CancelCauseFunc) context.CancelCauseFunc {
+	return func(cause error) {
 		if cause != errCancelled {
 			cancel(cause)
 			return
 		}
-		out.muted.Store(true) // a cancelled attempt sends nothing more
-		switch {
-		case pdDecode:
-			out.cancelAtKV(cancel)
-		case prefill && (!pf.cancel() || a.cfg.PDProtocol == "vllm"):
-			// Handed off: the leg is done (vLLM), or runs for the decode
-			// that reads its KV (SGLang); the decode agent stops it.
-			// A vLLM leg not yet handed off runs on to its answer too: an
-			// engine that finished the prefill holds the KV whatever the
-			// agent does next (aborting a finished request frees nothing,
-			// vllm #50425), and the agent cannot tell a leg that is still
-			// computing from one whose answer is on the wire. Its decode
-			// job goes out marked release, and the decode agent frees the
-			// KV by taking the hand-off.
-		default:
-			cancel(cause)
-		}
+		run.out.muted.Store(true) // a cancelled attempt sends nothing more
+		a.stopPD(run, cancel)
 	}
-	// Held by request and attempt: a stream migrated to this same agent
-	// starts its new attempt while the old one may still be ending, and
-	// each must stay reachable by its own cancel.
+}
+
+// stopPD stops a cancelled job at its PD hand-off: a decode leg at its KV
+// (it still takes the hand-off, so the prefill engine frees the KV); a
+// prefill leg that handed off runs on for the decode that reads its KV
+// (SGLang), or is done (vLLM). A vLLM leg not yet handed off runs on to
+// its answer too: an engine that finished the prefill holds the KV
+// whatever the agent does next (aborting a finished request frees
+// nothing, vllm #50425), and the agent cannot tell a leg that is still
+// computing from one whose answer is on the wire; its decode job goes out
+// marked release, and the decode agent frees the KV by taking the
+// hand-off. Any other job is cancelled.
+func (a *Agent) stopPD(run *jobRun, cancel context.CancelCauseFunc) {
+	switch {
+	case run.pdDecode:
+		run.out.cancelAtKV(cancel)
+	case run.prefill && (!run.pf.cancel() || a.cfg.PDProtocol == "vllm"):
+	default:
+		cancel(errCancelled)
+	}
+}
+
+// hold makes the job reachable by its cancel and by the drain timeout, by
+// request and attempt: a stream migrated to this same agent starts its
+// new attempt while the old one may still be ending, and each must stay
+// reachable by its own cancel. A cancel that came after admit's check but
+// before this found no job to stop; it is on record, so it is honoured
+// here.
+func (a *Agent) hold(run *jobRun, stop context.CancelCauseFunc) {
+	id, attempt := run.key.request, run.key.attempt
 	a.mu.Lock()
-	a.jobs[id] = append(a.jobs[id], heldJob{attempt: attempt, cancel: stop, out: out})
-	// A cancel that came after the check above but before this found no
-	// job to stop; it is on record, so honour it here.
+	a.jobs[id] = append(a.jobs[id], heldJob{attempt: attempt, cancel: stop, out: &run.out})
 	mark, cancelledNow := a.cancelled[id]
 	drainExpired := a.drainExpired
 	a.mu.Unlock()
 	switch {
-	case release, cancelledNow && attempt <= mark.upTo:
+	case run.release, cancelledNow && attempt <= mark.upTo:
 		stop(errCancelled)
 	case drainExpired:
 		stop(errDrainTimeout)
 	}
 	a.active.Add(1)
-	defer func() {
-		a.active.Add(-1)
-		a.mu.Lock()
-		// Its own entry only: a silent second decode leg of the attempt
-		// may end before the one that speaks.
-		held := slices.DeleteFunc(a.jobs[id], func(h heldJob) bool { return h.out == out })
-		if len(held) == 0 {
-			delete(a.jobs, id)
-		} else {
-			a.jobs[id] = held
-		}
-		now := time.Now()
-		i := 0
-		for i < len(a.ended) && now.Sub(a.ended[i].at) >= resendWindow {
-			i++
-		}
-		a.ended = a.ended[i:]
-		if last := out.lastSent(); last != nil {
-			a.ended = append(a.ended, endedStream{at: now, subject: job.GetReplySubject(), last: last})
-		}
-		a.mu.Unlock()
-	}()
+}
+
+// unhold ends hold: the job leaves the held ones, and its stream's last
+// chunk is kept a while for a resend after a reconnect.
+func (a *Agent) unhold(run *jobRun) {
+	a.active.Add(-1)
+	id, out := run.key.request, &run.out
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	// Its own entry only: a silent second decode leg of the attempt may
+	// end before the one that speaks.
+	held := slices.DeleteFunc(a.jobs[id], func(h heldJob) bool { return h.out == out })
+	if len(held) == 0 {
+		delete(a.jobs, id)
+	} else {
+		a.jobs[id] = held
+	}
+	now := time.Now()
+	i := 0
+	for i < len(a.ended) && now.Sub(a.ended[i].at) >= resendWindow {
+		i++
+	}
+	a.ended = a.ended[i:]
+	if last := out.lastSent(); last != nil {
+		a.ended = append(a.ended, endedStream{at: now, subject: run.job.GetReplySubject(), last: last})
+	}
+}
+
+// callEngine runs the job on the engine: an embedding's one answer, a
+// prefill leg and its hand-off, or a stream; then reports its outcome.
+func (a *Agent) callEngine(ctx context.Context, run *jobRun) {
+	job, out := &run.job, &run.out
 	if job.GetApi() == wire.API_API_EMBEDDINGS {
-		a.embed(actx, job, out) // one JSON answer, relayed as is
+		a.embed(ctx, job, out) // one JSON answer, relayed as is
 		return
 	}
 	// A PD leg's body is built by the PD adapter from the job's, in one
 	// pass with its hand-off fields; any other job streams from its engine.
 	body := job.GetBody()
-	var err error
-	if !prefill && job.GetPd() == nil {
+	if !run.prefill && job.GetPd() == nil {
+		var err error
 		if body, err = oaiformat.StreamingBody(body); err != nil {
 			out.fail(&wire.Error{Code: wire.CodeBadRequest, Message: "job body: " + err.Error()})
 			return
 		}
 	}
 	req := &run.req
-	*req = Request{RequestID: id, API: job.GetApi(), Body: body, Job: job}
+	*req = Request{RequestID: run.key.request, API: job.GetApi(), Body: body, Job: job}
 	if a.cfg.Pool != subjects.PoolDecode {
 		// In a goroutine of its own, beside the engine call: nothing on
 		// the job's path waits for it (a prompt's engine blocks are
 		// translated whichever of the events and the tokens comes first).
 		a.learnPrompt(job)
 	}
-	if prefill {
-		a.prefill(actx, req, out, pf)
+	if run.prefill {
+		a.prefill(ctx, req, out, &run.pf)
 		return
 	}
 	out.called = time.Now()
-	err = a.engine.Stream(actx, req, out.emit)
+	err := a.engine.Stream(ctx, req, out.emit)
 	a.metrics.duration.Observe(time.Since(out.called).Seconds())
-	switch {
-	case jc.Cause() == errCancelled || out.muted.Load():
+	a.finish(ctx, run, err)
+}
+
+// finish reports how a stream ended: its final, or one clear error.
+func (a *Agent) finish(ctx context.Context, run *jobRun, err error) {
+	out, id := &run.out, run.key.request
+	switch cause := context.Cause(ctx); {
+	case cause == errCancelled || out.muted.Load():
 		// Stopped by its cancel, or (a PD decode leg) ran on silently to
 		// take its hand-off: nothing is reported.
 		a.metrics.jobs.WithLabelValues(JobCancelled).Inc()
@@ -1032,11 +899,11 @@ func (a *Agent) handle(base context.Context, msg jobMessage) {
 	case err == nil:
 		a.metrics.jobs.WithLabelValues(JobOK).Inc()
 		out.finish()
-	case jc.Cause() == errDrainTimeout:
+	case cause == errDrainTimeout:
 		a.metrics.jobs.WithLabelValues(JobDrained).Inc()
 		a.log.Info("job ended by the drain timeout", "request", id, "tokens", out.tokens)
 		out.fail(drainedError(a.cfg.ID))
-	case errors.Is(actx.Err(), context.DeadlineExceeded):
+	case errors.Is(ctx.Err(), context.DeadlineExceeded):
 		a.metrics.jobs.WithLabelValues(JobExpired).Inc()
 		out.fail(&wire.Error{Code: wire.CodeDeadlineExceeded, Message: "request deadline exceeded in the engine"})
 	default:
@@ -1141,13 +1008,13 @@ func (a *Agent) prefill(ctx context.Context, req *Request, out *stream, ps *pref
 		err = errors.New("prefill finished without a hand-off")
 	}
 	switch {
-	case out.muted.Load() || causeOf(ctx) == errCancelled:
+	case out.muted.Load() || context.Cause(ctx) == errCancelled:
 		a.metrics.jobs.WithLabelValues(JobCancelled).Inc()
 		a.log.Debug("prefill cancelled", "request", req.RequestID, "handedOff", handedOff)
 	case err == nil:
 		a.metrics.jobs.WithLabelValues(JobHandedOff).Inc()
 		out.ended = true
-	case causeOf(ctx) == errDrainTimeout && !published:
+	case context.Cause(ctx) == errDrainTimeout && !published:
 		a.metrics.jobs.WithLabelValues(JobDrained).Inc()
 		out.fail(drainedError(a.cfg.ID))
 	default:
@@ -1213,10 +1080,10 @@ func (a *Agent) publishDecode(ctx context.Context, job *wire.Job, h *wire.PDHand
 		switch {
 		case err == nil:
 			return nil
-		case queueFull(err):
+		case jserr.QueueFull(err):
 			return &wire.Error{Code: wire.CodeQueueFull, Retryable: true,
 				Message: "the decode queue " + a.decodeSubj + " is full: " + err.Error()}
-		case !notNow(err):
+		case !jserr.NotNow(err):
 			return &wire.Error{Code: wire.CodeEngineDown, Message: "publishing the decode job: " + err.Error()}
 		}
 		a.metrics.publishRetries.Inc()
@@ -1227,34 +1094,6 @@ func (a *Agent) publishDecode(ctx context.Context, job *wire.Job, h *wire.PDHand
 		case <-time.After(backoff):
 		}
 	}
-}
-
-// JetStream's error codes a publish may get.
-const (
-	jsStoreFailed     = 10077 // a per-subject bound with discard-new: "maximum messages per subject exceeded"
-	jsClusterNotAvail = 10008 // "JetStream system temporarily unavailable": a leader election
-	jsNotEnabled      = 10076 // a node that restarted and has not yet enabled JetStream
-	jsNotEnabledAcc   = 10039
-)
-
-// queueFull reports whether a publish failed because its queue is full.
-func queueFull(err error) bool {
-	var apiErr *jetstream.APIError
-	return errors.As(err, &apiErr) && apiErr.ErrorCode == jsStoreFailed
-}
-
-// notNow reports whether a publish failed for a reason that passes: no
-// responders while a stream leader is elected, a lost answer, NATS
-// reconnecting.
-func notNow(err error) bool {
-	var apiErr *jetstream.APIError
-	if errors.As(err, &apiErr) {
-		return apiErr.ErrorCode == jsClusterNotAvail || apiErr.ErrorCode == jsNotEnabled || apiErr.ErrorCode == jsNotEnabledAcc
-	}
-	return errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse) ||
-		errors.Is(err, nats.ErrTimeout) || errors.Is(err, context.DeadlineExceeded) ||
-		errors.Is(err, nats.ErrConnectionReconnecting) || errors.Is(err, nats.ErrDisconnected) ||
-		errors.Is(err, nats.ErrStaleConnection)
 }
 
 func (a *Agent) heartbeatLoop(ctx context.Context) {

@@ -22,8 +22,9 @@ const (
 	// milliseconds of the delivery, so this only matters when an agent dies
 	// in that window.
 	DefaultAckWait = 10 * time.Second
-	// DefaultPullWait bounds one pull request; a draining agent stops
-	// within this.
+	// DefaultPullWait bounds one pull request (its expiry); a draining
+	// agent stops pulling within this. Below 10s a pull has no idle
+	// heartbeat (jetstream's Fetch turns it on for longer pulls).
 	DefaultPullWait = 2 * time.Second
 	// DefaultHandoffGrace covers a decode agent's pull and its engine's KV
 	// fetch after the prefill agent published the decode job.
@@ -233,6 +234,10 @@ func (c Config) Validate() error {
 	}
 	if c.KVHold < 0 {
 		errs = append(errs, fmt.Errorf("kv hold %s: want a positive duration", c.KVHold))
+	}
+	if c.PullWait < time.Millisecond {
+		// A pull's expiry (jetstream.FetchMaxWait) is a positive duration.
+		errs = append(errs, fmt.Errorf("pull wait %s: want at least 1ms", c.PullWait))
 	}
 	if c.Heartbeat < 10*time.Millisecond {
 		errs = append(errs, fmt.Errorf("heartbeat %s: want at least 10ms", c.Heartbeat))

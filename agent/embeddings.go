@@ -57,9 +57,9 @@ func (a *Agent) embed(ctx context.Context, job *wire.Job, out *stream) {
 		if err := out.send(&wire.Chunk{Kind: wire.Chunk_KIND_ERROR, Error: we, Raw: body}); err != nil {
 			a.log.Warn("error chunk not sent", "request", job.GetRequestId(), "err", err)
 		}
-	case causeOf(ctx) == errCancelled:
+	case context.Cause(ctx) == errCancelled:
 		a.metrics.jobs.WithLabelValues(JobCancelled).Inc()
-	case causeOf(ctx) == errDrainTimeout:
+	case context.Cause(ctx) == errDrainTimeout:
 		a.metrics.jobs.WithLabelValues(JobDrained).Inc()
 		out.fail(drainedError(a.cfg.ID))
 	case errors.Is(ctx.Err(), context.DeadlineExceeded):

@@ -1,19 +1,6 @@
 package agent
 
-import (
-	"context"
-	"time"
-
-	"github.com/switchyard-ai/switchyard/wire"
-)
-
-// newJobCtx returns a job's context made alone (handle makes its own in
-// its jobRun): see jobCtx.init.
-func newJobCtx(parent context.Context, deadline time.Time) *jobCtx {
-	c := new(jobCtx)
-	c.init(parent, deadline)
-	return c
-}
+import "github.com/switchyard-ai/switchyard/wire"
 
 // newStream returns an attempt's stream made alone (handle makes its own
 // in its jobRun).

@@ -10,7 +10,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/switchyard-ai/switchyard/internal/alloctest"
 	"github.com/switchyard-ai/switchyard/internal/natstest"
 	"github.com/switchyard-ai/switchyard/internal/testwait"
 	"github.com/switchyard-ai/switchyard/wire"
@@ -46,34 +45,6 @@ func hopStream(tb testing.TB, started bool) (*stream, *nats.Subscription) {
 	out := newStream(a, job)
 	out.spoke = true // no keep-alives
 	return out, sub
-}
-
-// The agent's per-token hop (parse the engine chunk, frame it, hand it to
-// NATS) allocates nothing: the events of a token message are reused, a
-// plain text aliases its chunk's bytes and framing writes into the
-// outbox's buffer.
-func TestEmitTokenAllocs(t *testing.T) {
-	out, sub := hopStream(t, false)
-	if err := out.emit(tokenChunk, false); err != nil { // warm the buffers
-		t.Fatal(err)
-	}
-	// Counted on emit's goroutine alone (see alloctest): the embedded
-	// server's routing of these publishes is not emit's.
-	allocs := alloctest.PerRun(t, 200, func() {
-		if err := out.emit(tokenChunk, false); err != nil {
-			t.Fatal(err)
-		}
-	})
-	if allocs != 0 {
-		t.Fatalf("emit: %.1f allocations per token, want 0", allocs)
-	}
-	m, err := sub.NextMsg(5e9)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := wire.Frames(m.Data, func(b []byte) error { return nil }); err != nil || m.Data[0] != wire.FrameMarker {
-		t.Fatalf("reply %x: %v", m.Data[:min(8, len(m.Data))], err)
-	}
 }
 
 // TestHeldTextsSurvive: the texts of the events a stream holds while the
@@ -125,31 +96,22 @@ func TestHeldTextsSurvive(t *testing.T) {
 	}
 }
 
-// TestLongBatchAllocs: a stream that holds many events at once (an
-// engine's chunks read faster than they are sent) makes room for them in
-// a few blocks, not one allocation per event.
-func TestLongBatchAllocs(t *testing.T) {
-	base, _ := hopStream(t, false)
+// BenchmarkLongBatch is a stream that holds many events at once (an
+// engine's chunks read faster than they are sent): it should make room
+// for them in a few blocks, not one allocation per event.
+func BenchmarkLongBatch(b *testing.B) {
+	base, _ := hopStream(b, false)
 	const n = 40
-	answer := func() {
+	b.ReportAllocs()
+	for b.Loop() {
 		out := newStream(base.a, base.job)
 		out.spoke = true
 		for i := range n {
 			if err := out.emit(tokenChunk, i < n-1); err != nil {
-				t.Fatal(err)
+				b.Fatal(err)
 			}
 		}
 		out.finish()
-	}
-	answer()
-	allocs := alloctest.PerRun(t, 50, answer)
-	t.Logf("%d events held: %.1f allocations", n, allocs)
-	// The stream, four doublings of its events from 4 to 64 (a block,
-	// its pointers, the message's), the growth of its held bytes and of
-	// its encode buffer past their first 1 KB: 20. One allocation per
-	// event held was 53.
-	if allocs > 21 {
-		t.Fatalf("%d events held: %.1f allocations, want at most 21", n, allocs)
 	}
 }
 
@@ -176,60 +138,42 @@ func (m *fakeJob) Nak() error                       { return nil }
 func (m *fakeJob) NakWithDelay(time.Duration) error { return nil }
 func (m *fakeJob) Term() error                      { return nil }
 
-// TestJobAllocs: an agent's whole handling of a short job (decode, its
-// stream, context and keep-alive, its accepted chunk and ack, the engine
-// call's emits, the answer's end) makes few allocations: what a job needs
-// of its own comes in one block (jobRun).
-func TestJobAllocs(t *testing.T) {
-	base, sub := hopStream(t, false)
+// shortJobAgent returns hopStream's agent serving shortEngine, a
+// subscription to its replies, and a maker of jobs that are each a
+// request of their own (a second copy of an attempt is dropped unrun).
+func shortJobAgent(tb testing.TB) (*Agent, *nats.Subscription, func() *fakeJob) {
+	base, sub := hopStream(tb, false)
 	a := base.a
-	a.engine = shortEngine{chunks: [][]byte{
-		[]byte(`{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`),
-		tokenChunk,
+	a.engine = shortEngine{chunks: [][]byte{roleChunk, tokenChunk,
 		[]byte(`{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"length"}]}`),
 		[]byte(`{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":1,"total_tokens":6}}`),
 	}}
-	// Every job a request of its own: a second copy of an attempt is
-	// dropped unrun. Two warm-up runs (this test's and PerRun's), then
-	// PerRun's batches.
-	const per = 100
-	jobs := make([]*fakeJob, 0, alloctest.Batches*per+2)
-	for i := range cap(jobs) {
-		data, err := wire.AppendJob(nil, &wire.Job{RequestId: fmt.Sprintf("b-%dx", i), Attempt: 1, ReplySubject: "sy.reply.b.chunks", Secret: 42,
+	n := 0
+	return a, sub, func() *fakeJob {
+		n++
+		data, err := wire.AppendJob(nil, &wire.Job{RequestId: fmt.Sprintf("b-%dx", n), Attempt: 1, ReplySubject: "sy.reply.b.chunks", Secret: 42,
 			Api: wire.API_API_CHAT, Body: []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"stream_options":{"include_usage":true}}`)})
 		if err != nil {
-			t.Fatal(err)
+			tb.Fatal(err)
 		}
-		jobs = append(jobs, &fakeJob{data: data})
+		return &fakeJob{data: data}
 	}
+}
+
+// TestHandleShortJobs: every job handled is answered: its accepted
+// chunk, its token and its final.
+func TestHandleShortJobs(t *testing.T) {
+	a, sub, job := shortJobAgent(t)
 	ctx := context.WithoutCancel(t.Context())
-	next := 0
-	run := func() {
-		a.handle(ctx, jobs[next])
-		next++
+	const jobs = 20
+	for range jobs {
+		a.handle(ctx, job())
 	}
-	run()
-	allocs := alloctest.PerRun(t, per, run)
-	t.Logf("a short job: %.1f allocations", allocs)
-	// 10 here, counted whole as AllocsPerRun does (10.98 on average):
-	// the jobRun, the job's strings, its engine request's body, the emit
-	// and cancel functions and the stop closure, its entry among the
-	// running jobs, the keep-alive's timer, the copy of its last chunk
-	// kept for a resend. 19 before jobRun. The race detector moves two
-	// more to the heap and drops some of what goes into a sync.Pool.
-	want := 11.0
-	if alloctest.Race {
-		want = 13
-	}
-	if allocs > want {
-		t.Fatalf("a short job: %.1f allocations, want at most %.0f", allocs, want)
-	}
-	// Every job answered: its accepted chunk, its token and its final.
 	finals := 0
-	for finals < next {
+	for finals < jobs {
 		m, err := sub.NextMsg(5 * time.Second)
 		if err != nil {
-			t.Fatalf("%d of %d jobs answered: %v", finals, next, err)
+			t.Fatalf("%d of %d jobs answered: %v", finals, jobs, err)
 		}
 		_ = wire.Frames(m.Data, func(b []byte) error {
 			c := new(wire.Chunk)
@@ -244,10 +188,34 @@ func TestJobAllocs(t *testing.T) {
 	}
 }
 
+// BenchmarkHandleJob is an agent's whole handling of a short job (decode,
+// its stream, context and keep-alive, its accepted chunk and ack, the
+// engine call's emits, the answer's end); what a job needs of its own
+// comes in one block (jobRun).
+func BenchmarkHandleJob(b *testing.B) {
+	a, sub, job := shortJobAgent(b)
+	_ = sub.Unsubscribe() // the answers are not read
+	ctx := context.WithoutCancel(b.Context())
+	jobs := make([]*fakeJob, 0, 1024)
+	b.ReportAllocs()
+	for b.Loop() {
+		b.StopTimer()
+		if len(jobs) == 0 {
+			for range cap(jobs) {
+				jobs = append(jobs, job())
+			}
+		}
+		j := jobs[len(jobs)-1]
+		jobs = jobs[:len(jobs)-1]
+		b.StartTimer()
+		a.handle(ctx, j)
+	}
+}
+
 // A short answer (role, one token, finish and usage chunks, as vLLM
-// streams max_tokens 1 with usage) costs its stream a few allocations in
-// all: its events, their held bytes and its usage live in the stream.
-func TestShortAnswerAllocs(t *testing.T) {
+// streams max_tokens 1 with usage) reaches the broker as the engine sent
+// it: its events, then its final with the usage.
+func TestShortAnswerChunks(t *testing.T) {
 	base, sub := hopStream(t, false)
 	role := []byte(`{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`)
 	finish := []byte(`{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"length"}]}`)
@@ -262,13 +230,7 @@ func TestShortAnswerAllocs(t *testing.T) {
 		}
 		out.finish()
 	}
-	answer() // warm the connection's buffers
-	allocs := alloctest.PerRun(t, 100, answer)
-	t.Logf("a short answer: %.1f allocations", allocs)
-	// The stream.
-	if allocs > 1 {
-		t.Fatalf("a short answer: %.1f allocations, want at most 1", allocs)
-	}
+	answer()
 	var texts []string
 	for range 2 {
 		m, err := sub.NextMsg(5e9)
@@ -291,6 +253,27 @@ func TestShortAnswerAllocs(t *testing.T) {
 	}
 	if want := []string{string(role), string(tokenChunk), string(finish)}; len(texts) != 5 || fmt.Sprint(texts[:3]) != fmt.Sprint(want) || texts[4] != string(usage) {
 		t.Fatalf("the answer's chunks carried %q", texts)
+	}
+}
+
+// BenchmarkShortAnswer is a short answer's stream (role, one token,
+// finish and usage): its events, their held bytes and its usage live in
+// the stream, so it costs few allocations beyond the stream.
+func BenchmarkShortAnswer(b *testing.B) {
+	base, _ := hopStream(b, false)
+	chunks := [][]byte{roleChunk, tokenChunk,
+		[]byte(`{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"length"}]}`),
+		[]byte(`{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":1,"total_tokens":6}}`)}
+	b.ReportAllocs()
+	for b.Loop() {
+		out := newStream(base.a, base.job)
+		out.spoke = true
+		for i, c := range chunks {
+			if err := out.emit(c, i < 2); err != nil {
+				b.Fatal(err)
+			}
+		}
+		out.finish()
 	}
 }
 

@@ -3,18 +3,14 @@ package agent
 import (
 	"context"
 	"errors"
-	"fmt"
-	"strconv"
-	"strings"
-	"sync/atomic"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// jobMessage is the part of a JetStream message a job's handling uses:
-// jetstream.Msg has it, and so has jobMsg, what the pull loop receives.
+// jobMessage is the part of a jetstream.Msg a job's handling uses.
 type jobMessage interface {
 	Data() []byte
 	Ack() error
@@ -24,145 +20,218 @@ type jobMessage interface {
 	Term() error
 }
 
-// pullSub is one pull loop's standing subscription to its pull requests'
-// answers. nats.go's Fetch subscribes an inbox per pull and runs a
-// goroutine that moves each job from the subscription's channel to the
-// batch's: two hand-offs and a timer per job, and a subscribe and an
-// unsubscribe per pull. Here the read loop puts a job in one channel that
-// the pull loop reads, and the inbox stays for the loop's life. It speaks
-// the same protocol: a pull request is {"batch":n,"expires":ns} published
-// to $JS.API.CONSUMER.MSG.NEXT.<stream>.<consumer> with the inbox as its
-// reply subject; jobs come back as messages with data, and the pull's end,
-// when it is not its n-th job, as a status message (a header with no
-// data): 408 (expired), 404 (no messages), 409 (consumer deleted,
-// leadership changed, ...), 503 (no responders: the consumer is not
-// there), 400 (bad request).
-type pullSub struct {
-	nc    *nats.Conn
-	inbox string
-	ch    chan *nats.Msg
-	sub   *nats.Subscription
+var _ jobMessage = jetstream.Msg(nil)
+
+// consumerRef is the pool's consumer as the agent's slots share it. When a
+// pull shows the consumer gone (a NATS server restarted on an empty store,
+// a stream recreated, a consumer deleted by hand), the first slot to notice
+// binds it again and the others wait for that rather than each asking.
+type consumerRef struct {
+	mu   sync.Mutex // held while the consumer is being bound again
+	cons jetstream.Consumer
+	gen  int
+	// bind binds the consumer again; nil: the pool's shared consumer.
+	bind func(context.Context) (jetstream.Consumer, error)
+	// yield delays a pull after a slot freed on a full agent, so that
+	// another queue's pull claims it first (see pullAll).
+	yield time.Duration
 }
 
-// jsAPINext is the subject prefix of a consumer's pull requests (the
-// default JetStream API prefix, as the agent's jetstream.New uses).
-const jsAPINext = jetstream.DefaultAPIPrefix + "CONSUMER.MSG.NEXT."
+func (r *consumerRef) get() (jetstream.Consumer, int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.cons, r.gen
+}
 
-// newPullSub subscribes an inbox for a pull loop that asks for at most
-// room jobs at a time. Its channel holds two pulls' worth and more: a
-// job delivered late to a pull that ended (an expiry that crossed it)
-// waits there for the next one, where a full channel would drop it.
-func newPullSub(nc *nats.Conn, room int) (*pullSub, error) {
-	p := &pullSub{nc: nc, inbox: nc.NewInbox(), ch: make(chan *nats.Msg, 2*room+64)}
-	sub, err := nc.ChanSubscribe(p.inbox, p.ch)
+// renew binds the consumer again unless another slot already did since gen.
+func (r *consumerRef) renew(ctx context.Context, a *Agent, gen int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.gen != gen {
+		return
+	}
+	a.log.Warn("jobs consumer gone, binding it again", "stream", a.cfg.Stream)
+	bind := r.bind
+	if bind == nil {
+		bind = a.consumer
+	}
+	cons, err := bind(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("agent: subscribe pull inbox: %w", err)
+		return // ctx ended
 	}
-	p.sub = sub
-	return p, nil
+	r.cons = cons
+	r.gen++
+	a.log.Info("jobs consumer bound again", "stream", a.cfg.Stream)
 }
 
-func (p *pullSub) close() { _ = p.sub.Unsubscribe() }
-
-// request asks cons for up to n jobs, waiting at most wait for them.
-func (p *pullSub) request(cons jetstream.Consumer, n int, wait time.Duration) error {
-	info := cons.CachedInfo()
-	if info == nil || info.Stream == "" {
-		return errors.New("agent: consumer without info")
-	}
-	body := strconv.AppendInt([]byte(`{"batch":`), int64(n), 10)
-	body = append(body, `,"expires":`...)
-	body = strconv.AppendInt(body, wait.Nanoseconds(), 10)
-	body = append(body, '}')
-	return p.nc.PublishRequest(jsAPINext+info.Stream+"."+info.Name, p.inbox, body)
+// consumerGone reports whether a pull error means the consumer (or its
+// stream) no longer exists. No responders also happens for a moment while
+// a cluster elects a consumer leader; binding again is idempotent, so that
+// costs one extra request.
+func consumerGone(err error) bool {
+	return errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrConsumerDeleted) ||
+		errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, nats.ErrNoResponders)
 }
 
-// errPullEnded is a pull's end that is no failure: it expired, or there
-// was nothing to take.
-var errPullEnded = errors.New("agent: pull ended")
+// pullRetryMax bounds the wait between failed pulls: NATS away, a
+// consumer being bound again. Reconnects are every 250ms, so pulling resumes
+// within about this once NATS is back.
+const pullRetryMax = time.Second
 
-// status returns nil for a job, errPullEnded for the end of a pull that
-// is no failure, errNotEnd for a status that does not end it (an idle
-// heartbeat), and the pull's failure otherwise, in the errors nats.go's
-// Fetch reports (so consumerGone reads them alike).
-func status(m *nats.Msg) error {
-	if len(m.Data) > 0 || len(m.Header) == 0 {
-		return nil
-	}
-	code := m.Header.Get("Status")
-	if code == "" {
-		return nil
-	}
-	desc := m.Header.Get("Description")
-	switch code {
-	case "100":
-		return errNotEnd
-	case "404", "408":
-		return errPullEnded
-	case "503":
-		return nats.ErrNoResponders
-	case "409":
-		switch d := strings.ToLower(desc); {
-		case strings.Contains(d, "consumer deleted"):
-			return jetstream.ErrConsumerDeleted
-		case strings.Contains(d, "leadership change"):
-			return jetstream.ErrConsumerLeadershipChanged
-		case strings.Contains(d, "server shutdown"):
-			return jetstream.ErrServerShutdown
+// workerIdle is how long a job worker waits for another job before it
+// ends.
+const workerIdle = 10 * time.Second
+
+// pull is the agent's pull loop for one queue: it holds one token per
+// free slot, asks the queue's consumer for exactly that many jobs
+// (Consumer.Fetch with the pull wait as its expiry) and runs each job as
+// it arrives on a worker goroutine, which returns its token when the job
+// ends. So the agent never holds more jobs than its pull limit (its slots,
+// or less while it ramps up after becoming ready), a full agent does not
+// ask, and the server keeps one waiting pull request per loop, not one
+// per idle slot. Pull failures back off (a pull that fails at once must
+// not spin) and a consumer found gone is bound again.
+//
+// The agent runs one such loop per queue it pulls (the shared one and its
+// directed one, see pullAll); they share one count of jobs held, so two
+// pulls may together be offered more than the room left: a job beyond the
+// limit is handed straight back (Nak) and never started.
+func (a *Agent) pull(ctx context.Context, ref *consumerRef, jobs *sync.WaitGroup) {
+	l := &pullLoop{a: a, ctx: ctx, ref: ref, jobs: jobs,
+		work: make(chan jobMessage), quit: make(chan struct{}),
+		// A job's context has the loop's values, not its cancel: a
+		// stopping agent drains its jobs.
+		base: context.WithoutCancel(ctx)}
+	defer close(l.quit)
+	for ctx.Err() == nil {
+		if !a.waitServing(ctx) {
+			return
+		}
+		n := l.room()
+		if n <= 0 {
+			continue
+		}
+		cons, gen := ref.get()
+		batch, err := cons.Fetch(n, jetstream.FetchMaxWait(a.cfg.PullWait))
+		if err != nil {
+			if ctx.Err() == nil {
+				a.log.Warn("pull failed", "err", err)
+				l.pause()
+			}
+			continue
+		}
+		// A pull ends when it has n jobs or expires; while it has fewer,
+		// every job that arrives is delivered to it at once. A draining
+		// agent waits the pull out, handing back what still comes.
+		for msg := range batch.Messages() {
+			l.take(msg)
+		}
+		switch err := batch.Error(); {
+		case err == nil || ctx.Err() != nil:
+			l.backoff = 0
+		case consumerGone(err):
+			ref.renew(ctx, a, gen)
+			l.backoff = 0 // bound again: pull again soon
+			l.pause()
+		default:
+			a.log.Debug("pull ended", "err", err)
+			l.pause()
 		}
 	}
-	return fmt.Errorf("nats: pull: %s %s", code, desc)
 }
 
-var errNotEnd = errors.New("agent: status that does not end a pull")
-
-// jobMsg is a job as the pull loop receives it, with JetStream's acks: a
-// message to its reply subject ($JS.ACK...), as jetstream.Msg sends them.
-// Like jetstream.Msg, once an ack that ends the job (ack, nak, term) went
-// out, it sends no other.
-type jobMsg struct {
-	nc    *nats.Conn
-	m     *nats.Msg
-	ended atomic.Bool
+// pullLoop is one pull loop's state (see pull).
+type pullLoop struct {
+	a    *Agent
+	ctx  context.Context
+	base context.Context
+	ref  *consumerRef
+	jobs *sync.WaitGroup
+	// Jobs run on workers that outlive one job: a goroutine per job grew
+	// its stack anew for every engine call. A worker waits a while for the
+	// next job (work), and every worker ends with the loop (quit).
+	work    chan jobMessage
+	quit    chan struct{}
+	backoff time.Duration
 }
 
-var errAcked = errors.New("agent: job already acknowledged")
-
-func (j *jobMsg) Data() []byte { return j.m.Data }
-
-func (j *jobMsg) end(body []byte) error {
-	if j.ended.Load() {
-		return errAcked
+// pause waits before the next pull after a failure, longer each time.
+func (l *pullLoop) pause() {
+	l.backoff = min(max(2*l.backoff, 50*time.Millisecond), pullRetryMax)
+	select {
+	case <-l.ctx.Done():
+	case <-time.After(l.backoff):
 	}
-	if err := j.nc.Publish(j.m.Reply, body); err != nil {
-		return err
-	}
-	j.ended.Store(true)
-	return nil
 }
 
-var (
-	ackAck  = []byte("+ACK")
-	ackNak  = []byte("-NAK")
-	ackTerm = []byte("+TERM")
-)
-
-func (j *jobMsg) Ack() error  { return j.end(ackAck) }
-func (j *jobMsg) Nak() error  { return j.end(ackNak) }
-func (j *jobMsg) Term() error { return j.end(ackTerm) }
-
-func (j *jobMsg) NakWithDelay(d time.Duration) error {
-	return j.end(fmt.Appendf(nil, `-NAK {"delay": %d}`, d.Nanoseconds()))
+// room returns how many jobs the next pull may ask for; when the agent is
+// full it first waits for a job to end or the ramp to make room, and
+// returns 0.
+func (l *pullLoop) room() int {
+	a := l.a
+	now := time.Now()
+	freed := a.slots.freed() // before counting: a job ending meanwhile wakes the wait below
+	if n := a.pullLimit(now) - a.slots.held(); n > 0 {
+		return n
+	}
+	var grow <-chan time.Time
+	if every, ok := a.ramping(now); ok {
+		t := time.NewTimer(every)
+		defer t.Stop()
+		grow = t.C
+	}
+	select {
+	case <-freed:
+		if l.ref.yield > 0 {
+			time.Sleep(l.ref.yield)
+		}
+	case <-grow:
+	case <-l.ctx.Done():
+	}
+	return 0
 }
 
-// DoubleAck acks and waits for the server to confirm it (or ctx).
-func (j *jobMsg) DoubleAck(ctx context.Context) error {
-	if j.ended.Load() {
-		return errAcked
+// take starts a job the pull delivered, or hands it straight back.
+func (l *pullLoop) take(msg jobMessage) {
+	a := l.a
+	if l.ctx.Err() != nil {
+		// Draining: hand the job straight back to the pool.
+		_ = msg.Nak()
+		return
 	}
-	if _, err := j.nc.RequestWithContext(ctx, j.m.Reply, ackAck); err != nil {
-		return err
+	if !a.slots.acquire(a.pullLimit(time.Now())) {
+		// The other queue's pull filled the room meanwhile.
+		_ = msg.Nak()
+		return
 	}
-	j.ended.Store(true)
-	return nil
+	l.jobs.Add(1)
+	select {
+	case l.work <- msg: // an idle worker takes it
+	default:
+		go l.worker(msg)
+	}
+}
+
+// worker runs msg, then the jobs handed to it, until it has been idle for
+// workerIdle or the loop ends.
+func (l *pullLoop) worker(msg jobMessage) {
+	idle := time.NewTimer(workerIdle)
+	defer idle.Stop()
+	for {
+		l.run(msg)
+		idle.Reset(workerIdle)
+		select {
+		case msg = <-l.work:
+		case <-idle.C:
+			return
+		case <-l.quit:
+			return
+		}
+	}
+}
+
+func (l *pullLoop) run(msg jobMessage) {
+	defer l.jobs.Done()
+	defer l.a.slots.release()
+	l.a.handle(l.base, msg)
 }

@@ -70,10 +70,6 @@ type Broker struct {
 
 	jobSubj     sync.Map // jobsKey -> subject, built once per (model, pool)
 	replyChunks string   // the one reply subject of every job (subjects.ReplyChunks)
-	// ackPrefix starts the reply subject of a job's publish,
-	// <inbox>.<request>.<attempt>: the ack comes to onAck (see
-	// publishOnce), subscribed while Run runs.
-	ackPrefix string
 
 	metrics  *Metrics
 	routeObs routeObsCache // per (model, route) metric children
@@ -122,7 +118,6 @@ func New(nc *nats.Conn, cfg Config, opts ...Option) (*Broker, error) {
 		o(b)
 	}
 	var err error
-	b.ackPrefix = nc.NewInbox() + "."
 	if b.replyChunks, err = b.subj.ReplyChunks(cfg.ID); err != nil {
 		return nil, fmt.Errorf("broker: %w", err)
 	}
@@ -257,11 +252,6 @@ func (b *Broker) Run(ctx context.Context) error {
 	// Replies are the token path: let them queue deep rather than be dropped
 	// as a slow consumer; per-request bounds are enforced in Call.
 	_ = replySub.SetPendingLimits(1<<20, 1<<30)
-	ackSub, err := b.nc.Subscribe(b.ackPrefix+"*.*", b.onAck)
-	if err != nil {
-		return fmt.Errorf("broker: subscribe %s: %w", b.ackPrefix, err)
-	}
-	defer func() { _ = ackSub.Unsubscribe() }()
 	hbSub, err := b.nc.Subscribe(b.subj.HeartbeatsAll(), b.onHeartbeat)
 	if err != nil {
 		return fmt.Errorf("broker: subscribe heartbeats: %w", err)

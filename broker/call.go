@@ -11,11 +11,11 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/switchyard-ai/switchyard/dispatch"
+	"github.com/switchyard-ai/switchyard/internal/jserr"
 	"github.com/switchyard-ai/switchyard/oaiformat"
 	"github.com/switchyard-ai/switchyard/subjects"
 	"github.com/switchyard-ai/switchyard/wire"
@@ -80,7 +80,6 @@ type Call struct {
 	waiting bool
 	attempt uint32
 	secret  uint64 // the current attempt's (see wire.Job.secret)
-	ack     pubAckState
 	nextSeq uint64
 	speaker string // the agent whose stream of this attempt is relayed
 	// prefillSpeaker is the agent whose prefill leg of this (PD) attempt
@@ -136,9 +135,7 @@ type Call struct {
 	migrations      int
 	repairs         int             // the migrations for chunks lost in transit (see transportRepairLimit)
 	sent            strings.Builder // the text handed to the client so far
-	// pub is the message of publishOnce, pubVal its header's value.
-	pub        nats.Msg
-	pubVal     [1]string
+
 	sentTokens int    // content chunks handed to the client before the current attempt
 	streamID   string // the engine's chunk id of the first attempt, kept across migrations
 	reasoned   bool   // reasoning text reached the client (see migrate)
@@ -408,16 +405,11 @@ func (b *Broker) cancelOrphan(id string) {
 	}
 }
 
-// JetStream's code for a store failure, which a per-subject bound with
-// discard-new reports as "maximum messages per subject exceeded".
-const jsStoreFailed = 10077
-
 func publishError(subject string, err error) error {
-	var apiErr *jetstream.APIError
-	if errors.As(err, &apiErr) && apiErr.ErrorCode == jsStoreFailed {
+	if jserr.QueueFull(err) {
 		return fmt.Errorf("%w: %s: %w", ErrQueueFull, subject, err)
 	}
-	if notNow(err) {
+	if jserr.NotNow(err) || errors.Is(err, nats.ErrConnectionClosed) {
 		return fmt.Errorf("%w: publish %s: %w", ErrNotConnected, subject, err)
 	}
 	return fmt.Errorf("broker: publish %s: %w", subject, err)

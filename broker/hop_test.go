@@ -1,14 +1,11 @@
 package broker
 
 import (
-	"context"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/switchyard-ai/switchyard/internal/alloctest"
 	"github.com/switchyard-ai/switchyard/internal/natstest"
 	"github.com/switchyard-ai/switchyard/wire"
 )
@@ -59,56 +56,6 @@ func BenchmarkReplyToken(b *testing.B) {
 			}
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/chunk")
 		})
-	}
-}
-
-// Relaying a token chunk, from its reply message to the reader's Next,
-// allocates nothing: the chunk is decoded into one an earlier reader gave
-// back (at its next Next), its bytes and strings are the message's.
-func TestReplyTokenAllocs(t *testing.T) {
-	br, c, m := hopCall(t, 1)
-	c.Deadline = time.Now().Add(time.Hour)
-	ctx := context.Background()
-	allocs := alloctest.PerRun(t, 200, func() {
-		c.nextSeq = 0
-		br.onReply(m)
-		if _, err := c.Next(ctx); err != nil {
-			t.Fatal(err)
-		}
-	})
-	c.Close()
-	if allocs > 0 {
-		t.Fatalf("onReply and Next: %.1f allocations per token chunk, want 0", allocs)
-	}
-}
-
-// TestSentTextAllocs: the text a call hands its client, kept for a
-// migration, is given room for some 50 tokens at its first: 40 tokens
-// cost one allocation, where growing from the first token's bytes cost
-// one per doubling (six).
-func TestSentTextAllocs(t *testing.T) {
-	br, c, m := hopCall(t, 1)
-	c.Deadline = time.Now().Add(time.Hour)
-	ctx := context.Background()
-	allocs := alloctest.PerRun(t, 200, func() {
-		c.sent = strings.Builder{}
-		c.nextSeq = 0
-		for range 40 {
-			br.onReply(m)
-			c.nextSeq = 0
-			if _, err := c.Next(ctx); err != nil {
-				t.Fatal(err)
-			}
-		}
-	})
-	c.Close()
-	if got := c.sent.String(); got != strings.Repeat(" word", 40) {
-		t.Fatalf("sent text %q", got)
-	}
-	// Under the race detector the chunk pool drops a share of what it is
-	// given (see alloctest): the text's count is not seen alone.
-	if allocs > 1 && !alloctest.Race {
-		t.Fatalf("40 tokens: %.1f allocations, want 1", allocs)
 	}
 }
 
