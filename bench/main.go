@@ -36,13 +36,10 @@ import (
 	"strings"
 	"syscall"
 	"time"
-
-	"github.com/switchyard-ai/switchyard/internal/cli"
 )
 
 func main() {
 	if len(os.Args) > 2 && (os.Args[1] == "__broker" || os.Args[1] == "__agent") {
-		cli.KeepSysmonAwake() // as the commands do
 		if err := profiled(os.Args[1], os.Args[2], os.Args[3:]); err != nil {
 			fmt.Fprintln(os.Stderr, "bench:", err)
 			os.Exit(1)
@@ -50,7 +47,6 @@ func main() {
 		return
 	}
 	if len(os.Args) == 3 && os.Args[1] == goproxyArg {
-		cli.KeepSysmonAwake() // as the broker does
 		if err := runGoProxy(os.Args[2]); err != nil {
 			fmt.Fprintln(os.Stderr, "bench:", goproxyArg, err)
 			os.Exit(1)

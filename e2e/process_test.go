@@ -15,7 +15,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -26,7 +25,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/switchyard-ai/switchyard/internal/cli"
 	"github.com/switchyard-ai/switchyard/internal/testwait"
 	"github.com/switchyard-ai/switchyard/simengine"
 )
@@ -552,120 +550,6 @@ func TestAgentSIGKILL(t *testing.T) {
 	if s := l.check(t); s.ok != s.total {
 		t.Fatalf("requests lost: %s", s)
 	}
-}
-
-// TestAgentProcs: the worker-agent command runs its Go scheduler on one
-// thread (cli.DefaultAgentProcs) unless GOMAXPROCS says otherwise, as its
-// own Go metrics report, and relays a stream either way.
-func TestAgentProcs(t *testing.T) {
-	bin := buildBinary(t, "github.com/switchyard-ai/switchyard/cmd/worker-agent", "worker-agent", false)
-	b := startBroker(t)
-	e := fastEngine(t, 4)
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "GOMAXPROCS=") {
-			env = append(env, kv)
-		}
-	}
-	for _, tc := range []struct {
-		name string
-		env  []string
-		want string
-	}{
-		{"GOMAXPROCS unset", env, "1"},
-		{"GOMAXPROCS=2", append(slices.Clip(env), "GOMAXPROCS=2"), "2"},
-	} {
-		id := "procs-" + tc.want
-		metrics := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-		c := startChildEnv(t, bin, tc.env, "--nats-url", b.NATS, "--engine", "openai", "--engine-url", e.URL, "--id", id,
-			"--slots", "4", "--heartbeat", liveHeartbeat, "--log-level", "warn", "--slow-start", "0", "--metrics-listen", metrics)
-		waitEligible(t, b.HTTP, id)
-		got := ""
-		for deadline := time.Now().Add(10 * time.Second); got == "" && time.Now().Before(deadline); {
-			got = scrapeValue("http://"+metrics+"/metrics", "go_sched_gomaxprocs_threads")
-			if got == "" {
-				time.Sleep(50 * time.Millisecond)
-			}
-		}
-		if got != tc.want {
-			t.Fatalf("%s: go_sched_gomaxprocs_threads %q, want %s", tc.name, got, tc.want)
-		}
-		l := newLedger(30 * time.Second)
-		if o := l.stream(context.Background(), b.HTTP, "one thread is enough for "+id, 8, nil); o.done != 1 || o.agent != id {
-			t.Fatalf("stream through %s: %+v", id, o)
-		}
-		c.signal(t, syscall.SIGTERM)
-	}
-}
-
-// TestCommandsTuneTheRuntime: the broker and worker-agent binaries start
-// themselves again with GODEBUG's schedtrace set (cli.KeepSysmonAwake),
-// keeping their arguments, PID and output, and relay a stream that way;
-// an operator's own schedtrace (here the opt-out, 0) is left alone. The
-// broker sizes GOMAXPROCS to its load (procs.Adapt: one P while idle)
-// unless GOMAXPROCS is set.
-func TestCommandsTuneTheRuntime(t *testing.T) {
-	brokerBin := buildBinary(t, "github.com/switchyard-ai/switchyard/cmd/broker", "broker", false)
-	agentBin := buildBinary(t, "github.com/switchyard-ai/switchyard/cmd/worker-agent", "worker-agent", false)
-	e := fastEngine(t, 4)
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "GODEBUG=") && !strings.HasPrefix(kv, "GOMAXPROCS=") {
-			env = append(env, kv)
-		}
-	}
-	i := 0
-	for _, tc := range []struct {
-		name, godebug, procs string
-		env                  []string
-	}{
-		{"GODEBUG and GOMAXPROCS unset", "GODEBUG=" + cli.SysmonSetting, "1", env},
-		{"GODEBUG=schedtrace=0 GOMAXPROCS=2", "GODEBUG=schedtrace=0", "2", append(slices.Clip(env), "GODEBUG=schedtrace=0", "GOMAXPROCS=2")},
-	} {
-		i++
-		bp := startChildEnv(t, brokerBin, tc.env, "--http", "127.0.0.1:0", "--grpc", "", "--nats-listen", "127.0.0.1:0",
-			"--data-dir", t.TempDir(), "--heartbeat-interval", "100ms", "--slow-start", "0", "--log-level", "warn")
-		base, natsURL, _ := waitBroker(t, bp.out, bp.exited)
-		id := "tuned-" + strconv.Itoa(i)
-		ap := startChildEnv(t, agentBin, tc.env, "--nats-url", natsURL, "--engine", "openai", "--engine-url", e.URL, "--id", id,
-			"--slots", "4", "--heartbeat", liveHeartbeat, "--log-level", "warn", "--slow-start", "0")
-		waitEligible(t, base, id)
-		for _, c := range []*child{bp, ap} {
-			if got := procGODEBUG(t, c.cmd.Process.Pid); got != tc.godebug {
-				t.Errorf("%s: %s runs with %q, want %q", tc.name, c.cmd.Path, got, tc.godebug)
-			}
-		}
-		// Idle but for heartbeats: Adapt settles on one P within a few
-		// periods of the start's work.
-		testwait.For(t, 20*time.Second, 50*time.Millisecond, func() error {
-			if got := scrapeValue(base+"/metrics", "go_sched_gomaxprocs_threads"); got != tc.procs {
-				return fmt.Errorf("%s: broker's go_sched_gomaxprocs_threads %q, want %s", tc.name, got, tc.procs)
-			}
-			return nil
-		})
-		l := newLedger(30 * time.Second)
-		if o := l.stream(context.Background(), base, "relayed by a tuned "+id, 8, nil); o.done != 1 || o.agent != id {
-			t.Fatalf("%s: stream: %+v", tc.name, o)
-		}
-		ap.signal(t, syscall.SIGTERM)
-		bp.signal(t, syscall.SIGTERM)
-	}
-}
-
-// procGODEBUG is the GODEBUG entry of the environment process pid's
-// image started with (/proc/PID/environ), "" if it has none.
-func procGODEBUG(t testing.TB, pid int) string {
-	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for kv := range strings.SplitSeq(string(b), "\x00") {
-		if strings.HasPrefix(kv, "GODEBUG=") {
-			return kv
-		}
-	}
-	return ""
 }
 
 // scrapeValue returns the value of an unlabelled series on a /metrics
