@@ -25,6 +25,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/switchyard-ai/switchyard/internal/cmdtest"
 	"github.com/switchyard-ai/switchyard/internal/testwait"
 	"github.com/switchyard-ai/switchyard/simengine"
 )
@@ -103,7 +104,7 @@ func natsServerBinary(t testing.TB) string {
 // child is a command running as a separate process.
 type child struct {
 	cmd  *exec.Cmd
-	out  *syncBuffer
+	out  *cmdtest.Buffer
 	done chan struct{}
 	err  error
 }
@@ -117,7 +118,7 @@ func startChild(t testing.TB, bin string, args ...string) *child {
 // the test's).
 func startChildEnv(t testing.TB, bin string, env []string, args ...string) *child {
 	t.Helper()
-	c := &child{cmd: exec.Command(bin, args...), out: &syncBuffer{}, done: make(chan struct{})}
+	c := &child{cmd: exec.Command(bin, args...), out: &cmdtest.Buffer{}, done: make(chan struct{})}
 	c.cmd.Env = env
 	c.cmd.Stdout, c.cmd.Stderr = c.out, c.out
 	if err := c.cmd.Start(); err != nil {
@@ -127,7 +128,7 @@ func startChildEnv(t testing.TB, bin string, env []string, args ...string) *chil
 	t.Cleanup(func() {
 		c.kill()
 		if t.Failed() { // as start does for commands run in-process
-			t.Logf("output of %s %v:\n%s", bin, args, tail(c.out.String(), 16<<10))
+			t.Logf("output of %s %v:\n%s", bin, args, cmdtest.Tail(c.out.String(), 16<<10))
 		}
 	})
 	return c
@@ -505,13 +506,13 @@ func waitGone(t testing.TB, base, id string) time.Time {
 // detection time.
 func TestAgentSIGKILL(t *testing.T) {
 	bin := buildBinary(t, "github.com/switchyard-ai/switchyard/cmd/worker-agent", "worker-agent", false)
-	b := startBroker(t)
+	b := cmdtest.StartBroker(t)
 	rounds := 1
 	if soak() {
 		rounds = 5
 	}
 	l := newLedger(30 * time.Second)
-	var survivor *proc
+	var survivor *cmdtest.Proc
 	for round := range rounds {
 		if survivor != nil {
 			_ = survivor.Stop(t) // the doomed agent must be the only one when the request is routed
@@ -520,7 +521,7 @@ func TestAgentSIGKILL(t *testing.T) {
 		id := fmt.Sprintf("doomed-%d", round)
 		doomed := startChild(t, bin, "--nats-url", b.NATS, "--engine", "openai", "--engine-url", slow.URL, "--id", id,
 			"--slots", "4", "--heartbeat", "100ms", "--log-level", "warn", "--slow-start", "0")
-		waitEligible(t, b.HTTP, id)
+		cmdtest.WaitEligible(t, b.HTTP, id)
 		var wg sync.WaitGroup
 		var o *outcome
 		wg.Add(1)
@@ -533,7 +534,7 @@ func TestAgentSIGKILL(t *testing.T) {
 		}
 		sid := fmt.Sprintf("survivor-%d", round)
 		survivor = startAgent(t, b.NATS, sid, fastEngine(t, 4), 4)
-		waitEligible(t, b.HTTP, sid)
+		cmdtest.WaitEligible(t, b.HTTP, sid)
 		killed := time.Now()
 		if err := doomed.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 			t.Fatal(err)
@@ -608,10 +609,10 @@ func load(l *ledger, base string, clients, maxTokens int, stop <-chan struct{}) 
 // started again with the same id and waited for until eligible). No
 // request may fail.
 func TestRollingRestart(t *testing.T) {
-	b := startBroker(t)
+	b := cmdtest.StartBroker(t)
 	const n, slots = 3, 4
 	engines := make([]*engine, n)
-	agents := make([]*proc, n)
+	agents := make([]*cmdtest.Proc, n)
 	ids := make([]string, n)
 	// 500ms heartbeats (stale after 1.5s): the agents that are not being
 	// restarted must stay live, and 100ms ones went stale under load (a
@@ -627,7 +628,7 @@ func TestRollingRestart(t *testing.T) {
 		ids[i] = fmt.Sprintf("r%d", i+1)
 		run(i)
 	}
-	waitEligible(t, b.HTTP, ids...)
+	cmdtest.WaitEligible(t, b.HTTP, ids...)
 	rounds, clients := 1, 6
 	if soak() {
 		rounds, clients = 5, 12
@@ -644,7 +645,7 @@ func TestRollingRestart(t *testing.T) {
 			}
 			drained := time.Since(at)
 			run(i)
-			waitEligible(t, b.HTTP, ids[i])
+			cmdtest.WaitEligible(t, b.HTTP, ids[i])
 			t.Logf("round %d: %s drained in %s, eligible again %s after the stop", round, ids[i], drained.Round(time.Millisecond), time.Since(at).Round(time.Millisecond))
 		}
 	}
@@ -720,7 +721,7 @@ func TestSlowReaders(t *testing.T) {
 		// 500ms heartbeats: the agents share the test's CPUs with 1,000
 		// clients under -race, and 100ms ones get starved into "stale".
 		"--heartbeat-interval", "500ms", "--slow-start", "0", "--log-level", "warn", "--queue-max", "100000", "--request-timeout", "60s")
-	base, natsURL, _ := waitBroker(t, bp.out, bp.exited)
+	base, natsURL, _ := cmdtest.WaitBroker(t, bp.out, bp.exited)
 	const agents = 4
 	ids := make([]string, agents)
 	for i := range agents {
@@ -728,7 +729,7 @@ func TestSlowReaders(t *testing.T) {
 		startAgentCmd(t, natsURL, "--nats-url", natsURL, "--engine", "sim", "--id", ids[i], "--slots", strconv.Itoa(clients/agents+1),
 			"--heartbeat", "500ms", "--sim-ttft", "1ms", "--sim-itl", "1ms", "--log-level", "error", "--slow-start", "0")
 	}
-	waitEligible(t, base, ids...)
+	cmdtest.WaitEligible(t, base, ids...)
 	heap0, rss0, g0, err := brokerMemory(base)
 	if err != nil {
 		t.Fatal(err)
