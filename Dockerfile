@@ -7,6 +7,8 @@
 #   docker build --target loadgen      -t switchyard/loadgen .
 # The default (last) target is the broker. compose.yaml builds all of them.
 # Static binaries (CGO_ENABLED=0) on distroless, running as uid 65532.
+# Go runtime settings are environment variables of the images (see
+# "Runtime settings" in docs/operations.md); `docker run -e` overrides them.
 
 ARG GO_VERSION=1.26
 
@@ -39,6 +41,10 @@ ENTRYPOINT ["/usr/local/bin/sim-engine"]
 CMD ["--listen", "0.0.0.0:8000"]
 
 FROM runtime AS worker-agent
+# GOGC: fewer collections of a small, short-lived heap. GOMAXPROCS: the
+# agent shares its node with the engine; two threads keep it off the
+# engine's cores.
+ENV GOGC=400 GOMAXPROCS=2
 ENTRYPOINT ["/usr/local/bin/worker-agent"]
 
 FROM runtime AS loadgen
@@ -46,5 +52,7 @@ ENTRYPOINT ["/usr/local/bin/loadgen"]
 
 FROM runtime AS broker
 EXPOSE 8080 4222
+# GOGC: fewer collections of a small, short-lived heap.
+ENV GOGC=400
 ENTRYPOINT ["/usr/local/bin/broker"]
 CMD ["--http", "0.0.0.0:8080", "--nats-listen", "0.0.0.0:4222", "--data-dir", "/tmp/nats"]

@@ -18,6 +18,7 @@ import (
 	"github.com/switchyard-ai/switchyard/agent/engine/pd"
 	"github.com/switchyard-ai/switchyard/agent/engine/sim"
 	"github.com/switchyard-ai/switchyard/broker"
+	"github.com/switchyard-ai/switchyard/internal/testwait"
 	"github.com/switchyard-ai/switchyard/simengine"
 	"github.com/switchyard-ai/switchyard/subjects"
 	"github.com/switchyard-ai/switchyard/wire"
@@ -200,7 +201,7 @@ func TestDecodeJobStamped(t *testing.T) {
 	e.publishJob(t, pdSubject(t, subjects.PoolPrefill, pair), &wire.Job{RequestId: "s1", ReplySubject: reply, PdPair: pair})
 	decodeSubj := pdSubject(t, subjects.PoolDecode, pair)
 	var m *jetstream.RawStreamMsg
-	checkFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+	testwait.For(t, 10*time.Second, 5*time.Millisecond, func() error {
 		st, err := e.js.Stream(context.Background(), agent.DefaultStream)
 		if err != nil {
 			return err
@@ -301,7 +302,7 @@ func TestDecodePublishRetried(t *testing.T) {
 	waitReady(t, ap)
 	reply, sub := e.replies(t, "n1")
 	e.publishJob(t, pdSubject(t, subjects.PoolPrefill, pd.VLLM), &wire.Job{RequestId: "n1", ReplySubject: reply})
-	checkFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+	testwait.For(t, 10*time.Second, 5*time.Millisecond, func() error {
 		if n := counter(t, reg, "switchyard_agent_decode_publish_retries_total"); n < 2 {
 			return fmt.Errorf("%v publish retries", n)
 		}
@@ -312,13 +313,13 @@ func TestDecodePublishRetried(t *testing.T) {
 		t.Fatal(err)
 	}
 	decodeSubj := pdSubject(t, subjects.PoolDecode, pd.VLLM)
-	checkFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+	testwait.For(t, 10*time.Second, 5*time.Millisecond, func() error {
 		if n := e.queued(t, "JOBS", decodeSubj); n != 1 {
 			return fmt.Errorf("%d decode jobs queued", n)
 		}
 		return nil
 	})
-	checkFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+	testwait.For(t, 10*time.Second, 5*time.Millisecond, func() error {
 		if n := ap.Active(); n != 0 {
 			return fmt.Errorf("%d jobs held", n)
 		}
@@ -378,7 +379,7 @@ func (p *pdPair) submit(t *testing.T, id string, maxTokens int) *nats.Subscripti
 // idle waits for both agents to hold nothing.
 func (p *pdPair) idle(t *testing.T) {
 	t.Helper()
-	checkFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+	testwait.For(t, 10*time.Second, 5*time.Millisecond, func() error {
 		if p.prefill.Active() != 0 || p.decod.Active() != 0 {
 			return fmt.Errorf("prefill holds %d, decode %d", p.prefill.Active(), p.decod.Active())
 		}
@@ -390,7 +391,7 @@ func (p *pdPair) idle(t *testing.T) {
 // a decode leg, not left until the hold timeout.
 func noKVHeld(t *testing.T, pre *simengine.Engine) {
 	t.Helper()
-	checkFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+	testwait.For(t, 10*time.Second, 5*time.Millisecond, func() error {
 		if h, b := pre.HeldKV(); h != 0 || b != 0 {
 			return fmt.Errorf("prefill engine holds %d hand-offs, %d KV blocks", h, b)
 		}
@@ -430,7 +431,7 @@ func TestPDSafeCancel(t *testing.T) {
 		free := p.occupyDecode(t)
 		sub := p.submit(t, "late", 4)
 		// The decode agent's one slot is busy: the decode job waits.
-		checkFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		testwait.For(t, 10*time.Second, 5*time.Millisecond, func() error {
 			if n := p.e.queued(t, agent.DefaultStream, pdSubject(t, subjects.PoolDecode, pd.VLLM)); n != 1 {
 				return fmt.Errorf("%d decode jobs queued", n)
 			}
@@ -474,7 +475,7 @@ func TestPDSafeCancel(t *testing.T) {
 			t.Fatal(err)
 		}
 		var dj wire.Job
-		checkFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		testwait.For(t, 10*time.Second, 5*time.Millisecond, func() error {
 			if n := p.e.queued(t, agent.DefaultStream, decodeSubj); n != 1 {
 				return fmt.Errorf("%d decode jobs queued", n)
 			}
@@ -525,14 +526,14 @@ func TestPDSafeCancel(t *testing.T) {
 func cancelAfterHandoff(t *testing.T, protocol string) {
 	p := startPair(t, protocol, time.Millisecond, time.Second, 1)
 	sub := p.submit(t, "c1", 4)
-	checkFor(t, 10*time.Second, time.Millisecond, func() error {
+	testwait.For(t, 10*time.Second, time.Millisecond, func() error {
 		if !p.watch.run("c1").started {
 			return fmt.Errorf("decode leg not started")
 		}
 		return nil
 	})
 	p.e.cancel(t, "c1")
-	checkFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+	testwait.For(t, 10*time.Second, 5*time.Millisecond, func() error {
 		if r := p.watch.run("c1"); !r.ended {
 			return fmt.Errorf("decode leg still running")
 		}
@@ -565,7 +566,7 @@ func (p *pdPair) occupyDecode(t *testing.T) (free func()) {
 	p.watch.gates["busy"] = busy
 	p.watch.mu.Unlock()
 	sub := p.submit(t, "busy", 4)
-	checkFor(t, 10*time.Second, time.Millisecond, func() error {
+	testwait.For(t, 10*time.Second, time.Millisecond, func() error {
 		if !p.watch.run("busy").started {
 			return fmt.Errorf("busy decode leg not started")
 		}
@@ -586,7 +587,7 @@ func (p *pdPair) occupyDecode(t *testing.T) (free func()) {
 // hand-off's KV from the prefill engine.
 func (p *pdPair) tookHandoffSilently(t *testing.T, id string) {
 	t.Helper()
-	checkFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+	testwait.For(t, 10*time.Second, 5*time.Millisecond, func() error {
 		if r := p.watch.run(id); !r.ended {
 			return fmt.Errorf("the decode leg of %s has not run: %+v", id, r)
 		}
@@ -645,7 +646,7 @@ func secondDecodeLeg(t *testing.T, afterEnd bool) {
 	kvs := [][]byte{simHandoff(t, p, "twice"), simHandoff(t, p, "twice")}
 	var chunks []*wire.Chunk
 	final := func() {
-		checkFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		testwait.For(t, 10*time.Second, 5*time.Millisecond, func() error {
 			chunks = append(chunks, pending(t, sub)...)
 			if len(chunks) == 0 || chunks[len(chunks)-1].GetKind() != wire.Chunk_KIND_FINAL {
 				return fmt.Errorf("%d chunks, no final yet", len(chunks))

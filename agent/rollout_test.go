@@ -23,15 +23,8 @@ import (
 	"github.com/switchyard-ai/switchyard/wire"
 )
 
-// Tests of issue 13's agent side: pairing, state reason, slow start,
+// Tests of the agent's rollout side: pairing, state reason, slow start,
 // keep-alives, hand-off expiry, decode-job publishing and PD-safe cancel.
-
-// checkFor is the shared poll (internal/testwait) under this package's
-// old name.
-func checkFor(t testing.TB, total, every time.Duration, f func() error) {
-	t.Helper()
-	testwait.For(t, total, every, f)
-}
 
 // env is an embedded NATS server with the jobs stream, as a broker makes it.
 type env struct {
@@ -102,7 +95,7 @@ func (e *env) run(t *testing.T, eng agent.Engine, cfg agent.Config) *agent.Agent
 
 func waitReady(t *testing.T, agents ...*agent.Agent) {
 	t.Helper()
-	checkFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+	testwait.For(t, 10*time.Second, 5*time.Millisecond, func() error {
 		for _, a := range agents {
 			if a.State() != wire.StateReady {
 				return fmt.Errorf("agent %s is %s (%s)", a.ID(), a.State(), a.StateReason())
@@ -215,7 +208,7 @@ func TestStateReason(t *testing.T) {
 	}
 	a := e.run(t, eng, agent.Config{ID: "w1", Slots: 4})
 	const want = "engine not healthy yet: HTTP 503: loading weights"
-	checkFor(t, 10*time.Second, time.Millisecond, func() error {
+	testwait.For(t, 10*time.Second, time.Millisecond, func() error {
 		m, err := hbs.NextMsg(5 * time.Second)
 		if err != nil {
 			return err
@@ -232,7 +225,7 @@ func TestStateReason(t *testing.T) {
 	eng.mu.Lock()
 	eng.err = nil
 	eng.mu.Unlock()
-	checkFor(t, 10*time.Second, time.Millisecond, func() error {
+	testwait.For(t, 10*time.Second, time.Millisecond, func() error {
 		m, err := hbs.NextMsg(5 * time.Second)
 		if err != nil {
 			return err
@@ -308,7 +301,7 @@ func TestSlowStartBoundsHeld(t *testing.T) {
 		e.publishJob(t, "sy.jobs.m.regular", &wire.Job{RequestId: id, ReplySubject: reply})
 	}
 	waitReady(t, a)
-	checkFor(t, 20*time.Second, 5*time.Millisecond, func() error {
+	testwait.For(t, 20*time.Second, 5*time.Millisecond, func() error {
 		if over, _ := eng.over.Load().(string); over != "" {
 			t.Fatal(over)
 		}

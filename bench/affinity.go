@@ -19,7 +19,7 @@ import (
 	"github.com/switchyard-ai/switchyard/affinity"
 )
 
-// The affinity scenario (issue 16): multi-turn chat on sim-engines with a
+// The affinity scenario: multi-turn chat on sim-engines with a
 // bounded prefix cache, each turn re-sending the whole conversation. It
 // compares Switchyard's prefix-cache affinity (approximate and precise)
 // with pure pull and with nginx round robin and consistent hashing on a
@@ -79,16 +79,16 @@ type affinityResult struct {
 	firstErr string
 	hitRate  float64 // the engines' prefix_cache_hits / queries over the run
 	oracle   float64 // the best achievable hit rate of the same turns
-	// The counts behind the rates, to pool rounds.
+	// The counts behind the rates, to pool passes.
 	good, turns                    int
 	queries, hits, oracleHit, oAll float64
-	p99s                           []float64 // each round's p99, ms
+	p99s                           []float64 // each pass's p99, ms
 	peakWaiting                    []float64
 	dur                            time.Duration
 	fleetAffinity                  string
 }
 
-// add pools round r into res.
+// add pools pass r into res.
 func (res *affinityResult) add(r *affinityResult) {
 	res.ttft = append(res.ttft, r.ttft...)
 	slices.Sort(res.ttft)
@@ -148,8 +148,8 @@ func (e *env) affinityScenario(d *doc) error {
 	if err := e.affinityCompare(d, w, engines, kvEndpoints, true); err != nil {
 		return err
 	}
-	// The same fleet and load with hot conversations: what the issue says
-	// hashing does badly.
+	// The same fleet and load with hot conversations: what hashing does
+	// badly.
 	hot := w
 	hot.name, hot.hot, hot.hotTurns, hot.hotWeight, hot.turns = "hot", 8, 24, 8, 6
 	if e.quick {
@@ -159,7 +159,7 @@ func (e *env) affinityScenario(d *doc) error {
 }
 
 // affinityCompare runs workload w against every front end and writes its
-// table; main is the issue's workload, whose figures are the targets.
+// table; main is the workload whose figures are the targets.
 func (e *env) affinityCompare(d *doc, w affinityWorkload, engines, kvEndpoints []string, main bool) error {
 	// Capacity with every conversation's earlier turns cached: the mean
 	// turn prefills its new user message and the previous answer (and the
@@ -224,24 +224,24 @@ func (e *env) affinityCompare(d *doc, w affinityWorkload, engines, kvEndpoints [
 		setups = setups[:3]
 	}
 	slo := 300 * time.Millisecond
-	// Rounds interleave the front ends, each round with its own
+	// Passes interleave the front ends, each pass with its own
 	// conversations and arrivals, and pool each front end's turns: the p99
-	// of one round's 512 turns is its fifth-worst turn, which one stall of
+	// of one pass's 512 turns is its fifth-worst turn, which one stall of
 	// this shared machine decides.
-	rounds := 3
+	passes := 3
 	if e.quick {
-		rounds = 1
+		passes = 1
 	}
 	res := map[string]*affinityResult{}
 	order := make([]string, len(setups))
 	for i, s := range setups {
 		order[i] = s.name
 	}
-	for round := range rounds {
+	for pass := range passes {
 		for k := range setups {
-			// Each round starts with the next front end, so none is always
+			// Each pass starts with the next front end, so none is always
 			// the first after the engines' start or a nginx reload.
-			i := (k + round) % len(setups)
+			i := (k + pass) % len(setups)
 			s := setups[i]
 			fe, stop, err := s.start()
 			if err != nil {
@@ -251,8 +251,8 @@ func (e *env) affinityCompare(d *doc, w affinityWorkload, engines, kvEndpoints [
 				stop()
 				return err
 			}
-			e.logf("affinity: round %d/%d: %s at %.1f turns/s", round+1, rounds, s.name, rate)
-			r, err := e.affinityRun(fe, engines, w, rate, slo, fmt.Sprintf("%srun%d.%d", w.name, i, round), round)
+			e.logf("affinity: pass %d/%d: %s at %.1f turns/s", pass+1, passes, s.name, rate)
+			r, err := e.affinityRun(fe, engines, w, rate, slo, fmt.Sprintf("%srun%d.%d", w.name, i, pass), pass)
 			if err == nil && s.isSwitch {
 				r.fleetAffinity = fleetAffinityLine(e.ctx, fe.sy)
 			}
@@ -280,18 +280,18 @@ func (e *env) affinityCompare(d *doc, w affinityWorkload, engines, kvEndpoints [
 			"Turns arrive as a Poisson process, each taking the next idle conversation, at %.0f%% of the capacity with every earlier turn cached "+
 			"(mean service %s: %.0f new prompt tokens, %d output tokens; %d slots → %.1f turns/s): **%.1f turns/s**. "+
 			"Each front end gets its own conversations (their system prompts differ), so no run finds another's cache. "+
-			"%d rounds interleave the front ends, each round with its own conversations and arrivals (seeds 7 on); a front end's turns of every round are pooled. "+
+			"%d passes interleave the front ends, each pass with its own conversations and arrivals (seeds 7 on); a front end's turns of every pass are pooled. "+
 			"The engines' cache of %d blocks holds about a quarter of all conversations: an engine that sees every conversation (pull, round robin) evicts.\n\n",
 			affinityCacheBlocks, affinityBlockSize, affinitySpec, w.convs, w.turns, w.groups, w.systemWords, w.userWords, w.outTokens,
-			100*w.load, fmtDur(svc), newTokens, w.outTokens, affinityEngines*affinitySpec.Slots, capacity, rate, rounds, affinityCacheBlocks)
+			100*w.load, fmtDur(svc), newTokens, w.outTokens, affinityEngines*affinitySpec.Slots, capacity, rate, passes, affinityCacheBlocks)
 	} else {
 		fmt.Fprintf(&b, "### The same with hot conversations\n\n")
 		fmt.Fprintf(&b, "The same engines, groups and load (**%.1f turns/s**), but %d of the %d conversations are hot: %d turns each against %d for the others, "+
 			"and %d times as likely to take the next arrival while idle (agent loops, busy users), so they are nearly always in flight and their prompts grow longest. "+
-			"A hash pins each to one engine whatever that engine's load; pull and affinity's guard do not. %d rounds, pooled as above.\n\n",
-			rate, w.hot, w.convs, w.hotTurns, w.turns, w.hotWeight, rounds)
+			"A hash pins each to one engine whatever that engine's load; pull and affinity's guard do not. %d passes, pooled as above.\n\n",
+			rate, w.hot, w.convs, w.hotTurns, w.turns, w.hotWeight, passes)
 	}
-	fmt.Fprintf(&b, "| front end | TTFT p50 | TTFT p90 | TTFT p99 | p99 of each round | goodput (TTFT ≤ %s) | engines' prefix hit rate | best achievable | errors | peak queued in an engine | affinity (from /v1/fleet, last round) |\n|---|---|---|---|---|---|---|---|---|---|---|\n", slo)
+	fmt.Fprintf(&b, "| front end | TTFT p50 | TTFT p90 | TTFT p99 | p99 of each pass | goodput (TTFT ≤ %s) | engines' prefix hit rate | best achievable | errors | peak queued in an engine | affinity (from /v1/fleet, last pass) |\n|---|---|---|---|---|---|---|---|---|---|---|\n", slo)
 	for _, name := range order {
 		r := res[name]
 		pk := slices.Max(append(r.peakWaiting, 0))
@@ -354,8 +354,8 @@ type affinityConv struct {
 }
 
 // affinityRun drives the conversations against fe and measures.
-func (e *env) affinityRun(fe affinityFront, engines []string, w affinityWorkload, rate float64, slo time.Duration, tag string, round int) (*affinityResult, error) {
-	rng := rand.New(rand.NewPCG(7+uint64(round), 16))
+func (e *env) affinityRun(fe affinityFront, engines []string, w affinityWorkload, rate float64, slo time.Duration, tag string, pass int) (*affinityResult, error) {
+	rng := rand.New(rand.NewPCG(7+uint64(pass), 16))
 	words := strings.Fields(strings.Repeat("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa quebec romeo sierra tango uniform victor whiskey xray yankee zulu ", 8))
 	text := func(n int) string {
 		out := make([]string, n)

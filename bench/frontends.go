@@ -213,8 +213,8 @@ func (e *env) switchyard(tag string, engines []string, specs []engineSpec, profi
 			prof = f.prof[1]
 		}
 		args := []string{"--engine", "openai", "--engine-url", "http://" + addr, "--slots", strconv.Itoa(specs[i].Slots)}
-		// The agents ramp their pull limit by their own --slow-start
-		// (since issue 13): it must match the broker's, or a fleet that
+		// The agents ramp their pull limit by their own --slow-start: it
+		// must match the broker's, or a fleet that
 		// the broker weighs at full slots pulls a fraction of them for
 		// its first 30s, which is all of a scenario's window.
 		if j := slices.Index(brokerArgs, "--slow-start"); j >= 0 && j+1 < len(brokerArgs) {

@@ -15,21 +15,15 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
-
-	"github.com/switchyard-ai/switchyard/internal/cli"
-	"github.com/switchyard-ai/switchyard/internal/procs"
 )
 
-// The Go proxy is the reference for a front end written in Go: Go's
-// net/http server in front, an http.Transport behind, round robin over the
-// engines, each chunk flushed as it comes (httputil.ReverseProxy with
-// FlushInterval -1), and the runtime tuned as cmd/broker tunes it (the
-// collector's target, the sysmon setting, the adaptive GOMAXPROCS). It has
-// no NATS, no validation and no JSON: whatever Switchyard's broker costs
-// beyond it is Switchyard's; what it costs beyond nginx is Go's net/http
-// and runtime on this machine. It is a bound, not a floor: the broker
-// serves HTTP/1.1 with its own loop (internal/h1), not net/http's, and
-// can cost less than it.
+// The Go proxy is the plainest front end written in Go: Go's net/http
+// server in front, an http.Transport behind, round robin over the engines,
+// each chunk flushed as it comes (httputil.ReverseProxy with
+// FlushInterval -1), and the runtime at Go's defaults as the environment
+// leaves it. It has no NATS, no validation and no JSON: whatever
+// Switchyard's front end costs beyond it is Switchyard's; what it costs
+// beyond nginx is Go's net/http and runtime on this machine.
 
 // goproxyArg is the re-executed form of this program that serves the Go
 // proxy: "__goproxy HOST:PORT[,HOST:PORT...]".
@@ -83,10 +77,8 @@ func fullDuplex(h http.Handler) http.Handler {
 // runGoProxy serves the Go proxy on a random loopback port until SIGTERM
 // or SIGINT, after printing the address.
 func runGoProxy(upstreams string) error {
-	procsCtx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	sigCtx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	cli.TuneGC(os.Getenv)            // as the broker does
-	procs.Start(procsCtx, os.Getenv) // as cmd/broker does
 	p, err := newGoProxy(strings.Split(upstreams, ","))
 	if err != nil {
 		return err
@@ -102,7 +94,7 @@ func runGoProxy(upstreams string) error {
 	select {
 	case err := <-errc:
 		return err
-	case <-procsCtx.Done():
+	case <-sigCtx.Done():
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 		defer cancel()
 		return srv.Shutdown(ctx)

@@ -11,13 +11,15 @@
 //
 // Scenarios: overhead (added TTFT/ITL and relayed tokens/s, plus a CPU
 // profile of the broker and an agent), scheduling (a heterogeneous fleet
-// at 90% load), tokenpath (issue 15: CPU per request and per token by
-// process group against nginx and HAProxy, relayed tokens/s at
-// saturation, added TTFT, with a profile per load shape), transition (regular to prefill/decode, count versus
-// capacity mode), dispatch (the dispatch benchmarks and broker memory at
-// 1,000 streams), rollout (issue 13's realistic rollout, its per-window
-// table also printed on stdout), affinity (issue 16: multi-turn chat with
-// prefix caching, affinity versus pure pull and nginx). nginx and HAProxy are installed with apt-get when
+// at 90% load), tokenpath (CPU per request and per token by process
+// group against nginx, HAProxy and a plain Go reverse proxy, relayed
+// tokens/s at saturation, added TTFT, with a profile per load shape; its
+// ratio table also printed on stdout), transition (regular to
+// prefill/decode, count versus capacity mode), dispatch (the dispatch
+// benchmarks and broker memory at 1,000 streams), rollout (a realistic
+// rollout, its per-window table also printed on stdout), affinity
+// (multi-turn chat with prefix caching, affinity versus pure pull and
+// nginx). nginx and HAProxy are installed with apt-get when
 // missing (Debian, as root). Every process the runner starts is stopped
 // when it ends, fails or is interrupted.
 package main
@@ -36,13 +38,10 @@ import (
 	"strings"
 	"syscall"
 	"time"
-
-	"github.com/switchyard-ai/switchyard/internal/cli"
 )
 
 func main() {
 	if len(os.Args) > 2 && (os.Args[1] == "__broker" || os.Args[1] == "__agent") {
-		cli.KeepSysmonAwake() // as the commands do
 		if err := profiled(os.Args[1], os.Args[2], os.Args[3:]); err != nil {
 			fmt.Fprintln(os.Stderr, "bench:", err)
 			os.Exit(1)
@@ -50,7 +49,6 @@ func main() {
 		return
 	}
 	if len(os.Args) == 3 && os.Args[1] == goproxyArg {
-		cli.KeepSysmonAwake() // as the broker does
 		if err := runGoProxy(os.Args[2]); err != nil {
 			fmt.Fprintln(os.Stderr, "bench:", goproxyArg, err)
 			os.Exit(1)
@@ -91,6 +89,9 @@ func run(ctx context.Context, args []string) error {
 	keep := fs.Bool("keep", false, "keep the scratch directory (process logs, configs, profiles)")
 	profiles := fs.String("profiles", "", "directory to copy the tokenpath scenario's profiles to: CPU (broker-<n>tok.pprof, agent-<n>tok.pprof) and heap (broker-<n>tok.allocs.pprof, agent-<n>tok.allocs.pprof)")
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
 		return err
 	}
 	want := map[string]bool{}
@@ -206,7 +207,7 @@ func (d *doc) write(path string) error {
 		"`--quick` shortens every window, `--only overhead,scheduling,transition,dispatch` picks scenarios. The whole run took %s.\n\n", d.elapsed.Round(time.Second))
 	fmt.Fprintf(&b, "## Machine\n\n%s\n", d.machine)
 	if len(d.targets) > 0 {
-		fmt.Fprintf(&b, "## Targets (issues 8 and 15)\n\n| target | wanted | measured | |\n|---|---|---|---|\n")
+		fmt.Fprintf(&b, "## Targets\n\n| target | wanted | measured | |\n|---|---|---|---|\n")
 		for _, t := range d.targets {
 			verdict := "met"
 			if !t.met {
@@ -260,7 +261,6 @@ func machine(e *env) string {
 	fmt.Fprintf(&b, "| CPUs (nproc) | %d |\n| CPU model | %s |\n| memory | %s |\n| kernel | Linux %s |\n| Go | %s |\n",
 		runtime.NumCPU(), cpu, mem, strings.TrimSpace(string(kernel)), strings.TrimSpace(string(goVer)))
 	fmt.Fprintf(&b, "| nginx | %s |\n| HAProxy | %s |\n", versionOf(e.nginx, "-v"), versionOf(e.haproxy, "-v"))
-	fmt.Fprintf(&b, "| run at | %s |\n", time.Now().UTC().Format("2006-01-02 15:04 UTC"))
 	fmt.Fprintf(&b, "\nThe machine is shared with other work, so figures move by a few percent between runs; every party (client, engines, front end) shares the same cores.\n")
 	return b.String()
 }

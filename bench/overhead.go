@@ -197,7 +197,7 @@ func (e *env) overhead(d *doc) error {
 	}
 	fmt.Fprintf(&b, "\nAt saturation the engines fall behind their 1 ms schedule and send the tokens that are due back to back, hence ITL p50 near 0.\n\n")
 
-	// Targets of issue 8.
+	// Targets.
 	dr, s := lat[runKey{64, "direct"}], lat[runKey{64, "Switchyard"}]
 	addP50, addP99 := s.TTFT.P50-dr.TTFT.P50, s.TTFT.P99-dr.TTFT.P99
 	addITL := s.ITL.P50 - dr.ITL.P50

@@ -15,8 +15,6 @@ import (
 
 	"github.com/switchyard-ai/switchyard/internal/agentcmd"
 	"github.com/switchyard-ai/switchyard/internal/brokercmd"
-	"github.com/switchyard-ai/switchyard/internal/cli"
-	"github.com/switchyard-ai/switchyard/internal/procs"
 	"github.com/switchyard-ai/switchyard/loadgen"
 )
 
@@ -48,12 +46,8 @@ func profiled(kind, file string, args []string) error {
 		}
 	}()
 	run := brokercmd.Run
-	if kind == "__broker" {
-		procs.Start(ctx, os.Getenv) // as cmd/broker does
-	}
 	if kind == "__agent" {
 		run = agentcmd.Run
-		cli.TuneProcs(os.Getenv, cli.DefaultAgentProcs) // as cmd/worker-agent does
 	}
 	return run(ctx, args, os.Getenv, os.Stdout, os.Stderr)
 }

@@ -18,7 +18,7 @@ import (
 	"time"
 )
 
-// rollout runs issue 13's realistic rollout (e2e/rollout_test.go) with
+// rollout runs the realistic rollout of e2e/rollout_test.go with
 // every party its own process and prints its per-window table: a regular
 // pool at about 90% load with open-loop Poisson streaming traffic; a vLLM
 // prefill/decode pair whose engines load for 10s; a decode agent whose
@@ -29,7 +29,7 @@ import (
 func (e *env) rollout(d *doc) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "## The realistic rollout\n\n")
-	fmt.Fprintf(&b, "Issue 13's rollout of `e2e/rollout_test.go`, every party its own process: a broker (`--slow-start 2s --stall-timeout 2s`, and `--capacity-wait 5s` where it has the flag), "+
+	fmt.Fprintf(&b, "The rollout of `e2e/rollout_test.go`, every party its own process: a broker (`--slow-start 2s --stall-timeout 2s`, and `--capacity-wait 5s` where it has the flag), "+
 		"sim-engines (`--ttft 30ms --prefill-per-token 1ms --itl 15ms`) each behind a worker-agent (`--engine openai`, `vllm` or `sglang`; `--slow-start 2s` where it has the flag). "+
 		"Regular pool: 2 agents x 4 slots; PD pair: vLLM prefill and decode, 8 slots each, engines `--load-time 10s`; "+
 		"then a vLLM decode agent on an engine with `--load-time never` and an SGLang prefill agent with no partner. "+
@@ -86,8 +86,8 @@ func (e *env) rolloutRun() (table, summary string, err error) {
 		scale = 0.5
 	}
 	step := func(s float64) time.Duration { return time.Duration(s * scale * float64(time.Second)) }
-	// Flags newer than issue 13 are passed only where the binaries have
-	// them, so the same scenario measures the code before the issue.
+	// Flags a binary may lack are passed only where it has them, so the
+	// same scenario measures builds without them too.
 	brokerArgs := []string{"--slow-start", slowStart.String(), "--stall-timeout", stall.String()}
 	if hasFlag(e.path("broker"), "capacity-wait") {
 		brokerArgs = append(brokerArgs, "--capacity-wait", "5s")

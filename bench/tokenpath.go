@@ -12,10 +12,11 @@ import (
 	"github.com/switchyard-ai/switchyard/loadgen"
 )
 
-// tokenpath is issue 15's table: what the token path costs per request and
-// per token, by process group, against nginx, HAProxy and a Go reverse
-// proxy (goproxy.go: a Go front end on the standard library) in front of the same
-// engines in one run, with the ratios the issue asks for.
+// tokenpath measures what the token path costs per request and per token,
+// by process group, against nginx, HAProxy and a Go reverse proxy
+// (goproxy.go: the plainest Go front end, on the standard library) in
+// front of the same engines in one run, and prints the ratios against
+// nginx and the Go proxy (tokenpathRatios).
 //
 // Two sim-engines (5 ms ITL, no TTFT cost). Per front end, interleaved:
 // 64 streams of 1-token requests (CPU per request), 64 streams of 64-token
@@ -104,15 +105,15 @@ func (e *env) tokenpath(d *doc) error {
 		engines  float64
 	}
 	res := map[string]map[string]result{} // phase -> front end -> result
-	// Two rounds, phases outermost and front ends interleaved: the shared
-	// machine's drift spreads over every front end; the better round of
+	// Two passes, phases outermost and front ends interleaved: the shared
+	// machine's drift spreads over every front end; the better pass of
 	// each (lower front-end CPU per request) is kept, as the noise of
 	// other work only ever adds.
-	rounds := 2
+	passes := 2
 	if e.quick {
-		rounds = 1
+		passes = 1
 	}
-	for round := range rounds {
+	for pass := range passes {
 		for _, ph := range phases {
 			if res[ph.name] == nil {
 				res[ph.name] = map[string]result{}
@@ -124,7 +125,7 @@ func (e *env) tokenpath(d *doc) error {
 					PromptTokens: loadgen.Fixed(16), MaxTokens: loadgen.Fixed(ph.toks),
 					Timeout: 60 * time.Second,
 				}
-				e.logf("tokenpath round %d %s: %s at %d streams, %d tokens", round+1, ph.name, f.name, ph.streams, ph.toks)
+				e.logf("tokenpath pass %d %s: %s at %d streams, %d tokens", pass+1, ph.name, f.name, ph.streams, ph.toks)
 				c0 := map[string]cpuTime{}
 				for _, g := range f.groups {
 					c0[g.name] = cpuTimes(g.pids)
@@ -168,15 +169,15 @@ func (e *env) tokenpath(d *doc) error {
 	}
 	perTok := func(f, g string) float64 { return perTokOf(cpuAll, f, g) }
 	var b strings.Builder
-	fmt.Fprintf(&b, "## The token path's cost against a proxy (issue 15)\n\n")
+	fmt.Fprintf(&b, "## The token path's cost against a proxy\n\n")
 	fmt.Fprintf(&b, "%d sim-engines (%s) behind Switchyard (the broker on its embedded NATS, one agent `--engine openai` per engine), nginx (round robin, the SSE-safe config above) and HAProxy (leastconn); "+
-		"direct is the client calling the engines itself. Closed-loop streams, 16-word prompts, %s measured after %s of warm-up per row; %d round(s) with the front ends interleaved, the round with the lower front-end CPU per request kept. "+
+		"direct is the client calling the engines itself. Closed-loop streams, 16-word prompts, %s measured after %s of warm-up per row; %d pass(es) with the front ends interleaved, the pass with the lower front-end CPU per request kept. "+
 		"CPU is utime+stime from /proc of each group's processes over the whole run (warm-up included) divided by every request of the run; the broker's figure includes its embedded NATS server. "+
 		"The user-space and kernel rows split it as /proc does (the exact total divided by where the clock ticks landed).\n\n",
-		nEngines, spec, win, warm, rounds)
-	fmt.Fprintf(&b, "The Go proxy is the reference for a front end written in Go: Go's net/http server and http.Transport (httputil.ReverseProxy, round robin, every chunk flushed), "+
-		"the runtime tuned as cmd/broker tunes it, and nothing else: no NATS, no validation, no JSON. What the broker costs beyond it is Switchyard's; what it costs beyond nginx is Go's.\n\n")
-	fmt.Fprintf(&b, "| at 64 streams | Switchyard | broker | agents | nginx | HAProxy | Go proxy | Switchyard / nginx | broker / nginx | Go proxy / nginx | broker / Go proxy |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
+		nEngines, spec, win, warm, passes)
+	fmt.Fprintf(&b, "The Go proxy is the plainest front end written in Go: Go's net/http server and http.Transport (httputil.ReverseProxy, round robin, `FlushInterval: -1`), "+
+		"the runtime at Go's defaults, and nothing else: no NATS, no validation, no JSON. What Switchyard costs beyond it is Switchyard's; what it costs beyond nginx is Go's.\n\n")
+	fmt.Fprintf(&b, "| at 64 streams | Switchyard (broker + agents) | broker | agents | nginx | HAProxy | Go proxy |\n|---|---|---|---|---|---|---|\n")
 	fmtUnit := func(v float64, unit string) string {
 		if unit == "ms" {
 			return fmt.Sprintf("%.3f ms", v)
@@ -184,10 +185,9 @@ func (e *env) tokenpath(d *doc) error {
 		return fmt.Sprintf("%.1f %s", v, unit)
 	}
 	row := func(what, unit string, f func(front, group string) float64) {
-		sy, br, ng, gop := f("Switchyard", ""), f("Switchyard", "broker"), f("nginx", ""), f("Go proxy", "")
-		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %.2fx | %.2fx | %.2fx | %.2fx |\n", what,
-			fmtUnit(sy, unit), fmtUnit(br, unit), fmtUnit(f("Switchyard", "agents"), unit), fmtUnit(ng, unit),
-			fmtUnit(f("HAProxy", ""), unit), fmtUnit(gop, unit), sy/ng, br/ng, gop/ng, br/gop)
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s |\n", what,
+			fmtUnit(f("Switchyard", ""), unit), fmtUnit(f("Switchyard", "broker"), unit), fmtUnit(f("Switchyard", "agents"), unit),
+			fmtUnit(f("nginx", ""), unit), fmtUnit(f("HAProxy", ""), unit), fmtUnit(f("Go proxy", ""), unit))
 	}
 	row("CPU per request (1-token requests)", "ms", func(f, g string) float64 { return perReq("per-request", f, g) })
 	row("… of which in user space", "ms", func(f, g string) float64 { return perReqOf(cpuUser, "per-request", f, g) })
@@ -227,29 +227,43 @@ func (e *env) tokenpath(d *doc) error {
 		"so with nothing queued the least either adds is about one round trip (nginx) and two (Switchyard). At one stream nginx added %s, the Go proxy %s and Switchyard %s.\n\n",
 		fmtInt(trips), strings.Join(hopText, "; "), fmtDelta(idleAdded("nginx")), fmtDelta(idleAdded("Go proxy")), fmtDelta(idleAdded("Switchyard")))
 
-	// The goals of issue 15.
+	sat := res["saturation"]
+	ratios := []ratio{
+		{"broker CPU (with its embedded NATS) per extra token, against nginx's", "µs",
+			perTok("Switchyard", "broker"), perTok("nginx", "")},
+		{"front end CPU (broker + agents) per 1-token request, against the Go proxy's", "ms",
+			perReq("per-request", "Switchyard", ""), perReq("per-request", "Go proxy", "")},
+		{"front end CPU (broker + agents) per extra token, against the Go proxy's", "µs",
+			perTok("Switchyard", ""), perTok("Go proxy", "")},
+		{"relayed tokens/s at 256 streams, against the Go proxy's", "tokens/s",
+			sat["Switchyard"].rep.OutputTokensPerS, sat["Go proxy"].rep.OutputTokensPerS},
+		{"Go proxy CPU per 1-token request, against nginx's", "ms",
+			perReq("per-request", "Go proxy", ""), perReq("per-request", "nginx", "")},
+		{"Go proxy CPU per extra token, against nginx's", "µs",
+			perTok("Go proxy", ""), perTok("nginx", "")},
+	}
+	table := tokenpathRatios(ratios)
+	fmt.Fprintf(&b, "### Ratios\n\nA CPU ratio below 1 means the front end spends less than its peer; a tokens/s ratio above 1 means it relays more.\n\n%s\n", table)
+	fmt.Println(table)
+
+	// Targets, against nginx.
 	reqRatio := perReq("per-request", "Switchyard", "") / perReq("per-request", "nginx", "")
 	brRatio := perReq("per-request", "Switchyard", "broker") / perReq("per-request", "nginx", "")
 	tokRatio := perTok("Switchyard", "") / perTok("nginx", "")
 	brTokRatio := perTok("Switchyard", "broker") / perTok("nginx", "")
-	sat := res["saturation"]
 	tpsRatio := sat["Switchyard"].rep.OutputTokensPerS / sat["nginx"].rep.OutputTokensPerS
 	t64, d64 := res["ttft64"]["Switchyard"].rep, res["ttft64"]["direct"].rep
 	add50, add99 := t64.TTFT.P50-d64.TTFT.P50, t64.TTFT.P99-d64.TTFT.P99
 	s256, n256, d256 := sat["Switchyard"].rep, sat["nginx"].rep, sat["direct"].rep
 	sAdd256, nAdd256 := s256.TTFT.P50-d256.TTFT.P50, n256.TTFT.P50-d256.TTFT.P50
-	d.target("issue 15: front-end CPU per request, 1-token requests, 64 streams", "≤ 3x nginx's", fmt.Sprintf("%.2fx (%.3f against %.3f ms)", reqRatio, perReq("per-request", "Switchyard", ""), perReq("per-request", "nginx", "")), reqRatio <= 3)
-	d.target("issue 15: broker alone (with embedded NATS), per request", "≤ 2x nginx's", fmt.Sprintf("%.2fx (%.3f ms)", brRatio, perReq("per-request", "Switchyard", "broker")), brRatio <= 2)
-	d.target("issue 15: front-end CPU per extra token", "≤ 1.5x nginx's", fmt.Sprintf("%.2fx (%.1f against %.1f µs)", tokRatio, perTok("Switchyard", ""), perTok("nginx", "")), tokRatio <= 1.5)
-	d.target("issue 15: broker alone, per extra token", "≤ nginx's", fmt.Sprintf("%.2fx (%.1f µs)", brTokRatio, perTok("Switchyard", "broker")), brTokRatio <= 1)
-	d.target("issue 15: relayed tokens/s at 256 streams", "≥ 0.9x nginx's", fmt.Sprintf("%.2fx (%s against %s)", tpsRatio, fmtInt(s256.OutputTokensPerS), fmtInt(n256.OutputTokensPerS)), tpsRatio >= 0.9)
-	d.target("issue 15: added TTFT p50 at 64 streams", "≤ 0.5 ms", fmtDelta(add50), add50 <= 0.5)
-	d.target("issue 15: added TTFT p99 at 64 streams", "≤ 2 ms", fmtDelta(add99), add99 <= 2)
-	d.target("issue 15: added TTFT p50 at 256 streams", "≤ 2x nginx's ("+fmtDelta(nAdd256)+")", fmtDelta(sAdd256), sAdd256 <= 2*max(nAdd256, 0.05))
-	gpReq := perReq("per-request", "Go proxy", "") / perReq("per-request", "nginx", "")
-	gpTok := perTok("Go proxy", "") / perTok("nginx", "")
-	fmt.Fprintf(&b, "The Go proxy in this run: %.2fx nginx's CPU per request and %.2fx per extra token. "+
-		"A goal below these ratios asks the front end to cost less than Go's net/http alone costs on this machine; the broker's own HTTP/1.1 loop can, net/http cannot.\n\n", gpReq, gpTok)
+	d.target("front-end CPU per request, 1-token requests, 64 streams", "≤ 3x nginx's", fmt.Sprintf("%.2fx (%.3f against %.3f ms)", reqRatio, perReq("per-request", "Switchyard", ""), perReq("per-request", "nginx", "")), reqRatio <= 3)
+	d.target("broker alone (with embedded NATS), per request", "≤ 2x nginx's", fmt.Sprintf("%.2fx (%.3f ms)", brRatio, perReq("per-request", "Switchyard", "broker")), brRatio <= 2)
+	d.target("front-end CPU per extra token", "≤ 1.5x nginx's", fmt.Sprintf("%.2fx (%.1f against %.1f µs)", tokRatio, perTok("Switchyard", ""), perTok("nginx", "")), tokRatio <= 1.5)
+	d.target("broker alone, per extra token", "≤ nginx's", fmt.Sprintf("%.2fx (%.1f µs)", brTokRatio, perTok("Switchyard", "broker")), brTokRatio <= 1)
+	d.target("relayed tokens/s at 256 streams", "≥ 0.9x nginx's", fmt.Sprintf("%.2fx (%s against %s)", tpsRatio, fmtInt(s256.OutputTokensPerS), fmtInt(n256.OutputTokensPerS)), tpsRatio >= 0.9)
+	d.target("added TTFT p50 at 64 streams", "≤ 0.5 ms", fmtDelta(add50), add50 <= 0.5)
+	d.target("added TTFT p99 at 64 streams", "≤ 2 ms", fmtDelta(add99), add99 <= 2)
+	d.target("added TTFT p50 at 256 streams", "≤ 2x nginx's ("+fmtDelta(nAdd256)+")", fmtDelta(sAdd256), sAdd256 <= 2*max(nAdd256, 0.05))
 	d.add(b.String())
 	if err := sy.stop(); err != nil {
 		e.logf("tokenpath: stopping Switchyard: %v", err)
@@ -344,4 +358,32 @@ func extraTokenCost(shortMS, shortTokens, longMS, longTokens float64) float64 {
 		return math.NaN()
 	}
 	return 1e3 * (longMS - shortMS) / (longTokens - shortTokens)
+}
+
+// ratio is one line of the tokenpath ratio table: a front end's figure
+// (ours) against a peer's, in unit.
+type ratio struct {
+	what, unit string
+	ours, peer float64
+}
+
+// tokenpathRatios is the ratio table, in Markdown, that the tokenpath
+// scenario writes to the document and prints on stdout.
+func tokenpathRatios(rows []ratio) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "| figure | value | peer's value | ratio |\n|---|---|---|---|\n")
+	for _, r := range rows {
+		fmt.Fprintf(&b, "| %s | %s | %s | %.2fx |\n", r.what, fmtRatioValue(r.ours, r.unit), fmtRatioValue(r.peer, r.unit), r.ours/r.peer)
+	}
+	return b.String()
+}
+
+func fmtRatioValue(v float64, unit string) string {
+	switch unit {
+	case "ms":
+		return fmt.Sprintf("%.3f ms", v)
+	case "µs":
+		return fmt.Sprintf("%.1f µs", v)
+	}
+	return fmtInt(v) + " " + unit
 }

@@ -25,3 +25,18 @@ func TestExtraTokenCost(t *testing.T) {
 		t.Errorf("same tokens in both rows: got %v, want NaN", got)
 	}
 }
+
+func TestTokenpathRatios(t *testing.T) {
+	got := tokenpathRatios([]ratio{
+		{"broker CPU per extra token, against nginx's", "µs", 4.5, 6},
+		{"front end CPU per 1-token request, against the Go proxy's", "ms", 0.25, 0.125},
+		{"relayed tokens/s at 256 streams, against the Go proxy's", "tokens/s", 45000, 50000},
+	})
+	want := "| figure | value | peer's value | ratio |\n|---|---|---|---|\n" +
+		"| broker CPU per extra token, against nginx's | 4.5 µs | 6.0 µs | 0.75x |\n" +
+		"| front end CPU per 1-token request, against the Go proxy's | 0.250 ms | 0.125 ms | 2.00x |\n" +
+		"| relayed tokens/s at 256 streams, against the Go proxy's | 45,000 tokens/s | 50,000 tokens/s | 0.90x |\n"
+	if got != want {
+		t.Errorf("tokenpathRatios:\n%s\nwant:\n%s", got, want)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/switchyard-ai/switchyard/affinity"
+	"github.com/switchyard-ai/switchyard/internal/cmdtest"
 	"github.com/switchyard-ai/switchyard/internal/testwait"
 )
 
@@ -16,10 +17,10 @@ import (
 // never holds more entries than the bound however many prompts it learns.
 func TestAffinityTreeFlags(t *testing.T) {
 	const blockSize, maxBlocks = 32, 40
-	b := startBroker(t, "--affinity", "approx", "--affinity-block-size", fmt.Sprint(blockSize), "--affinity-max-blocks", fmt.Sprint(maxBlocks))
+	b := cmdtest.StartBroker(t, "--affinity", "approx", "--affinity-block-size", fmt.Sprint(blockSize), "--affinity-max-blocks", fmt.Sprint(maxBlocks))
 	e := cachingEngine(t)
 	startAgent(t, b.NATS, "a0", e, 2)
-	waitEligible(t, b.HTTP, "a0")
+	cmdtest.WaitEligible(t, b.HTTP, "a0")
 
 	// One prompt: the tree holds its keys at the flag's block size.
 	sys := longSystem("flags-0")

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchyard-ai/switchyard/internal/cmdtest"
 	"github.com/switchyard-ai/switchyard/internal/testwait"
 	"github.com/switchyard-ai/switchyard/simengine"
 	"github.com/switchyard-ai/switchyard/subjects"
@@ -98,14 +99,14 @@ func TestAffinityPDPrefill(t *testing.T) {
 	// A long wait, as in TestAffinityTwoBrokersShareTheCache: on a loaded
 	// machine an agent may take longer than the default to pull an offer,
 	// and this test is about where offers go, not about that bound.
-	b := startBroker(t, "--affinity", "approx", "--affinity-wait", "3s")
+	b := cmdtest.StartBroker(t, "--affinity", "approx", "--affinity-wait", "3s")
 	pre := map[string]*engine{"p0": pdCachingEngine(t, simengine.RolePrefill), "p1": pdCachingEngine(t, simengine.RolePrefill)}
 	dec := pdCachingEngine(t, simengine.RoleDecode)
 	for id, e := range pre {
 		startAgent(t, b.NATS, id, e, 2, pdArgs("prefill")...)
 	}
 	startAgent(t, b.NATS, "dec", dec, 4, pdArgs("decode")...)
-	waitEligible(t, b.HTTP, "p0", "p1", "dec")
+	cmdtest.WaitEligible(t, b.HTTP, "p0", "p1", "dec")
 
 	const conversations, turns = 4, 3
 	requests := 0
@@ -158,7 +159,7 @@ func TestAffinityPDPrefill(t *testing.T) {
 // offered to it and still served, by the other prefill agent, with the
 // decode leg as usual.
 func TestAffinityPDPrefillAgentGone(t *testing.T) {
-	b := startBroker(t, "--affinity", "approx", "--affinity-wait", "200ms")
+	b := cmdtest.StartBroker(t, "--affinity", "approx", "--affinity-wait", "200ms")
 	e1, e2 := pdCachingEngine(t, simengine.RolePrefill), pdCachingEngine(t, simengine.RolePrefill)
 	dec := pdCachingEngine(t, simengine.RoleDecode)
 	startAgent(t, b.NATS, "dec", dec, 4, pdArgs("decode")...)
@@ -166,14 +167,14 @@ func TestAffinityPDPrefillAgentGone(t *testing.T) {
 	doomed := startChild(t, bin, append([]string{"--nats-url", b.NATS, "--engine-url", e1.URL, "--id", "doomed",
 		"--slots", "2", "--heartbeat", "2s", "--slow-start", "0", "--log-level", "warn"}, pdArgs("prefill")...)...)
 	waitAgent(t, b.NATS, subjects.DefaultPrefix, "doomed", doomed.exited, doomed.out)
-	waitEligible(t, b.HTTP, "doomed", "dec")
+	cmdtest.WaitEligible(t, b.HTTP, "doomed", "dec")
 
 	sys := longSystem("pd-doomed")
 	if p, _ := pdTurn(t, b.HTTP, chatTurn(sys, "first question")); p != "doomed" {
 		t.Fatalf("first turn prefilled on %s", p)
 	}
 	startAgent(t, b.NATS, "survivor", e2, 2, pdArgs("prefill")...)
-	waitEligible(t, b.HTTP, "survivor")
+	cmdtest.WaitEligible(t, b.HTTP, "survivor")
 
 	doomed.kill()
 	start := time.Now()
@@ -191,7 +192,7 @@ func TestAffinityPDPrefillAgentGone(t *testing.T) {
 	// preferred; its conversation's next turn is prefilled elsewhere.
 	e3 := pdCachingEngine(t, simengine.RolePrefill)
 	drainer := startAgent(t, b.NATS, "drainer", e3, 2, pdArgs("prefill")...)
-	waitEligible(t, b.HTTP, "drainer")
+	cmdtest.WaitEligible(t, b.HTTP, "drainer")
 	var sys2 string
 	for i := 0; ; i++ {
 		if i == 50 {
@@ -218,7 +219,7 @@ func TestAffinityPDPrefillAgentGone(t *testing.T) {
 // the broker stops it when it speaks and its engine request is aborted.
 // How many races a run meets depends on the machine; it is logged.
 func TestAffinityMoveRace(t *testing.T) {
-	b := startBroker(t, "--affinity", "approx", "--affinity-wait", "1ms")
+	b := cmdtest.StartBroker(t, "--affinity", "approx", "--affinity-wait", "1ms")
 	var engines []*engine
 	for i := range 2 {
 		cfg := simengine.Config{Model: model, TTFT: time.Millisecond, ITL: 2 * time.Millisecond, Slots: 8, PrefixCacheBlocks: 4096}
@@ -226,7 +227,7 @@ func TestAffinityMoveRace(t *testing.T) {
 		engines = append(engines, e)
 		startAgent(t, b.NATS, fmt.Sprintf("a%d", i), e, 4)
 	}
-	waitEligible(t, b.HTTP, "a0", "a1")
+	cmdtest.WaitEligible(t, b.HTTP, "a0", "a1")
 	prompt := longSystem("race")
 	want := expect(t, simengine.APIChat, fmt.Sprintf(`{"messages":[{"role":"user","content":%q}],"max_tokens":24}`, prompt))
 	const n = 30
@@ -272,7 +273,7 @@ func TestAffinityMoveRace(t *testing.T) {
 // (a second prefill leg's decode job only frees its KV, or is stopped when
 // it speaks), and no prefill engine is left holding KV for nobody.
 func TestAffinityMoveRacePD(t *testing.T) {
-	b := startBroker(t, "--affinity", "approx", "--affinity-wait", "1ms")
+	b := cmdtest.StartBroker(t, "--affinity", "approx", "--affinity-wait", "1ms")
 	pre := []*engine{pdCachingEngine(t, simengine.RolePrefill), pdCachingEngine(t, simengine.RolePrefill)}
 	dec := pdCachingEngine(t, simengine.RoleDecode)
 	for i, e := range pre {
@@ -280,7 +281,7 @@ func TestAffinityMoveRacePD(t *testing.T) {
 	}
 	decMetrics := fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
 	startAgent(t, b.NATS, "dec", dec, 8, append(pdArgs("decode"), "--metrics-listen", strings.TrimPrefix(decMetrics, "http://"))...)
-	waitEligible(t, b.HTTP, "p0", "p1", "dec")
+	cmdtest.WaitEligible(t, b.HTTP, "p0", "p1", "dec")
 	sys := longSystem("pd-race")
 	const n = 20
 	for range n {

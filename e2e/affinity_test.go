@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/switchyard-ai/switchyard/internal/cmdtest"
 	"github.com/switchyard-ai/switchyard/internal/testwait"
 	"github.com/switchyard-ai/switchyard/kvevents"
 	"github.com/switchyard-ai/switchyard/simengine"
@@ -147,21 +148,21 @@ func treeBlocks(t *testing.T, base string) int {
 // turn of that conversation is offered to it first and still served, by
 // the other agent, well before the dead agent would be judged stale.
 func TestAffinityDirectedJobOutlivesItsAgent(t *testing.T) {
-	b := startBroker(t, "--affinity", "approx", "--affinity-wait", "200ms")
+	b := cmdtest.StartBroker(t, "--affinity", "approx", "--affinity-wait", "200ms")
 	e1, e2 := cachingEngine(t), cachingEngine(t)
 	bin := buildBinary(t, "github.com/switchyard-ai/switchyard/cmd/worker-agent", "worker-agent", false)
 	// The doomed agent heartbeats every 2s: stale only after 6s.
 	doomed := startChild(t, bin, "--nats-url", b.NATS, "--engine", "openai", "--engine-url", e1.URL, "--id", "doomed",
 		"--slots", "2", "--heartbeat", "2s", "--slow-start", "0", "--log-level", "warn")
 	waitAgent(t, b.NATS, subjects.DefaultPrefix, "doomed", doomed.exited, doomed.out)
-	waitEligible(t, b.HTTP, "doomed")
+	cmdtest.WaitEligible(t, b.HTTP, "doomed")
 
 	sys := longSystem("conv-a")
 	if got := servedBy(t, b.HTTP, chatTurn(sys, "first question"), e1, e2); got != 0 {
 		t.Fatalf("first turn served by engine %d", got)
 	}
 	startAgent(t, b.NATS, "survivor", e2, 2)
-	waitEligible(t, b.HTTP, "survivor")
+	cmdtest.WaitEligible(t, b.HTTP, "survivor")
 
 	doomed.kill()
 	start := time.Now()
@@ -180,7 +181,7 @@ func TestAffinityDirectedJobOutlivesItsAgent(t *testing.T) {
 	// conversation it cached goes to the shared queue.
 	e3 := cachingEngine(t)
 	drainer := startAgent(t, b.NATS, "drainer", e3, 2)
-	waitEligible(t, b.HTTP, "drainer")
+	cmdtest.WaitEligible(t, b.HTTP, "drainer")
 	// New conversations until the drainer holds one (a prefix nobody
 	// holds goes to the shared queue, where either agent may take it).
 	var sys2 string
@@ -205,7 +206,7 @@ func TestAffinityDirectedJobOutlivesItsAgent(t *testing.T) {
 // pool's shared queue at once: the agent's two pulls share one bound, so
 // its engine never runs more than its slots, and every job is served.
 func TestAffinityAgentNeverAboveSlots(t *testing.T) {
-	b := startBroker(t)
+	b := cmdtest.StartBroker(t)
 	cfg := simengineConfig("m")
 	cfg.ITL = 5 * time.Millisecond
 	cfg.Slots = 64
@@ -278,14 +279,14 @@ func TestAffinityTwoBrokersShareTheCache(t *testing.T) {
 	// agent may take more than the default 200ms to pull an offer, which
 	// then moves to the shared queue, to any agent; this test is about
 	// what the second broker knows, not about that bound.
-	b1 := startBroker(t, "--affinity", "approx", "--affinity-wait", "3s")
-	b2 := startBroker(t, "--affinity", "approx", "--affinity-wait", "3s", "--nats-url", b1.NATS)
+	b1 := cmdtest.StartBroker(t, "--affinity", "approx", "--affinity-wait", "3s")
+	b2 := cmdtest.StartBroker(t, "--affinity", "approx", "--affinity-wait", "3s", "--nats-url", b1.NATS)
 	engines := []*engine{cachingEngine(t), cachingEngine(t), cachingEngine(t)}
 	for i, e := range engines {
 		startAgent(t, b1.NATS, fmt.Sprintf("a%d", i), e, 2)
 	}
-	waitEligible(t, b1.HTTP, "a0", "a1", "a2")
-	waitEligible(t, b2.HTTP, "a0", "a1", "a2")
+	cmdtest.WaitEligible(t, b1.HTTP, "a0", "a1", "a2")
+	cmdtest.WaitEligible(t, b2.HTTP, "a0", "a1", "a2")
 	for c := range 6 {
 		sys := longSystem(fmt.Sprintf("conversation-%d", c))
 		known := treeBlocks(t, b2.HTTP)
@@ -322,15 +323,15 @@ func TestAffinityTwoBrokersShareTheCache(t *testing.T) {
 // conversation is cached only from the KV events the agents forward from
 // their engines, and sends the next turn there.
 func TestAffinityPreciseFromEngineEvents(t *testing.T) {
-	b1 := startBroker(t, "--affinity", "off")
-	b2 := startBroker(t, "--affinity", "precise", "--affinity-wait", "3s", "--nats-url", b1.NATS)
+	b1 := cmdtest.StartBroker(t, "--affinity", "off")
+	b2 := cmdtest.StartBroker(t, "--affinity", "precise", "--affinity-wait", "3s", "--nats-url", b1.NATS)
 	var engines []*engine
 	for i := range 3 {
 		e := eventsEngine(t, simengine.KVHashBroker)
 		engines = append(engines, e)
 		startAgent(t, b1.NATS, fmt.Sprintf("p%d", i), e, 2, "--kv-events-endpoint", e.KVEventsEndpoint())
 	}
-	waitEligible(t, b2.HTTP, "p0", "p1", "p2")
+	cmdtest.WaitEligible(t, b2.HTTP, "p0", "p1", "p2")
 	for c := range 4 {
 		sys := longSystem(fmt.Sprintf("precise-%d", c))
 		first := servedBy(t, b1.HTTP, chatTurn(sys, "first question"), engines...)
@@ -361,8 +362,8 @@ func TestAffinityPreciseTranslatedFromVLLMHashes(t *testing.T) {
 		translate bool
 	}{{"vllm", true}, {"broker", false}} {
 		t.Run(tc.hash, func(t *testing.T) {
-			b1 := startBroker(t, "--affinity", "off")
-			b2 := startBroker(t, "--affinity", "precise", "--affinity-wait", "3s", "--nats-url", b1.NATS)
+			b1 := cmdtest.StartBroker(t, "--affinity", "off")
+			b2 := cmdtest.StartBroker(t, "--affinity", "precise", "--affinity-wait", "3s", "--nats-url", b1.NATS)
 			var engines []*engine
 			var ids []string
 			for i := range 3 {
@@ -372,7 +373,7 @@ func TestAffinityPreciseTranslatedFromVLLMHashes(t *testing.T) {
 				ids = append(ids, id)
 				startAgent(t, b1.NATS, id, e, 2, "--kv-events-endpoint", e.KVEventsEndpoint(), "--kv-events-hash", tc.hash)
 			}
-			waitEligible(t, b2.HTTP, ids...)
+			cmdtest.WaitEligible(t, b2.HTTP, ids...)
 			known := 0
 			const conversations = 4
 			for c := range conversations {

@@ -11,6 +11,8 @@ import (
 	"testing"
 
 	"github.com/openai/openai-go/v3"
+
+	"github.com/switchyard-ai/switchyard/internal/cmdtest"
 )
 
 // vllmLikeEngine streams what vLLM sends for a chat request with n=2 and
@@ -58,9 +60,9 @@ func vllmLikeEngine(t *testing.T) *engine {
 // vLLM's stop_reason and the system fingerprint; read back through the
 // official SDK, and compared whole.
 func TestNonStreamingKeepsEverything(t *testing.T) {
-	b := startBroker(t)
+	b := cmdtest.StartBroker(t)
 	startAgent(t, b.NATS, "a1", vllmLikeEngine(t), 4)
-	waitEligible(t, b.HTTP, "a1")
+	cmdtest.WaitEligible(t, b.HTTP, "a1")
 	ctx := context.Background()
 
 	t.Run("chat", func(t *testing.T) {

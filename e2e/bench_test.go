@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchyard-ai/switchyard/internal/cmdtest"
 	"github.com/switchyard-ai/switchyard/loadgen"
 	"github.com/switchyard-ai/switchyard/simengine"
 )
@@ -18,9 +19,9 @@ import (
 func BenchmarkOverhead(b *testing.B) {
 	for _, streams := range []int{1, 64} {
 		eng := startEngine(b, simengine.Config{Model: model, ITL: 2 * time.Millisecond, Slots: 256})
-		br := startBroker(b, "--log-level", "error")
+		br := cmdtest.StartBroker(b, "--log-level", "error")
 		startAgent(b, br.NATS, "bench-agent", eng, 256, "--log-level", "error")
-		waitEligible(b, br.HTTP, "bench-agent")
+		cmdtest.WaitEligible(b, br.HTTP, "bench-agent")
 		for _, path := range []struct{ name, url string }{{"direct", eng.URL}, {"switchyard", br.HTTP}} {
 			b.Run(fmt.Sprintf("path=%s/streams=%d", path.name, streams), func(b *testing.B) {
 				cfg := loadgen.Config{

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchyard-ai/switchyard/internal/cmdtest"
 	"github.com/switchyard-ai/switchyard/simengine"
 )
 
@@ -47,10 +48,10 @@ func scrapeCount(t *testing.T, base, name string) int {
 func TestDirectTokenWrites(t *testing.T) {
 	for _, loop := range []bool{true, false} {
 		t.Run(fmt.Sprintf("http-loop=%v", loop), func(t *testing.T) {
-			b := startBroker(t, fmt.Sprintf("--http-loop=%v", loop))
+			b := cmdtest.StartBroker(t, fmt.Sprintf("--http-loop=%v", loop))
 			e := startEngine(t, simengine.Config{Model: model, TTFT: time.Millisecond, ITL: 2 * time.Millisecond, Slots: 4})
 			startAgent(t, b.NATS, "a1", e, 4)
-			waitEligible(t, b.HTTP, "a1")
+			cmdtest.WaitEligible(t, b.HTTP, "a1")
 			const tokens = 40
 			want := expect(t, simengine.APIChat, fmt.Sprintf(`{"messages":[{"role":"user","content":"direct"}],"max_tokens":%d}`, tokens))
 
@@ -101,10 +102,10 @@ func TestDirectTokenWrites(t *testing.T) {
 // headers, the route and agent the accepted chunk named among them, and
 // the whole text.
 func TestDirectFirstToken(t *testing.T) {
-	b := startBroker(t)
+	b := cmdtest.StartBroker(t)
 	e := startEngine(t, simengine.Config{Model: model, TTFT: 40 * time.Millisecond, ITL: time.Millisecond, Slots: 4})
 	startAgent(t, b.NATS, "a1", e, 4)
-	waitEligible(t, b.HTTP, "a1")
+	cmdtest.WaitEligible(t, b.HTTP, "a1")
 	const streams = 6
 	before := directTokens(t, b.HTTP)
 	acceptedBefore := scrapeCount(t, b.HTTP, "switchyard_direct_accepted_total")
@@ -181,10 +182,10 @@ func timedStream(base, prompt string, maxTokens, rcvbuf int, pause time.Duration
 func TestLongConversationKeptAlive(t *testing.T) {
 	for _, loop := range []bool{true, false} {
 		t.Run(fmt.Sprintf("http-loop=%v", loop), func(t *testing.T) {
-			b := startBroker(t, fmt.Sprintf("--http-loop=%v", loop))
+			b := cmdtest.StartBroker(t, fmt.Sprintf("--http-loop=%v", loop))
 			e := startEngine(t, simengine.Config{Model: model, TTFT: time.Millisecond, ITL: time.Millisecond, Slots: 2})
 			startAgent(t, b.NATS, "a1", e, 2)
-			waitEligible(t, b.HTTP, "a1")
+			cmdtest.WaitEligible(t, b.HTTP, "a1")
 			var conns atomic.Int32
 			tr := &http.Transport{DialContext: func(ctx context.Context, n, a string) (net.Conn, error) {
 				conns.Add(1)
@@ -230,7 +231,7 @@ func TestLongConversationKeptAlive(t *testing.T) {
 func TestBadTargetAnswered(t *testing.T) {
 	for _, loop := range []bool{true, false} {
 		t.Run(fmt.Sprintf("http-loop=%v", loop), func(t *testing.T) {
-			b := startBroker(t, fmt.Sprintf("--http-loop=%v", loop))
+			b := cmdtest.StartBroker(t, fmt.Sprintf("--http-loop=%v", loop))
 			c, err := net.Dial("tcp", strings.TrimPrefix(b.HTTP, "http://"))
 			if err != nil {
 				t.Fatal(err)

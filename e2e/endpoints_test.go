@@ -14,6 +14,7 @@ import (
 	"github.com/openai/openai-go/v3"
 
 	"github.com/switchyard-ai/switchyard/internal/agentcmd"
+	"github.com/switchyard-ai/switchyard/internal/cmdtest"
 	"github.com/switchyard-ai/switchyard/simengine"
 )
 
@@ -22,10 +23,10 @@ import (
 // unescaped, as curl users write it.
 func TestModelRetrieve(t *testing.T) {
 	const id = "meta-llama/Llama-3.1-8B"
-	b := startBroker(t)
+	b := cmdtest.StartBroker(t)
 	e := startEngine(t, simengine.Config{Model: id, TTFT: time.Millisecond, ITL: time.Millisecond, Slots: 2})
 	startAgent(t, b.NATS, "a1", e, 2)
-	waitEligible(t, b.HTTP, "a1")
+	cmdtest.WaitEligible(t, b.HTTP, "a1")
 	client := sdk(b.HTTP)
 	ctx := context.Background()
 
@@ -86,15 +87,15 @@ func TestModelRetrieve(t *testing.T) {
 // a request reaches the client as the engine wrote it; an engine without
 // embeddings is a clear 501, never a hang.
 func TestEmbeddings(t *testing.T) {
-	b := startBroker(t)
+	b := cmdtest.StartBroker(t)
 	cfg := simengine.Config{Model: model, TTFT: time.Millisecond, ITL: time.Millisecond, Slots: 2}
 	startAgent(t, b.NATS, "http-sim", startEngine(t, cfg), 2)
 	noEmb := cfg
 	noEmb.Model, noEmb.NoEmbeddings = "generate-only", true
 	startAgent(t, b.NATS, "no-embeddings", startEngine(t, noEmb), 2)
-	start(t, agentcmd.Run, "--nats-url", b.NATS, "--engine", "sim", "--model", "inproc-model", "--id", "inproc",
+	cmdtest.Start(t, agentcmd.Run, "--nats-url", b.NATS, "--engine", "sim", "--model", "inproc-model", "--id", "inproc",
 		"--slots", "2", "--heartbeat", liveHeartbeat, "--log-level", "warn")
-	waitEligible(t, b.HTTP, "http-sim", "no-embeddings", "inproc")
+	cmdtest.WaitEligible(t, b.HTTP, "http-sim", "no-embeddings", "inproc")
 	client := sdk(b.HTTP)
 	ctx := context.Background()
 

@@ -5,23 +5,25 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/switchyard-ai/switchyard/internal/cmdtest"
 )
 
 // TestHTTPErrors: every error case of the HTTP ingress answers in OpenAI's
 // error shape with the right status, and none hangs.
 func TestHTTPErrors(t *testing.T) {
-	b := startBroker(t, "--max-body", "4096")
+	b := cmdtest.StartBroker(t, "--max-body", "4096")
 	e := fastEngine(t, 4)
 	// a1 must stay live through every case ("unknown model" names the
 	// served ones): with 100ms heartbeats it went stale for 300ms of CPU
 	// starvation under load (a gap of 225ms was measured on an idle agent
 	// on a busy 2-core machine), 1s ones keep it live for 3s of silence.
 	startAgent(t, b.NATS, "a1", e, 4, "--heartbeat", "1s")
-	waitEligible(t, b.HTTP, "a1")
+	cmdtest.WaitEligible(t, b.HTTP, "a1")
 	// A second model whose only agent has drained: known, but no capacity.
 	e2 := startEngine(t, simengineConfig("gone-model"))
 	gone := startAgent(t, b.NATS, "a2", e2, 2, "--model", "gone-model")
-	waitEligible(t, b.HTTP, "a2")
+	cmdtest.WaitEligible(t, b.HTTP, "a2")
 	if err := gone.Stop(t); err != nil {
 		t.Fatal(err)
 	}
@@ -99,7 +101,7 @@ func TestHTTPErrors(t *testing.T) {
 	t.Run("no model with two served", func(t *testing.T) {
 		e3 := startEngine(t, simengineConfig("other-model"))
 		startAgent(t, b.NATS, "a3", e3, 2, "--model", "other-model")
-		waitEligible(t, b.HTTP, "a3")
+		cmdtest.WaitEligible(t, b.HTTP, "a3")
 		status, body := post(t, chat, `{"messages":[{"role":"user","content":"x"}]}`)
 		if status != 400 || !strings.Contains(body, "model_required") || !strings.Contains(body, "other-model") || !strings.Contains(body, "sim-model") {
 			t.Fatalf("status %d body %s", status, body)

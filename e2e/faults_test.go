@@ -16,6 +16,7 @@ import (
 
 	"github.com/switchyard-ai/switchyard/agent"
 	"github.com/switchyard-ai/switchyard/agent/engine/openai"
+	"github.com/switchyard-ai/switchyard/internal/cmdtest"
 	"github.com/switchyard-ai/switchyard/internal/testwait"
 	"github.com/switchyard-ai/switchyard/simengine"
 )
@@ -70,10 +71,10 @@ func openStream(t *testing.T, base, prompt string, maxTokens int) (hangUp func()
 // on both legs of the PD route.
 func TestClientDisconnectCancels(t *testing.T) {
 	t.Run("regular", func(t *testing.T) {
-		b := startBroker(t)
+		b := cmdtest.StartBroker(t)
 		e := startEngine(t, simengine.Config{Model: model, TTFT: time.Millisecond, ITL: 20 * time.Millisecond, Slots: 4})
 		startAgent(t, b.NATS, "a1", e, 4)
-		waitEligible(t, b.HTTP, "a1")
+		cmdtest.WaitEligible(t, b.HTTP, "a1")
 		hangUp, _ := openStream(t, b.HTTP, "a story that will be interrupted", 200)
 		at := time.Now()
 		hangUp()
@@ -110,11 +111,11 @@ func TestClientDisconnectCancels(t *testing.T) {
 // holdOnlySlot starts a one-slot agent and a request that keeps its slot
 // (a 2.5s prefill) long enough for the queue depth, sampled every second, to
 // show what waits behind it.
-func holdOnlySlot(t *testing.T, b *brokerProc) (*engine, <-chan streamResult) {
+func holdOnlySlot(t *testing.T, b *cmdtest.Broker) (*engine, <-chan streamResult) {
 	t.Helper()
 	e := startEngine(t, simengine.Config{Model: model, TTFT: 2500 * time.Millisecond, ITL: time.Millisecond, Slots: 4})
 	startAgent(t, b.NATS, "one-slot", e, 1)
-	waitEligible(t, b.HTTP, "one-slot")
+	cmdtest.WaitEligible(t, b.HTTP, "one-slot")
 	first := make(chan streamResult, 1)
 	go func() {
 		r, _ := rawStream(context.Background(), b.HTTP, "holding the only slot", 5)
@@ -132,7 +133,7 @@ func holdOnlySlot(t *testing.T, b *brokerProc) (*engine, <-chan streamResult) {
 // TestCancelledWhileQueued: a request whose client leaves while its job
 // still waits in the queue never reaches an engine.
 func TestCancelledWhileQueued(t *testing.T) {
-	b := startBroker(t)
+	b := cmdtest.StartBroker(t)
 	e, first := holdOnlySlot(t, b)
 	served := e.served.Load()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -173,7 +174,7 @@ func TestCancelledWhileQueued(t *testing.T) {
 
 // TestQueueFull: a full pool queue answers 429 with Retry-After at once.
 func TestQueueFull(t *testing.T) {
-	b := startBroker(t, "--queue-max", "1")
+	b := cmdtest.StartBroker(t, "--queue-max", "1")
 	_, first := holdOnlySlot(t, b)
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -204,7 +205,7 @@ func TestQueueFull(t *testing.T) {
 // broker notices the missing heartbeats and retries on another agent,
 // invisibly to the client.
 func TestAgentLostBeforeFirstToken(t *testing.T) {
-	b := startBroker(t)
+	b := cmdtest.StartBroker(t)
 	slow := startEngine(t, simengine.Config{Model: model, TTFT: 5 * time.Second, ITL: time.Millisecond, Slots: 4})
 	nc, err := nats.Connect(b.NATS)
 	if err != nil {
@@ -218,7 +219,7 @@ func TestAgentLostBeforeFirstToken(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() { _ = doomed.Run(ctx) }()
-	waitEligible(t, b.HTTP, "doomed")
+	cmdtest.WaitEligible(t, b.HTTP, "doomed")
 	const prompt = "outlive your agent"
 	res := make(chan streamResult, 1)
 	go func() {
@@ -232,7 +233,7 @@ func TestAgentLostBeforeFirstToken(t *testing.T) {
 		return nil
 	})
 	startAgent(t, b.NATS, "survivor", fastEngine(t, 4), 4)
-	waitEligible(t, b.HTTP, "survivor")
+	cmdtest.WaitEligible(t, b.HTTP, "survivor")
 	killed := time.Now()
 	nc.Close()
 	r := <-res
@@ -247,10 +248,10 @@ func TestAgentLostBeforeFirstToken(t *testing.T) {
 // (readyz and requests 503), lets the stream in flight finish, and returns
 // nil.
 func TestBrokerGracefulShutdown(t *testing.T) {
-	b := startBroker(t, "--shutdown-delay", "1s", "--shutdown-grace", "20s")
+	b := cmdtest.StartBroker(t, "--shutdown-delay", "1s", "--shutdown-grace", "20s")
 	e := startEngine(t, simengine.Config{Model: model, TTFT: time.Millisecond, ITL: 10 * time.Millisecond, Slots: 4})
 	startAgent(t, b.NATS, "a1", e, 4)
-	waitEligible(t, b.HTTP, "a1")
+	cmdtest.WaitEligible(t, b.HTTP, "a1")
 	_, rest := openStream(t, b.HTTP, "finish me during shutdown", 60)
 	stopped := make(chan error, 1)
 	go func() { stopped <- b.Stop(t) }()
@@ -280,14 +281,14 @@ func TestBrokerGracefulShutdown(t *testing.T) {
 // TestTwoBrokers: two brokers serve one fleet on one NATS; stopping one
 // hard affects only its own requests.
 func TestTwoBrokers(t *testing.T) {
-	a := startBroker(t, "--id", "broker-a")
-	other := start(t, brokerRun, "--http", "127.0.0.1:0", "--grpc", "", "--nats-url", a.NATS, "--id", "broker-b",
+	a := cmdtest.StartBroker(t, "--id", "broker-a")
+	other := cmdtest.Start(t, brokerRun, "--http", "127.0.0.1:0", "--grpc", "", "--nats-url", a.NATS, "--id", "broker-b",
 		"--heartbeat-interval", "100ms", "--slow-start", "0", "--log-level", "error", "--shutdown-grace", "0s")
-	bURL, _, _ := waitBroker(t, other.out, other.exited)
+	bURL, _, _ := cmdtest.WaitBroker(t, other.Out, other.Exited)
 	e := startEngine(t, simengine.Config{Model: model, TTFT: time.Millisecond, ITL: 10 * time.Millisecond, Slots: 16})
 	startAgent(t, a.NATS, "shared", e, 16)
-	waitEligible(t, a.HTTP, "shared")
-	waitEligible(t, bURL, "shared")
+	cmdtest.WaitEligible(t, a.HTTP, "shared")
+	cmdtest.WaitEligible(t, bURL, "shared")
 	_, viaA := openStream(t, a.HTTP, "served by broker a", 60)
 	_, viaB := openStream(t, bURL, "served by broker b", 60)
 	_ = other.Stop(t) // grace 0: its streams are cut
@@ -312,7 +313,7 @@ func TestMigrationAfterFirstToken(t *testing.T) {
 	// continued from its text; it ends with one clear error instead.
 	for _, api := range []string{"chat", "completion", "tools"} {
 		t.Run(api, func(t *testing.T) {
-			b := startBroker(t)
+			b := cmdtest.StartBroker(t)
 			slowish := startEngine(t, simengine.Config{Model: model, TTFT: time.Millisecond, ITL: 40 * time.Millisecond, Slots: 4})
 			nc, err := nats.Connect(b.NATS)
 			if err != nil {
@@ -326,7 +327,7 @@ func TestMigrationAfterFirstToken(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			go func() { _ = doomed.Run(ctx) }()
-			waitEligible(t, b.HTTP, "doomed")
+			cmdtest.WaitEligible(t, b.HTTP, "doomed")
 
 			var body, path string
 			var want simengine.Expectation
@@ -410,7 +411,7 @@ func TestMigrationAfterFirstToken(t *testing.T) {
 				if tokens >= 3 && !killed {
 					killed = true
 					startAgent(t, b.NATS, "survivor", survivorEng, 4)
-					waitEligible(t, b.HTTP, "survivor")
+					cmdtest.WaitEligible(t, b.HTTP, "survivor")
 					nc.Close() // the agent is gone mid-stream
 					arrivals = append(arrivals, time.Now())
 				}
@@ -455,11 +456,11 @@ func TestMigrationAfterFirstToken(t *testing.T) {
 // migrates the stream to another agent at once (no heartbeat loss to wait
 // for), and the client gets the whole answer, byte for byte.
 func TestDrainTimeout(t *testing.T) {
-	b := startBroker(t)
+	b := cmdtest.StartBroker(t)
 	slow := startEngine(t, simengine.Config{Model: model, TTFT: time.Millisecond, ITL: 100 * time.Millisecond, Slots: 4})
 	old := startAgentCmd(t, b.NATS, "--nats-url", b.NATS, "--engine", "openai", "--engine-url", slow.URL, "--id", "old",
 		"--slots", "4", "--heartbeat", liveHeartbeat, "--log-level", "warn", "--drain-timeout", "300ms", "--slow-start", "0")
-	waitEligible(t, b.HTTP, "old")
+	cmdtest.WaitEligible(t, b.HTTP, "old")
 	const prompt, maxTokens = "a long story about the last train", 40
 	want := expect(t, simengine.APIChat, fmt.Sprintf(`{"messages":[{"role":"user","content":%q}],"max_tokens":%d}`, prompt, maxTokens))
 	if want.CompletionTokens < 20 {
@@ -481,19 +482,18 @@ func TestDrainTimeout(t *testing.T) {
 	})
 	survivor := fastEngine(t, 4)
 	startAgent(t, b.NATS, "survivor", survivor, 4)
-	waitEligible(t, b.HTTP, "survivor")
+	cmdtest.WaitEligible(t, b.HTTP, "survivor")
 	stopAt := time.Now()
-	old.cancel() // SIGTERM
+	old.Cancel() // SIGTERM
 	var exited time.Duration
 	select {
-	case err := <-old.done:
-		old.done <- err
+	case <-old.Done():
 		exited = time.Since(stopAt)
-		if err != nil {
+		if err := old.Result(); err != nil {
 			t.Fatalf("old agent: %v", err)
 		}
 	case <-time.After(10 * time.Second):
-		t.Fatalf("old agent still draining 10s after SIGTERM; stderr:\n%s", old.errs.String())
+		t.Fatalf("old agent still draining 10s after SIGTERM; stderr:\n%s", old.Err.String())
 	}
 	r := <-res
 	if r.status != http.StatusOK || !r.done || r.errMsg != "" {
@@ -513,7 +513,7 @@ func TestDrainTimeout(t *testing.T) {
 // TestQueueTimeout: a request no agent takes within --queue-timeout ends
 // with 503, and its job never starts later.
 func TestQueueTimeout(t *testing.T) {
-	b := startBroker(t, "--queue-timeout", "500ms")
+	b := cmdtest.StartBroker(t, "--queue-timeout", "500ms")
 	e, first := holdOnlySlot(t, b)
 	served := e.served.Load()
 	status, body := post(t, b.HTTP+"/v1/chat/completions", `{"model":"sim-model","messages":[{"role":"user","content":"no one takes me"}],"max_tokens":3}`)

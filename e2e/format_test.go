@@ -26,6 +26,7 @@ import (
 	oaengine "github.com/switchyard-ai/switchyard/agent/engine/openai"
 	switchyardv1 "github.com/switchyard-ai/switchyard/api/switchyard/v1"
 	"github.com/switchyard-ai/switchyard/internal/agentcmd"
+	"github.com/switchyard-ai/switchyard/internal/cmdtest"
 )
 
 // spyRequest is one request a spy engine received.
@@ -145,7 +146,7 @@ func startSpyAgent(t testing.TB, natsURL, id string, s *spyEngine, args ...strin
 	t.Helper()
 	base := []string{"--nats-url", natsURL, "--engine", "openai", "--engine-url", s.URL, "--id", id,
 		"--slots", "4", "--heartbeat", liveHeartbeat, "--log-level", "warn"}
-	start(t, agentcmd.Run, append(base, args...)...)
+	cmdtest.Start(t, agentcmd.Run, append(base, args...)...)
 }
 
 func chatParams() openai.ChatCompletionNewParams {
@@ -165,10 +166,10 @@ const (
 // with the official SDK and checks what reaches the engine and what comes
 // back.
 func TestSpyEngine(t *testing.T) {
-	b := startBroker(t)
+	b := cmdtest.StartBroker(t)
 	spy := startSpy(t)
 	startSpyAgent(t, b.NATS, "spy-a", spy)
-	waitEligible(t, b.HTTP, "spy-a")
+	cmdtest.WaitEligible(t, b.HTTP, "spy-a")
 	client := sdk(b.HTTP)
 	ctx := context.Background()
 
@@ -319,11 +320,11 @@ func TestSpyEngine(t *testing.T) {
 // TestSpyVLLMPD runs a vLLM PD pair of spies behind real prefill and decode
 // agents: the legs must be the ones vLLM's own proxy sends.
 func TestSpyVLLMPD(t *testing.T) {
-	b := startBroker(t)
+	b := cmdtest.StartBroker(t)
 	pre, dec := startSpy(t), startSpy(t)
 	startSpyAgent(t, b.NATS, "spy-pre", pre, "--engine", "vllm", "--role", "prefill")
 	startSpyAgent(t, b.NATS, "spy-dec", dec, "--engine", "vllm", "--role", "decode")
-	waitEligible(t, b.HTTP, "spy-pre", "spy-dec")
+	cmdtest.WaitEligible(t, b.HTTP, "spy-pre", "spy-dec")
 	client := sdk(b.HTTP)
 
 	var resp *http.Response
@@ -382,7 +383,7 @@ func TestSpyVLLMPD(t *testing.T) {
 // start again: one clear error ends the stream, and the other agent's
 // engine gets no request.
 func TestSpyReasoningNotRestarted(t *testing.T) {
-	b := startBroker(t)
+	b := cmdtest.StartBroker(t)
 	thinking := startSpy(t)
 	thinking.reasoning = true
 	nc, err := nats.Connect(b.NATS)
@@ -400,7 +401,7 @@ func TestSpyReasoningNotRestarted(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() { _ = doomed.Run(ctx) }()
-	waitEligible(t, b.HTTP, "doomed")
+	cmdtest.WaitEligible(t, b.HTTP, "doomed")
 	body := `{"model":"` + spyModel + `","messages":[{"role":"user","content":"think"}],"max_tokens":30,"stream":true}`
 	resp, err := http.Post(b.HTTP+"/v1/chat/completions", "application/json", strings.NewReader(body))
 	if err != nil {
@@ -421,7 +422,7 @@ func TestSpyReasoningNotRestarted(t *testing.T) {
 	// mid-thought.
 	survivor := startSpy(t)
 	startSpyAgent(t, b.NATS, "survivor", survivor)
-	waitEligible(t, b.HTTP, "survivor")
+	cmdtest.WaitEligible(t, b.HTTP, "survivor")
 	nc.Close()
 	var rest []string
 	for ev := range events {

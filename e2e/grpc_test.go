@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	switchyardv1 "github.com/switchyard-ai/switchyard/api/switchyard/v1"
+	"github.com/switchyard-ai/switchyard/internal/cmdtest"
 	"github.com/switchyard-ai/switchyard/internal/testwait"
 	"github.com/switchyard-ai/switchyard/simengine"
 	"github.com/switchyard-ai/switchyard/vllmpb"
@@ -97,9 +98,9 @@ func startGRPCEngine(t testing.TB, cfg simengine.Config) (*simengine.Engine, str
 // TestGRPCParity: the same requests over HTTP and gRPC ingress give the same
 // text and usage, streaming.
 func TestGRPCParity(t *testing.T) {
-	b := startBroker(t)
+	b := cmdtest.StartBroker(t)
 	startAgent(t, b.NATS, "a1", fastEngine(t, 4), 4)
-	waitEligible(t, b.HTTP, "a1")
+	cmdtest.WaitEligible(t, b.HTTP, "a1")
 	client := grpcClient(t, b.GRPC)
 	ctx := context.Background()
 	for i := range 4 {
@@ -143,7 +144,7 @@ func ptr[T any](v T) *T { return &v }
 // TestVLLMGRPCEngines: agents with the vllm-grpc adapter in front of the
 // simulator's gRPC engine service serve regular and PD requests end to end.
 func TestVLLMGRPCEngines(t *testing.T) {
-	b := startBroker(t)
+	b := cmdtest.StartBroker(t)
 	cfg := func(role simengine.Role) simengine.Config {
 		return simengine.Config{Model: model, TTFT: time.Millisecond, ITL: time.Millisecond, Slots: 4, Role: role, PDProtocol: simengine.PDVLLM}
 	}
@@ -155,7 +156,7 @@ func TestVLLMGRPCEngines(t *testing.T) {
 			"--role", role, "--id", id, "--slots", "4", "--heartbeat", liveHeartbeat, "--log-level", "warn", "--slow-start", "0")
 	}
 	grpcAgent("g-reg", regAddr, "regular")
-	waitEligible(t, b.HTTP, "g-reg")
+	cmdtest.WaitEligible(t, b.HTTP, "g-reg")
 	for i := range 3 {
 		prompt := fmt.Sprintf("gRPC engine %d says", i)
 		want := expect(t, simengine.APIChat, fmt.Sprintf(`{"messages":[{"role":"user","content":%q}],"max_tokens":12}`, prompt))
@@ -166,7 +167,7 @@ func TestVLLMGRPCEngines(t *testing.T) {
 	}
 	grpcAgent("g-pre", preAddr, "prefill")
 	grpcAgent("g-dec", decAddr, "decode")
-	waitEligible(t, b.HTTP, "g-pre", "g-dec")
+	cmdtest.WaitEligible(t, b.HTTP, "g-pre", "g-dec")
 	pdSeen := 0
 	for i := range 12 {
 		prompt := fmt.Sprintf("disaggregated over gRPC %d", i)
@@ -190,13 +191,13 @@ func TestVLLMGRPCEngines(t *testing.T) {
 // TestMixedTransportPool: one model served by an HTTP-engine agent and a
 // gRPC-engine agent; traffic spreads across both in proportion to slots.
 func TestMixedTransportPool(t *testing.T) {
-	b := startBroker(t)
+	b := cmdtest.StartBroker(t)
 	httpEng := startEngine(t, simengine.Config{Model: model, TTFT: time.Millisecond, ITL: 3 * time.Millisecond, Slots: 2})
 	_, gAddr := startGRPCEngine(t, simengine.Config{Model: model, TTFT: time.Millisecond, ITL: 3 * time.Millisecond, Slots: 6})
 	startAgent(t, b.NATS, "http-agent", httpEng, 2)
 	startAgentCmd(t, b.NATS, "--nats-url", b.NATS, "--engine", "vllm-grpc", "--engine-url", gAddr, "--model", model,
 		"--id", "grpc-agent", "--slots", "6", "--heartbeat", liveHeartbeat, "--log-level", "warn", "--slow-start", "0")
-	waitEligible(t, b.HTTP, "http-agent", "grpc-agent")
+	cmdtest.WaitEligible(t, b.HTTP, "http-agent", "grpc-agent")
 	const n = 64
 	type res struct {
 		r   streamResult

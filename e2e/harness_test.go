@@ -2,17 +2,11 @@ package e2e
 
 import (
 	"bytes"
-	"context"
-	"crypto/tls"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
-	"regexp"
-	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -24,31 +18,12 @@ import (
 
 	"github.com/switchyard-ai/switchyard/internal/agentcmd"
 	"github.com/switchyard-ai/switchyard/internal/brokercmd"
+	"github.com/switchyard-ai/switchyard/internal/cmdtest"
 	"github.com/switchyard-ai/switchyard/internal/testwait"
 	"github.com/switchyard-ai/switchyard/simengine"
 	"github.com/switchyard-ai/switchyard/subjects"
 	"github.com/switchyard-ai/switchyard/wire"
 )
-
-// syncBuffer is an io.Writer safe for a command's output and a reader.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-func noEnv(string) string { return "" }
 
 // engine is a sim-engine on a loopback port that also records the most
 // requests it ever ran at once.
@@ -97,15 +72,8 @@ func startEngine(t testing.TB, cfg simengine.Config) *engine {
 	e.Stop = func() { _ = srv.Close(); _ = se.Close() }
 	t.Cleanup(e.Stop)
 	e.URL = "http://" + ln.Addr().String()
-	waitHealthy(t, e.URL)
+	cmdtest.WaitHealthy(t, e.URL)
 	return e
-}
-
-// waitHealthy waits for an engine's /health to answer 200, the state an
-// agent waits for before it says ready.
-func waitHealthy(t testing.TB, base string) {
-	t.Helper()
-	testwait.Status(t, nil, base+"/health", http.StatusOK)
 }
 
 // countingWriter ends a request's count just before "[DONE]" goes out: the
@@ -138,129 +106,6 @@ func (c *countingWriter) Flush() {
 	}
 }
 
-// proc is a command's run function going in a goroutine.
-type proc struct {
-	cancel context.CancelFunc
-	done   chan error
-	out    *syncBuffer
-	errs   *syncBuffer
-}
-
-// Stop ends the command as SIGTERM would and returns what run returned.
-func (p *proc) Stop(t testing.TB) error {
-	t.Helper()
-	p.cancel()
-	select {
-	case err := <-p.done:
-		p.done <- err
-		return err
-	case <-time.After(60 * time.Second):
-		t.Fatalf("command did not stop; stderr:\n%s", p.errs.String())
-		return nil
-	}
-}
-
-func start(t testing.TB, run func(context.Context, []string, func(string) string, io.Writer, io.Writer) error, args ...string) *proc {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	p := &proc{cancel: cancel, done: make(chan error, 1), out: &syncBuffer{}, errs: &syncBuffer{}}
-	go func() { p.done <- run(ctx, args, noEnv, p.out, p.errs) }()
-	t.Cleanup(func() {
-		// A failing test shows what its commands logged (warnings, or
-		// everything with DEBUGLOGS set): a failure seen once in CI is
-		// then read from CI's output, not only from a rerun.
-		if t.Failed() {
-			t.Logf("stderr of %v:\n%s", args, tail(p.errs.String(), 16<<10))
-		}
-		if err := p.Stop(t); err != nil {
-			t.Errorf("command %v returned %v; stderr:\n%s", args, err, p.errs.String())
-		}
-	})
-	return p
-}
-
-// tail is the last n bytes of s, from a line's start, marked as cut.
-func tail(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	s = s[len(s)-n:]
-	if i := strings.IndexByte(s, '\n'); i >= 0 {
-		s = s[i+1:]
-	}
-	return "[…]\n" + s
-}
-
-type brokerProc struct {
-	*proc
-	HTTP string // base URL, http://127.0.0.1:port
-	NATS string
-	GRPC string // host:port
-}
-
-var listenLine = regexp.MustCompile(`http=(\S+) nats=(\S+)(?: grpc=(\S+))?`)
-
-// readyProbe asks a test broker's /readyz. A TLS broker has a self-signed
-// certificate of the test's own: the probe only asks for the broker's
-// state, so it does not check it (the TLS test checks it with its pool).
-var readyProbe = &http.Client{
-	Timeout:   5 * time.Second,
-	Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}, //nolint:gosec // readiness probe of a test server
-}
-
-// waitBroker waits for a broker's addresses in its output (out) and then
-// for its /readyz to answer 200, and returns the addresses. The listening
-// line is only a sign: the broker prints it before it has made its jobs
-// stream and subscribed, and a test that stops it or sends to it then
-// finds no stream (issue 18). Ready is the state the tests rely on: the
-// stream exists, the broker takes requests and has heard the fleet's
-// heartbeats for one interval. exited reports the command's end, if any.
-func waitBroker(t testing.TB, out fmt.Stringer, exited func() error) (httpURL, natsURL, grpcAddr string) {
-	t.Helper()
-	testwait.For(t, 30*time.Second, 10*time.Millisecond, func() error {
-		if err := exited(); err != nil {
-			t.Fatalf("broker exited: %v\n%s", err, out.String())
-		}
-		m := listenLine.FindStringSubmatch(out.String())
-		if m == nil {
-			return fmt.Errorf("broker not listening yet")
-		}
-		httpURL, natsURL, grpcAddr = m[1], m[2], m[3]
-		return nil
-	})
-	testwait.Status(t, readyProbe, httpURL+"/readyz", http.StatusOK)
-	return httpURL, natsURL, grpcAddr
-}
-
-// exited reports, without waiting, whether the command has returned.
-func (p *proc) exited() error {
-	select {
-	case err := <-p.done:
-		p.done <- err
-		if err == nil {
-			err = fmt.Errorf("returned nil")
-		}
-		return err
-	default:
-		return nil
-	}
-}
-
-// startBroker runs the broker command on random ports and returns once it
-// is ready; extra args follow the defaults of a test broker.
-func startBroker(t testing.TB, args ...string) *brokerProc {
-	t.Helper()
-	base := []string{"--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--nats-listen", "127.0.0.1:0", "--data-dir", t.TempDir(),
-		"--heartbeat-interval", "100ms", "--slow-start", "0", "--log-level", "warn"}
-	if os.Getenv("DEBUGLOGS") != "" {
-		args = append(args, "--log-level", "debug")
-	}
-	p := start(t, brokercmd.Run, append(base, args...)...)
-	b := &brokerProc{proc: p}
-	b.HTTP, b.NATS, b.GRPC = waitBroker(t, p.out, p.exited)
-	return b
-}
-
 var (
 	agentRun  = agentcmd.Run
 	brokerRun = brokercmd.Run
@@ -281,7 +126,7 @@ const liveHeartbeatJSON = "0.500s"
 
 // startAgent runs the worker-agent command against an engine and returns
 // once the agent is ready.
-func startAgent(t testing.TB, natsURL, id string, e *engine, slots int, args ...string) *proc {
+func startAgent(t testing.TB, natsURL, id string, e *engine, slots int, args ...string) *cmdtest.Proc {
 	t.Helper()
 	base := []string{"--nats-url", natsURL, "--engine", "openai", "--engine-url", e.URL, "--id", id,
 		"--slots", fmt.Sprint(slots), "--heartbeat", liveHeartbeat, "--log-level", "warn",
@@ -295,10 +140,10 @@ func startAgent(t testing.TB, natsURL, id string, e *engine, slots int, args ...
 
 // startAgentCmd runs the worker-agent command with args as given (they
 // name its --id) and returns once the agent is ready.
-func startAgentCmd(t testing.TB, natsURL string, args ...string) *proc {
+func startAgentCmd(t testing.TB, natsURL string, args ...string) *cmdtest.Proc {
 	t.Helper()
-	p := start(t, agentcmd.Run, args...)
-	waitAgent(t, natsURL, argValue(args, "--prefix", subjects.DefaultPrefix), argValue(args, "--id", ""), p.exited, p.errs)
+	p := cmdtest.Start(t, agentcmd.Run, args...)
+	waitAgent(t, natsURL, argValue(args, "--prefix", subjects.DefaultPrefix), argValue(args, "--id", ""), p.Exited, p.Err)
 	return p
 }
 
@@ -318,7 +163,7 @@ func argValue(args []string, name, def string) string {
 // bound its pool's consumer and pulls jobs. Its startup log line and its
 // first heartbeat (warming) come earlier and are only signs of that. A
 // broker's eligibility is the broker's view; tests that route through a
-// broker still wait for it with waitEligible.
+// broker still wait for it with cmdtest.WaitEligible.
 func waitAgent(t testing.TB, natsURL, prefix, id string, exited func() error, log fmt.Stringer) {
 	t.Helper()
 	if id == "" {
@@ -409,26 +254,6 @@ func getFleet(t testing.TB, base string) fleet {
 		t.Fatal(err)
 	}
 	return f
-}
-
-// waitEligible waits until every id is an eligible agent in the fleet view.
-func waitEligible(t testing.TB, base string, ids ...string) {
-	t.Helper()
-	testwait.For(t, 20*time.Second, 20*time.Millisecond, func() error {
-		f := getFleet(t, base)
-		for _, id := range ids {
-			ok := false
-			for _, a := range f.Agents {
-				if a.ID == id && a.Eligible {
-					ok = true
-				}
-			}
-			if !ok {
-				return fmt.Errorf("agent %s not eligible in %+v", id, f.Agents)
-			}
-		}
-		return nil
-	})
 }
 
 func simengineConfig(model string) simengine.Config {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/switchyard-ai/switchyard/agent"
 	"github.com/switchyard-ai/switchyard/agent/engine/openai"
+	"github.com/switchyard-ai/switchyard/internal/cmdtest"
 	"github.com/switchyard-ai/switchyard/internal/testwait"
 	"github.com/switchyard-ai/switchyard/simengine"
 	"github.com/switchyard-ai/switchyard/wire"
@@ -51,7 +52,7 @@ func watchHeartbeats(t testing.TB, url string) *heartbeatPeaks {
 // TestHeartbeatFields reads a heartbeat off NATS as `nats sub 'sy.hb.>'`
 // would and checks the documented fields.
 func TestHeartbeatFields(t *testing.T) {
-	b := startBroker(t)
+	b := cmdtest.StartBroker(t)
 	e := fastEngine(t, 8)
 	startAgent(t, b.NATS, "gpu-1", e, 6)
 	nc, err := nats.Connect(b.NATS)
@@ -102,7 +103,7 @@ func TestHeartbeatFields(t *testing.T) {
 // connection dies, as when the process is killed) stops being eligible
 // after three intervals, and its model then answers 503.
 func TestSilentAgentLeavesTable(t *testing.T) {
-	b := startBroker(t)
+	b := cmdtest.StartBroker(t)
 	e := fastEngine(t, 4)
 	nc, err := nats.Connect(b.NATS)
 	if err != nil {
@@ -119,7 +120,7 @@ func TestSilentAgentLeavesTable(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- a.Run(ctx) }()
-	waitEligible(t, b.HTTP, "ghost")
+	cmdtest.WaitEligible(t, b.HTTP, "ghost")
 	nc.Close() // silence: no draining heartbeat
 	// The silence begins at the ghost's last heartbeat as the broker heard
 	// it, not when the test closed the connection: a heartbeat may have
@@ -151,11 +152,11 @@ func TestSilentAgentLeavesTable(t *testing.T) {
 
 // TestDrain: a draining agent finishes its stream and gets no new job.
 func TestDrain(t *testing.T) {
-	b := startBroker(t)
+	b := cmdtest.StartBroker(t)
 	slow := startEngine(t, simengine.Config{Model: model, TTFT: time.Millisecond, ITL: 15 * time.Millisecond, Slots: 4})
 	other := fastEngine(t, 4)
 	drainer := startAgent(t, b.NATS, "drainer", slow, 4)
-	waitEligible(t, b.HTTP, "drainer")
+	cmdtest.WaitEligible(t, b.HTTP, "drainer")
 
 	// A long stream lands on the only agent, then the agent drains.
 	const prompt = "a long answer while the node drains"
@@ -174,7 +175,7 @@ func TestDrain(t *testing.T) {
 		return nil
 	})
 	startAgent(t, b.NATS, "stayer", other, 4)
-	waitEligible(t, b.HTTP, "stayer")
+	cmdtest.WaitEligible(t, b.HTTP, "stayer")
 	stopped := make(chan error, 1)
 	go func() { stopped <- drainer.Stop(t) }()
 	testwait.For(t, 10*time.Second, 5*time.Millisecond, func() error {

@@ -7,15 +7,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchyard-ai/switchyard/internal/cmdtest"
 	"github.com/switchyard-ai/switchyard/internal/testwait"
 )
 
 // TestRequestLogLine: one JSON line per finished request at info, with the
 // documented fields and nothing of the prompt or the output.
 func TestRequestLogLine(t *testing.T) {
-	b := startBroker(t, "--log-format", "json", "--log-level", "info")
+	b := cmdtest.StartBroker(t, "--log-format", "json", "--log-level", "info")
 	startAgent(t, b.NATS, "a1", fastEngine(t, 4), 4)
-	waitEligible(t, b.HTTP, "a1")
+	cmdtest.WaitEligible(t, b.HTTP, "a1")
 	const secret = "zebra-unicorn-secret-prompt"
 	req := fmt.Sprintf(`{"model":"sim-model","messages":[{"role":"user","content":%q}],"max_tokens":4}`, secret)
 	status, body := post(t, b.HTTP+"/v1/chat/completions", req)
@@ -32,7 +33,7 @@ func TestRequestLogLine(t *testing.T) {
 	_ = json.Unmarshal([]byte(body), &output)
 	var line map[string]any
 	testwait.For(t, 5*time.Second, 10*time.Millisecond, func() error {
-		for _, l := range strings.Split(b.errs.String(), "\n") {
+		for _, l := range strings.Split(b.Err.String(), "\n") {
 			var m map[string]any
 			if json.Unmarshal([]byte(l), &m) == nil && m["msg"] == "request" {
 				line = m
@@ -49,7 +50,7 @@ func TestRequestLogLine(t *testing.T) {
 	if line["level"] != "INFO" || line["outcome"] != "ok" || line["agents"] != "a1" || line["tokens"] != 4.0 {
 		t.Fatalf("request line %v", line)
 	}
-	logs := b.errs.String()
+	logs := b.Err.String()
 	if strings.Contains(logs, secret) {
 		t.Fatal("the prompt reached the logs")
 	}

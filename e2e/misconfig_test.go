@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"github.com/switchyard-ai/switchyard/internal/agentcmd"
+	"github.com/switchyard-ai/switchyard/internal/cmdtest"
 	"github.com/switchyard-ai/switchyard/internal/testwait"
 
 	"context"
@@ -72,10 +73,10 @@ func waitReason(t testing.TB, base, id, state string, want ...string) fleetAgent
 // TestEngineRefusesAgentAtStart: an agent whose engine refuses its key, or
 // serves another model, never becomes ready, and the fleet view says why.
 func TestEngineRefusesAgentAtStart(t *testing.T) {
-	b := startBroker(t)
+	b := cmdtest.StartBroker(t)
 	good := fastEngine(t, 4)
 	startAgent(t, b.NATS, "good", good, 4)
-	waitEligible(t, b.HTTP, "good")
+	cmdtest.WaitEligible(t, b.HTTP, "good")
 	for _, tc := range []struct {
 		name      string
 		engineKey string // the key the engine demands
@@ -93,7 +94,7 @@ func TestEngineRefusesAgentAtStart(t *testing.T) {
 			spy := startKeySpy(t, simengine.Config{Model: model, TTFT: time.Millisecond, ITL: time.Millisecond, Slots: 4}, tc.engineKey)
 			id := strings.ReplaceAll(tc.name, " ", "-")
 			// Not startAgent, which waits for ready: this one never is.
-			p := start(t, agentcmd.Run, append([]string{"--nats-url", b.NATS, "--engine", "openai", "--engine-url", spy.URL, "--id", id,
+			p := cmdtest.Start(t, agentcmd.Run, append([]string{"--nats-url", b.NATS, "--engine", "openai", "--engine-url", spy.URL, "--id", id,
 				"--slots", "4", "--heartbeat", liveHeartbeat, "--log-level", "warn", "--slow-start", "0"}, tc.args...)...)
 			// Whether a warming agent counts in the weights is the
 			// dispatch rule's business; here it must not pull.
@@ -111,8 +112,8 @@ func TestEngineRefusesAgentAtStart(t *testing.T) {
 			if n := spy.count(http.MethodPost, "/v1/completions", http.StatusOK) + spy.count(http.MethodPost, "/v1/completions", http.StatusUnauthorized); n != 0 {
 				t.Fatalf("a refused agent sent %d requests to its engine", n)
 			}
-			if !strings.Contains(p.errs.String(), "engine refuses the agent") {
-				t.Fatalf("no loud log line; stderr:\n%s", p.errs.String())
+			if !strings.Contains(p.Err.String(), "engine refuses the agent") {
+				t.Fatalf("no loud log line; stderr:\n%s", p.Err.String())
 			}
 		})
 	}
@@ -123,12 +124,12 @@ func TestEngineRefusesAgentAtStart(t *testing.T) {
 // the other agent; the refused agent leaves service with the reason in
 // /v1/fleet, stops pulling, and comes back once the engine takes its key.
 func TestEngineRefusesAgentAtRun(t *testing.T) {
-	b := startBroker(t)
+	b := cmdtest.StartBroker(t)
 	spy := startKeySpy(t, simengine.Config{Model: model, TTFT: time.Millisecond, ITL: time.Millisecond, Slots: 4}, "k1")
 	good := fastEngine(t, 4)
 	startAgent(t, b.NATS, "spied", &engine{URL: spy.URL}, 4, "--engine-api-key", "k1", "--model", model)
 	startAgent(t, b.NATS, "good", good, 4)
-	waitEligible(t, b.HTTP, "spied", "good")
+	cmdtest.WaitEligible(t, b.HTTP, "spied", "good")
 
 	spy.setKey("k2") // rotated on the engine, not on the agent
 	client := sdk(b.HTTP)
@@ -194,6 +195,6 @@ func TestEngineRefusesAgentAtRun(t *testing.T) {
 		}
 		return nil
 	})
-	waitEligible(t, b.HTTP, "spied")
+	cmdtest.WaitEligible(t, b.HTTP, "spied")
 	t.Logf("%d requests until the first 401; all succeeded", sent)
 }

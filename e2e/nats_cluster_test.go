@@ -21,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/switchyard-ai/switchyard/broker"
+	"github.com/switchyard-ai/switchyard/internal/cmdtest"
 	"github.com/switchyard-ai/switchyard/internal/testwait"
 	"github.com/switchyard-ai/switchyard/simengine"
 	"github.com/switchyard-ai/switchyard/subjects"
@@ -261,7 +262,7 @@ func TestNATSProcessNodeLoss(t *testing.T) {
 	c := startNATSCluster(t, 3)
 	// Info logs: the line of each request (attempts, migrations) is
 	// shown for the longest pause of each loss.
-	b := startBroker(t, "--nats-url", c.URLs(), "--replicas", "3", "--request-timeout", "60s", "--heartbeat-interval", "250ms", "--log-level", "info")
+	b := cmdtest.StartBroker(t, "--nats-url", c.URLs(), "--replicas", "3", "--request-timeout", "60s", "--heartbeat-interval", "250ms", "--log-level", "info")
 	const agents, slots = 3, 8
 	ids := make([]string, agents)
 	for i := range agents {
@@ -269,7 +270,7 @@ func TestNATSProcessNodeLoss(t *testing.T) {
 		ids[i] = fmt.Sprintf("k%d", i)
 		startAgent(t, c.URLs(), ids[i], e, slots, "--heartbeat", "250ms")
 	}
-	waitEligible(t, b.HTTP, ids...)
+	cmdtest.WaitEligible(t, b.HTTP, ids...)
 
 	nc, err := nats.Connect(c.URLs(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
 	if err != nil {
@@ -350,7 +351,7 @@ func TestNATSProcessNodeLoss(t *testing.T) {
 			c.streamLeader(t, js)
 			victim.start(t)
 			c.waitHealthy(t, c.nodes...)
-			waitEligible(t, b.HTTP, ids...)
+			cmdtest.WaitEligible(t, b.HTTP, ids...)
 			waitServes(t, l, b.HTTP, fmt.Sprintf("round %d after %s", round, kind))
 			loss.until = time.Now()
 			losses = append(losses, loss)
@@ -420,7 +421,7 @@ func TestNATSProcessNodeLoss(t *testing.T) {
 				o.prompt, o.start.Sub(loss.at).Round(time.Millisecond), o.maxGap.Round(time.Millisecond), kind, o.gapEnd.Sub(loss.at).Round(time.Millisecond))
 			if o.requestID != "" {
 				// The broker's id of the request, then its every line.
-				logs := strings.Split(b.errs.String(), "\n")
+				logs := strings.Split(b.Err.String(), "\n")
 				id := o.requestID
 				for _, line := range logs {
 					if m := brokerRequestID.FindStringSubmatch(line); m != nil && strings.Contains(line, o.requestID) {

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchyard-ai/switchyard/internal/cmdtest"
 	"github.com/switchyard-ai/switchyard/internal/natstest"
 	"github.com/switchyard-ai/switchyard/internal/testwait"
 	"github.com/switchyard-ai/switchyard/simengine"
@@ -71,12 +72,12 @@ func TestNATSRestart(t *testing.T) {
 	// --publish-wait 1s: a request that arrives while NATS is away waits
 	// that long for it to come back (a reconnect to another node of a
 	// cluster takes milliseconds), then gets 503.
-	b := startBroker(t, "--nats-url", ns.URL(), "--stall-timeout", "2s", "--request-timeout", "30s", "--jobs-storage", "file", "--publish-wait", "1s")
+	b := cmdtest.StartBroker(t, "--nats-url", ns.URL(), "--stall-timeout", "2s", "--request-timeout", "30s", "--jobs-storage", "file", "--publish-wait", "1s")
 	e1 := startEngine(t, simengine.Config{Model: model, TTFT: time.Millisecond, ITL: 20 * time.Millisecond, Slots: 8})
 	e2 := startEngine(t, simengine.Config{Model: model, TTFT: time.Millisecond, ITL: 20 * time.Millisecond, Slots: 8})
 	startAgent(t, ns.URL(), "a1", e1, 8)
 	startAgent(t, ns.URL(), "a2", e2, 8)
-	waitEligible(t, b.HTTP, "a1", "a2")
+	cmdtest.WaitEligible(t, b.HTTP, "a1", "a2")
 	l := newLedger(35 * time.Second)
 	rounds := 2
 	if soak() {
@@ -112,7 +113,7 @@ func TestNATSRestart(t *testing.T) {
 		ns.Start(t)
 		back := time.Now()
 		testwait.Status(t, nil, b.HTTP+"/readyz", http.StatusOK)
-		waitEligible(t, b.HTTP, "a1", "a2")
+		cmdtest.WaitEligible(t, b.HTTP, "a1", "a2")
 		first := waitServes(t, l, b.HTTP, tag+" after")
 		// Both agents pull again: waves of more concurrent requests than
 		// one agent has slots, until each agent served some. (An agent may
@@ -181,7 +182,7 @@ func connectedTo(c *natstest.Cluster, name string) []int {
 // in the failover may end with one clear error: they are counted.
 func TestClusterNodeLoss(t *testing.T) {
 	c := natstest.RunCluster(t, "sy", 3)
-	b := startBroker(t, "--nats-url", c.URLs(0), "--replicas", "3", "--request-timeout", "60s", "--stall-timeout", "10s")
+	b := cmdtest.StartBroker(t, "--nats-url", c.URLs(0), "--replicas", "3", "--request-timeout", "60s", "--stall-timeout", "10s")
 	const agents = 3
 	engines := make([]*engine, agents)
 	ids := make([]string, agents)
@@ -190,7 +191,7 @@ func TestClusterNodeLoss(t *testing.T) {
 		ids[i] = fmt.Sprintf("c%d", i)
 		startAgent(t, c.URLs(i), ids[i], engines[i], 1)
 	}
-	waitEligible(t, b.HTTP, ids...)
+	cmdtest.WaitEligible(t, b.HTTP, ids...)
 	l := newLedger(65 * time.Second)
 	queued := 12
 	if soak() {
@@ -236,7 +237,7 @@ func TestClusterNodeLoss(t *testing.T) {
 		t.Logf("node %d (%s) lost: its %d requests settled %s later", node, victim, queued, time.Since(lost).Round(time.Millisecond))
 		c.Restart(node)
 		c.WaitReady(3)
-		waitEligible(t, b.HTTP, ids...)
+		cmdtest.WaitEligible(t, b.HTTP, ids...)
 	}
 	// The fleet serves through the cluster again, every agent pulling:
 	// waves of more requests than the agents have slots until each agent

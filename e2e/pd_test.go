@@ -10,11 +10,12 @@ import (
 
 	"github.com/openai/openai-go/v3"
 
+	"github.com/switchyard-ai/switchyard/internal/cmdtest"
 	"github.com/switchyard-ai/switchyard/simengine"
 )
 
 type pdFleet struct {
-	b               *brokerProc
+	b               *cmdtest.Broker
 	prefill, decode *engine
 }
 
@@ -23,7 +24,7 @@ type pdFleet struct {
 // speaking protocol over HTTP.
 func startPD(t *testing.T, protocol string, itl time.Duration) *pdFleet {
 	t.Helper()
-	b := startBroker(t)
+	b := cmdtest.StartBroker(t)
 	cfg := func(role simengine.Role) simengine.Config {
 		return simengine.Config{Model: model, TTFT: time.Millisecond, ITL: itl, Slots: 4,
 			Role: role, PDProtocol: simengine.PDProtocol(protocol), BootstrapTimeout: 5 * time.Second}
@@ -33,7 +34,7 @@ func startPD(t *testing.T, protocol string, itl time.Duration) *pdFleet {
 	startAgent(t, b.NATS, "pre", p, 4, "--engine", protocol, "--role", "prefill",
 		"--bootstrap-host", "127.0.0.1", "--bootstrap-port", fmt.Sprint(p.BootstrapPort()))
 	startAgent(t, b.NATS, "dec", d, 4, "--engine", protocol, "--role", "decode")
-	waitEligible(t, b.HTTP, "pre", "dec")
+	cmdtest.WaitEligible(t, b.HTTP, "pre", "dec")
 	return &pdFleet{b: b, prefill: p, decode: d}
 }
 

@@ -15,7 +15,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -26,7 +25,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/switchyard-ai/switchyard/internal/cli"
+	"github.com/switchyard-ai/switchyard/internal/cmdtest"
 	"github.com/switchyard-ai/switchyard/internal/testwait"
 	"github.com/switchyard-ai/switchyard/simengine"
 )
@@ -105,7 +104,7 @@ func natsServerBinary(t testing.TB) string {
 // child is a command running as a separate process.
 type child struct {
 	cmd  *exec.Cmd
-	out  *syncBuffer
+	out  *cmdtest.Buffer
 	done chan struct{}
 	err  error
 }
@@ -119,7 +118,7 @@ func startChild(t testing.TB, bin string, args ...string) *child {
 // the test's).
 func startChildEnv(t testing.TB, bin string, env []string, args ...string) *child {
 	t.Helper()
-	c := &child{cmd: exec.Command(bin, args...), out: &syncBuffer{}, done: make(chan struct{})}
+	c := &child{cmd: exec.Command(bin, args...), out: &cmdtest.Buffer{}, done: make(chan struct{})}
 	c.cmd.Env = env
 	c.cmd.Stdout, c.cmd.Stderr = c.out, c.out
 	if err := c.cmd.Start(); err != nil {
@@ -129,7 +128,7 @@ func startChildEnv(t testing.TB, bin string, env []string, args ...string) *chil
 	t.Cleanup(func() {
 		c.kill()
 		if t.Failed() { // as start does for commands run in-process
-			t.Logf("output of %s %v:\n%s", bin, args, tail(c.out.String(), 16<<10))
+			t.Logf("output of %s %v:\n%s", bin, args, cmdtest.Tail(c.out.String(), 16<<10))
 		}
 	})
 	return c
@@ -507,13 +506,13 @@ func waitGone(t testing.TB, base, id string) time.Time {
 // detection time.
 func TestAgentSIGKILL(t *testing.T) {
 	bin := buildBinary(t, "github.com/switchyard-ai/switchyard/cmd/worker-agent", "worker-agent", false)
-	b := startBroker(t)
+	b := cmdtest.StartBroker(t)
 	rounds := 1
 	if soak() {
 		rounds = 5
 	}
 	l := newLedger(30 * time.Second)
-	var survivor *proc
+	var survivor *cmdtest.Proc
 	for round := range rounds {
 		if survivor != nil {
 			_ = survivor.Stop(t) // the doomed agent must be the only one when the request is routed
@@ -522,7 +521,7 @@ func TestAgentSIGKILL(t *testing.T) {
 		id := fmt.Sprintf("doomed-%d", round)
 		doomed := startChild(t, bin, "--nats-url", b.NATS, "--engine", "openai", "--engine-url", slow.URL, "--id", id,
 			"--slots", "4", "--heartbeat", "100ms", "--log-level", "warn", "--slow-start", "0")
-		waitEligible(t, b.HTTP, id)
+		cmdtest.WaitEligible(t, b.HTTP, id)
 		var wg sync.WaitGroup
 		var o *outcome
 		wg.Add(1)
@@ -535,7 +534,7 @@ func TestAgentSIGKILL(t *testing.T) {
 		}
 		sid := fmt.Sprintf("survivor-%d", round)
 		survivor = startAgent(t, b.NATS, sid, fastEngine(t, 4), 4)
-		waitEligible(t, b.HTTP, sid)
+		cmdtest.WaitEligible(t, b.HTTP, sid)
 		killed := time.Now()
 		if err := doomed.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 			t.Fatal(err)
@@ -552,120 +551,6 @@ func TestAgentSIGKILL(t *testing.T) {
 	if s := l.check(t); s.ok != s.total {
 		t.Fatalf("requests lost: %s", s)
 	}
-}
-
-// TestAgentProcs: the worker-agent command runs its Go scheduler on one
-// thread (cli.DefaultAgentProcs) unless GOMAXPROCS says otherwise, as its
-// own Go metrics report, and relays a stream either way.
-func TestAgentProcs(t *testing.T) {
-	bin := buildBinary(t, "github.com/switchyard-ai/switchyard/cmd/worker-agent", "worker-agent", false)
-	b := startBroker(t)
-	e := fastEngine(t, 4)
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "GOMAXPROCS=") {
-			env = append(env, kv)
-		}
-	}
-	for _, tc := range []struct {
-		name string
-		env  []string
-		want string
-	}{
-		{"GOMAXPROCS unset", env, "1"},
-		{"GOMAXPROCS=2", append(slices.Clip(env), "GOMAXPROCS=2"), "2"},
-	} {
-		id := "procs-" + tc.want
-		metrics := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-		c := startChildEnv(t, bin, tc.env, "--nats-url", b.NATS, "--engine", "openai", "--engine-url", e.URL, "--id", id,
-			"--slots", "4", "--heartbeat", liveHeartbeat, "--log-level", "warn", "--slow-start", "0", "--metrics-listen", metrics)
-		waitEligible(t, b.HTTP, id)
-		got := ""
-		for deadline := time.Now().Add(10 * time.Second); got == "" && time.Now().Before(deadline); {
-			got = scrapeValue("http://"+metrics+"/metrics", "go_sched_gomaxprocs_threads")
-			if got == "" {
-				time.Sleep(50 * time.Millisecond)
-			}
-		}
-		if got != tc.want {
-			t.Fatalf("%s: go_sched_gomaxprocs_threads %q, want %s", tc.name, got, tc.want)
-		}
-		l := newLedger(30 * time.Second)
-		if o := l.stream(context.Background(), b.HTTP, "one thread is enough for "+id, 8, nil); o.done != 1 || o.agent != id {
-			t.Fatalf("stream through %s: %+v", id, o)
-		}
-		c.signal(t, syscall.SIGTERM)
-	}
-}
-
-// TestCommandsTuneTheRuntime: the broker and worker-agent binaries start
-// themselves again with GODEBUG's schedtrace set (cli.KeepSysmonAwake),
-// keeping their arguments, PID and output, and relay a stream that way;
-// an operator's own schedtrace (here the opt-out, 0) is left alone. The
-// broker sizes GOMAXPROCS to its load (procs.Adapt: one P while idle)
-// unless GOMAXPROCS is set.
-func TestCommandsTuneTheRuntime(t *testing.T) {
-	brokerBin := buildBinary(t, "github.com/switchyard-ai/switchyard/cmd/broker", "broker", false)
-	agentBin := buildBinary(t, "github.com/switchyard-ai/switchyard/cmd/worker-agent", "worker-agent", false)
-	e := fastEngine(t, 4)
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "GODEBUG=") && !strings.HasPrefix(kv, "GOMAXPROCS=") {
-			env = append(env, kv)
-		}
-	}
-	i := 0
-	for _, tc := range []struct {
-		name, godebug, procs string
-		env                  []string
-	}{
-		{"GODEBUG and GOMAXPROCS unset", "GODEBUG=" + cli.SysmonSetting, "1", env},
-		{"GODEBUG=schedtrace=0 GOMAXPROCS=2", "GODEBUG=schedtrace=0", "2", append(slices.Clip(env), "GODEBUG=schedtrace=0", "GOMAXPROCS=2")},
-	} {
-		i++
-		bp := startChildEnv(t, brokerBin, tc.env, "--http", "127.0.0.1:0", "--grpc", "", "--nats-listen", "127.0.0.1:0",
-			"--data-dir", t.TempDir(), "--heartbeat-interval", "100ms", "--slow-start", "0", "--log-level", "warn")
-		base, natsURL, _ := waitBroker(t, bp.out, bp.exited)
-		id := "tuned-" + strconv.Itoa(i)
-		ap := startChildEnv(t, agentBin, tc.env, "--nats-url", natsURL, "--engine", "openai", "--engine-url", e.URL, "--id", id,
-			"--slots", "4", "--heartbeat", liveHeartbeat, "--log-level", "warn", "--slow-start", "0")
-		waitEligible(t, base, id)
-		for _, c := range []*child{bp, ap} {
-			if got := procGODEBUG(t, c.cmd.Process.Pid); got != tc.godebug {
-				t.Errorf("%s: %s runs with %q, want %q", tc.name, c.cmd.Path, got, tc.godebug)
-			}
-		}
-		// Idle but for heartbeats: Adapt settles on one P within a few
-		// periods of the start's work.
-		testwait.For(t, 20*time.Second, 50*time.Millisecond, func() error {
-			if got := scrapeValue(base+"/metrics", "go_sched_gomaxprocs_threads"); got != tc.procs {
-				return fmt.Errorf("%s: broker's go_sched_gomaxprocs_threads %q, want %s", tc.name, got, tc.procs)
-			}
-			return nil
-		})
-		l := newLedger(30 * time.Second)
-		if o := l.stream(context.Background(), base, "relayed by a tuned "+id, 8, nil); o.done != 1 || o.agent != id {
-			t.Fatalf("%s: stream: %+v", tc.name, o)
-		}
-		ap.signal(t, syscall.SIGTERM)
-		bp.signal(t, syscall.SIGTERM)
-	}
-}
-
-// procGODEBUG is the GODEBUG entry of the environment process pid's
-// image started with (/proc/PID/environ), "" if it has none.
-func procGODEBUG(t testing.TB, pid int) string {
-	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for kv := range strings.SplitSeq(string(b), "\x00") {
-		if strings.HasPrefix(kv, "GODEBUG=") {
-			return kv
-		}
-	}
-	return ""
 }
 
 // scrapeValue returns the value of an unlabelled series on a /metrics
@@ -724,10 +609,10 @@ func load(l *ledger, base string, clients, maxTokens int, stop <-chan struct{}) 
 // started again with the same id and waited for until eligible). No
 // request may fail.
 func TestRollingRestart(t *testing.T) {
-	b := startBroker(t)
+	b := cmdtest.StartBroker(t)
 	const n, slots = 3, 4
 	engines := make([]*engine, n)
-	agents := make([]*proc, n)
+	agents := make([]*cmdtest.Proc, n)
 	ids := make([]string, n)
 	// 500ms heartbeats (stale after 1.5s): the agents that are not being
 	// restarted must stay live, and 100ms ones went stale under load (a
@@ -743,7 +628,7 @@ func TestRollingRestart(t *testing.T) {
 		ids[i] = fmt.Sprintf("r%d", i+1)
 		run(i)
 	}
-	waitEligible(t, b.HTTP, ids...)
+	cmdtest.WaitEligible(t, b.HTTP, ids...)
 	rounds, clients := 1, 6
 	if soak() {
 		rounds, clients = 5, 12
@@ -760,7 +645,7 @@ func TestRollingRestart(t *testing.T) {
 			}
 			drained := time.Since(at)
 			run(i)
-			waitEligible(t, b.HTTP, ids[i])
+			cmdtest.WaitEligible(t, b.HTTP, ids[i])
 			t.Logf("round %d: %s drained in %s, eligible again %s after the stop", round, ids[i], drained.Round(time.Millisecond), time.Since(at).Round(time.Millisecond))
 		}
 	}
@@ -836,7 +721,7 @@ func TestSlowReaders(t *testing.T) {
 		// 500ms heartbeats: the agents share the test's CPUs with 1,000
 		// clients under -race, and 100ms ones get starved into "stale".
 		"--heartbeat-interval", "500ms", "--slow-start", "0", "--log-level", "warn", "--queue-max", "100000", "--request-timeout", "60s")
-	base, natsURL, _ := waitBroker(t, bp.out, bp.exited)
+	base, natsURL, _ := cmdtest.WaitBroker(t, bp.out, bp.exited)
 	const agents = 4
 	ids := make([]string, agents)
 	for i := range agents {
@@ -844,7 +729,7 @@ func TestSlowReaders(t *testing.T) {
 		startAgentCmd(t, natsURL, "--nats-url", natsURL, "--engine", "sim", "--id", ids[i], "--slots", strconv.Itoa(clients/agents+1),
 			"--heartbeat", "500ms", "--sim-ttft", "1ms", "--sim-itl", "1ms", "--log-level", "error", "--slow-start", "0")
 	}
-	waitEligible(t, base, ids...)
+	cmdtest.WaitEligible(t, base, ids...)
 	heap0, rss0, g0, err := brokerMemory(base)
 	if err != nil {
 		t.Fatal(err)

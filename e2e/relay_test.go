@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/switchyard-ai/switchyard/internal/cmdtest"
 	"github.com/switchyard-ai/switchyard/internal/testwait"
 	"github.com/switchyard-ai/switchyard/simengine"
 	"github.com/switchyard-ai/switchyard/wire"
@@ -84,7 +85,7 @@ func scriptedEngine(t *testing.T, post http.HandlerFunc) *engine {
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { _ = srv.Close() })
 	e := &engine{URL: "http://" + ln.Addr().String()}
-	waitHealthy(t, e.URL)
+	cmdtest.WaitHealthy(t, e.URL)
 	return e
 }
 
@@ -132,9 +133,9 @@ func burstEngine(t *testing.T, bursts, perBurst int) *engine {
 // the client still gets every event, in order, as its own SSE event.
 func TestBurstsTravelTogether(t *testing.T) {
 	const bursts, perBurst = 5, 20
-	b := startBroker(t)
+	b := cmdtest.StartBroker(t)
 	startAgent(t, b.NATS, "a1", burstEngine(t, bursts, perBurst), 4)
-	waitEligible(t, b.HTTP, "a1")
+	cmdtest.WaitEligible(t, b.HTTP, "a1")
 	spy := spyReplies(t, b.NATS, nil)
 
 	r, err := rawStream(context.Background(), b.HTTP, "bursts", 1000)
@@ -185,10 +186,10 @@ func TestBurstsTravelTogether(t *testing.T) {
 // in a failover two agents could run one attempt. The broker relays only
 // the first that spoke; the other's chunks never reach the client.
 func TestOneSpeakerPerAttempt(t *testing.T) {
-	b := startBroker(t)
+	b := cmdtest.StartBroker(t)
 	e := startEngine(t, simengine.Config{Model: model, TTFT: 30 * time.Millisecond, ITL: time.Millisecond, Slots: 4})
 	startAgent(t, b.NATS, "a1", e, 4)
-	waitEligible(t, b.HTTP, "a1")
+	cmdtest.WaitEligible(t, b.HTTP, "a1")
 	var once sync.Once
 	spy := spyReplies(t, b.NATS, func(nc *nats.Conn, m *nats.Msg, c *wire.Chunk) {
 		if c.GetAgentId() != "a1" || c.GetKind() != wire.Chunk_KIND_ACCEPTED {
@@ -240,7 +241,7 @@ func TestOneSpeakerPerAttempt(t *testing.T) {
 // event, the stall measured from the last chunk, not from the request.
 func TestStallTimeout(t *testing.T) {
 	const stall = 400 * time.Millisecond
-	b := startBroker(t, "--stall-timeout", stall.String())
+	b := cmdtest.StartBroker(t, "--stall-timeout", stall.String())
 	e := scriptedEngine(t, func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
 		rc := http.NewResponseController(w)
@@ -254,7 +255,7 @@ func TestStallTimeout(t *testing.T) {
 		<-r.Context().Done()
 	})
 	startAgent(t, b.NATS, "a1", e, 4)
-	waitEligible(t, b.HTTP, "a1")
+	cmdtest.WaitEligible(t, b.HTTP, "a1")
 
 	start := time.Now()
 	r, err := rawStream(context.Background(), b.HTTP, "a stalling engine", 100)

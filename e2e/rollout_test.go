@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"github.com/switchyard-ai/switchyard/internal/agentcmd"
+	"github.com/switchyard-ai/switchyard/internal/cmdtest"
 	"github.com/switchyard-ai/switchyard/internal/testwait"
 
 	"context"
@@ -81,19 +82,19 @@ func TestRealisticRollout(t *testing.T) {
 	// operator sets it for a rollout, instead of a 503.
 	// Info logs name each retry and migration with its reason, for the
 	// report of a request prefilled twice.
-	b := startBroker(t, "--slow-start", rolloutSlowStart.String(), "--stall-timeout", rolloutStall.String(), "--capacity-wait", "5s", "--log-level", "info")
+	b := cmdtest.StartBroker(t, "--slow-start", rolloutSlowStart.String(), "--stall-timeout", rolloutStall.String(), "--capacity-wait", "5s", "--log-level", "info")
 	engCfg := func(role simengine.Role, proto simengine.PDProtocol, slots int, load time.Duration) simengine.Config {
 		return simengine.Config{Model: model, TTFT: rolloutTTFT, PrefillPerToken: rolloutPerToken, ITL: rolloutITL, Slots: slots,
 			Role: role, PDProtocol: proto, BootstrapPort: 0, BootstrapTimeout: 5 * time.Second,
 			// A leaked hand-off must still be held when the test looks.
 			KVHoldTimeout: 10 * time.Minute, LoadTime: load}
 	}
-	agents := map[string]*proc{}
+	agents := map[string]*cmdtest.Proc{}
 	engines := map[string]*rolloutEngine{}
 	addAgent := func(id string, e *rolloutEngine, slots int, args ...string) {
 		// Not startAgent: it waits for ready, and these engines load for
 		// seconds or never; the scenario waits for the states it needs.
-		agents[id] = start(t, agentcmd.Run, append([]string{"--nats-url", b.NATS, "--engine", "openai", "--engine-url", e.URL, "--id", id,
+		agents[id] = cmdtest.Start(t, agentcmd.Run, append([]string{"--nats-url", b.NATS, "--engine", "openai", "--engine-url", e.URL, "--id", id,
 			"--slots", fmt.Sprint(slots), "--log-level", "warn", "--model", model, "--slow-start", rolloutSlowStart.String(),
 			// Heartbeats every 250ms: three missed (gone) is 750ms, more
 			// than a busy 2-core machine's scheduling hiccups.
@@ -113,7 +114,7 @@ func TestRealisticRollout(t *testing.T) {
 	}
 	addAgent("r1", engines["e1"], 4)
 	addAgent("r2", engines["e2"], 4)
-	waitEligible(t, b.HTTP, "r1", "r2")
+	cmdtest.WaitEligible(t, b.HTTP, "r1", "r2")
 
 	hc := rolloutHTTPClient()
 	defer hc.CloseIdleConnections()
@@ -350,7 +351,7 @@ func TestRealisticRollout(t *testing.T) {
 	mark("regular back")
 	addAgent("r3", engines["e1"], 4)
 	addAgent("r4", engines["e2"], 4)
-	waitEligible(t, b.HTTP, "r3", "r4")
+	cmdtest.WaitEligible(t, b.HTTP, "r3", "r4")
 	time.Sleep(rolloutSlowStart + 2*time.Second)
 	stopHard()
 
@@ -524,7 +525,7 @@ func TestRealisticRollout(t *testing.T) {
 	if twice+misrun > 0 {
 		t.Errorf("%d requests prefilled more than once; %d jobs run by agents that count zero or after their client left", twice, misrun)
 		n := 0
-		for line := range strings.Lines(b.errs.String()) {
+		for line := range strings.Lines(b.Err.String()) {
 			if strings.Contains(line, "retrying request") || strings.Contains(line, "migrating request") {
 				if n++; n <= 20 {
 					t.Logf("broker: %s", strings.TrimSpace(line))

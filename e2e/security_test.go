@@ -30,13 +30,14 @@ import (
 	"google.golang.org/grpc/status"
 
 	switchyardv1 "github.com/switchyard-ai/switchyard/api/switchyard/v1"
+	"github.com/switchyard-ai/switchyard/internal/cmdtest"
 	"github.com/switchyard-ai/switchyard/internal/testwait"
 )
 
 // TestAPIKeysAndLimits: every auth and limit case through the real broker
 // command, over HTTP and gRPC.
 func TestAPIKeysAndLimits(t *testing.T) {
-	b := startBroker(t, "--api-key", "key-one", "--api-key", "key-two", "--max-body", "65536", "--read-header-timeout", "300ms")
+	b := cmdtest.StartBroker(t, "--api-key", "key-one", "--api-key", "key-two", "--max-body", "65536", "--read-header-timeout", "300ms")
 	startAgent(t, b.NATS, "a1", fastEngine(t, 4), 4)
 	body := `{"model":"sim-model","messages":[{"role":"user","content":"hi"}],"max_tokens":3}`
 	do := func(path, key, body string) (*http.Response, string) {
@@ -204,10 +205,10 @@ func TestAPIKeysAndLimits(t *testing.T) {
 // for model names made of NATS syntax, and a served model whose id holds a
 // dot gets jobs only on its own escaped subject.
 func TestHostileModelNames(t *testing.T) {
-	b := startBroker(t)
+	b := cmdtest.StartBroker(t)
 	startAgent(t, b.NATS, "dotted", startEngine(t, simengineConfig("a.b")), 2, "--model", "a.b")
 	startAgent(t, b.NATS, "plain", startEngine(t, simengineConfig("a")), 2, "--model", "a")
-	waitEligible(t, b.HTTP, "dotted", "plain")
+	cmdtest.WaitEligible(t, b.HTTP, "dotted", "plain")
 	nc, err := nats.Connect(b.NATS)
 	if err != nil {
 		t.Fatal(err)
@@ -267,7 +268,7 @@ func TestTLS(t *testing.T) {
 	if err := os.WriteFile(keyFile, keyPEM, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	b := startBroker(t, "--tls-cert", certFile, "--tls-key", keyFile)
+	b := cmdtest.StartBroker(t, "--tls-cert", certFile, "--tls-key", keyFile)
 	if !strings.HasPrefix(b.HTTP, "https://") {
 		t.Fatalf("listening on %s", b.HTTP)
 	}

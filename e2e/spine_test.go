@@ -14,6 +14,7 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
+	"github.com/switchyard-ai/switchyard/internal/cmdtest"
 	"github.com/switchyard-ai/switchyard/simengine"
 )
 
@@ -47,11 +48,11 @@ func TestOpenAISDK(t *testing.T) {
 }
 
 func testOpenAISDK(t *testing.T, args ...string) {
-	b := startBroker(t, args...)
+	b := cmdtest.StartBroker(t, args...)
 	e1, e2 := fastEngine(t, 4), fastEngine(t, 4)
 	startAgent(t, b.NATS, "a1", e1, 4)
 	startAgent(t, b.NATS, "a2", e2, 4)
-	waitEligible(t, b.HTTP, "a1", "a2")
+	cmdtest.WaitEligible(t, b.HTTP, "a1", "a2")
 	client := sdk(b.HTTP)
 	ctx := context.Background()
 
@@ -279,13 +280,13 @@ type heartbeatPeaks struct {
 // gets exactly its own tokens in order; no engine ever runs more requests
 // than its agent's slots; both agents work.
 func Test64Streams(t *testing.T) {
-	b := startBroker(t)
+	b := cmdtest.StartBroker(t)
 	const slots = 4
 	e1 := startEngine(t, simengine.Config{Model: model, TTFT: 2 * time.Millisecond, ITL: time.Millisecond, Slots: 16})
 	e2 := startEngine(t, simengine.Config{Model: model, TTFT: 2 * time.Millisecond, ITL: time.Millisecond, Slots: 16})
 	startAgent(t, b.NATS, "a1", e1, slots)
 	startAgent(t, b.NATS, "a2", e2, slots)
-	waitEligible(t, b.HTTP, "a1", "a2")
+	cmdtest.WaitEligible(t, b.HTTP, "a1", "a2")
 	peaks := watchHeartbeats(t, b.NATS)
 
 	const n = 64

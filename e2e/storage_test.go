@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/switchyard-ai/switchyard/internal/cmdtest"
 	"github.com/switchyard-ai/switchyard/internal/testwait"
 	"github.com/switchyard-ai/switchyard/simengine"
 )
@@ -28,7 +29,7 @@ func jobsStorage(t *testing.T, natsURL string) jetstream.StorageType {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// startBroker returned once the stream existed; poll anyway, as the
+	// cmdtest.StartBroker returned once the stream existed; poll anyway, as the
 	// JetStream API may answer slowly on a busy machine.
 	var st jetstream.Stream
 	testwait.For(t, 10*time.Second, 10*time.Millisecond, func() error {
@@ -45,39 +46,39 @@ func jobsStorage(t *testing.T, natsURL string) jetstream.StorageType {
 // warning) and the broker serves on it.
 func TestJobsStorage(t *testing.T) {
 	t.Run("default memory", func(t *testing.T) {
-		b := startBroker(t)
+		b := cmdtest.StartBroker(t)
 		if got := jobsStorage(t, b.NATS); got != jetstream.MemoryStorage {
 			t.Fatalf("storage %v, want memory", got)
 		}
 	})
 	t.Run("file", func(t *testing.T) {
-		b := startBroker(t, "--jobs-storage", "file")
+		b := cmdtest.StartBroker(t, "--jobs-storage", "file")
 		if got := jobsStorage(t, b.NATS); got != jetstream.FileStorage {
 			t.Fatalf("storage %v, want file", got)
 		}
 	})
 	t.Run("existing stream keeps its storage", func(t *testing.T) {
 		ns := startNATSProcess(t, t.TempDir())
-		first := startBroker(t, "--nats-url", ns.URL(), "--jobs-storage", "file")
+		first := cmdtest.StartBroker(t, "--nats-url", ns.URL(), "--jobs-storage", "file")
 		if err := first.Stop(t); err != nil {
 			t.Fatal(err)
 		}
-		b := startBroker(t, "--nats-url", ns.URL())
+		b := cmdtest.StartBroker(t, "--nats-url", ns.URL())
 		e := fastEngine(t, 2)
 		startAgent(t, ns.URL(), "a1", e, 2)
-		waitEligible(t, b.HTTP, "a1")
+		cmdtest.WaitEligible(t, b.HTTP, "a1")
 		if r, err := rawStream(context.Background(), b.HTTP, "still served", 4); err != nil || !r.done {
 			t.Fatalf("request on the kept stream: %+v %v", r, err)
 		}
 		if got := jobsStorage(t, ns.URL()); got != jetstream.FileStorage {
 			t.Fatalf("storage %v, want the file storage it was created with", got)
 		}
-		if !strings.Contains(b.errs.String(), "keeps the storage it was created with") {
-			t.Fatalf("no warning in the broker's log:\n%s", b.errs.String())
+		if !strings.Contains(b.Err.String(), "keeps the storage it was created with") {
+			t.Fatalf("no warning in the broker's log:\n%s", b.Err.String())
 		}
 	})
 	t.Run("bad value", func(t *testing.T) {
-		err := brokerRun(context.Background(), []string{"--jobs-storage", "disk"}, noEnv, &syncBuffer{}, &syncBuffer{})
+		err := brokerRun(context.Background(), []string{"--jobs-storage", "disk"}, cmdtest.NoEnv, &cmdtest.Buffer{}, &cmdtest.Buffer{})
 		if err == nil || !strings.Contains(err.Error(), "want memory or file") {
 			t.Fatalf("err %v", err)
 		}
@@ -92,10 +93,10 @@ func TestQueuedJobOutlivesMemoryStream(t *testing.T) {
 	ns := startNATSProcess(t, t.TempDir())
 	// Heartbeats every second: the agent stays in the table (3 missed
 	// intervals) while the server restarts.
-	b := startBroker(t, "--nats-url", ns.URL(), "--heartbeat-interval", "1s")
+	b := cmdtest.StartBroker(t, "--nats-url", ns.URL(), "--heartbeat-interval", "1s")
 	e := startEngine(t, simengine.Config{Model: model, TTFT: time.Millisecond, ITL: 40 * time.Millisecond, Slots: 1})
 	startAgent(t, ns.URL(), "a1", e, 1, "--heartbeat", "1s")
-	waitEligible(t, b.HTTP, "a1")
+	cmdtest.WaitEligible(t, b.HTTP, "a1")
 
 	// The only slot is busy for a few seconds: the simulator answers this
 	// prompt with 174 tokens, 7 s at 40 ms each...

@@ -10,11 +10,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchyard-ai/switchyard/internal/cmdtest"
 	"github.com/switchyard-ai/switchyard/internal/testwait"
 )
 
 // simAgent runs a worker-agent with the in-process simulator.
-func simAgent(t *testing.T, natsURL, id, role string, slots int) *proc {
+func simAgent(t *testing.T, natsURL, id, role string, slots int) *cmdtest.Proc {
 	t.Helper()
 	return startAgentCmd(t, natsURL, "--nats-url", natsURL, "--engine", "sim", "--role", role, "--pd-protocol", "vllm",
 		"--id", id, "--slots", fmt.Sprint(slots), "--heartbeat", liveHeartbeat, "--sim-ttft", "2ms", "--sim-itl", "4ms", "--log-level", "warn", "--slow-start", "0")
@@ -50,8 +51,8 @@ func TestTransition(t *testing.T) {
 	}
 	const slots = 4
 	const ramp = 2 * time.Second
-	b := startBroker(t, "--slow-start", ramp.String())
-	agents := map[string]*proc{}
+	b := cmdtest.StartBroker(t, "--slow-start", ramp.String())
+	agents := map[string]*cmdtest.Proc{}
 	add := func(id, role string) { agents[id] = simAgent(t, b.NATS, id, role, slots) }
 	drain := func(id string) {
 		if err := agents[id].Stop(t); err != nil {
@@ -61,7 +62,7 @@ func TestTransition(t *testing.T) {
 	for i := 1; i <= 4; i++ {
 		add(fmt.Sprintf("r%d", i), "regular")
 	}
-	waitEligible(t, b.HTTP, "r1", "r2", "r3", "r4")
+	cmdtest.WaitEligible(t, b.HTTP, "r1", "r2", "r3", "r4")
 	// The first agents finish their own ramp before load: wait until the
 	// broker counts each at its full slots.
 	testwait.For(t, 30*time.Second, 20*time.Millisecond, func() error {

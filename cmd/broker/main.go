@@ -18,16 +18,11 @@ import (
 	"syscall"
 
 	"github.com/switchyard-ai/switchyard/internal/brokercmd"
-	"github.com/switchyard-ai/switchyard/internal/cli"
-	"github.com/switchyard-ai/switchyard/internal/procs"
 )
 
 func main() {
-	cli.KeepSysmonAwake() // may start this binary again, first
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	// The process's, not run's: in-process callers (tests) keep theirs.
-	procs.Start(ctx, os.Getenv)
 	if err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr); err != nil {
 		fmt.Fprintln(os.Stderr, "broker:", err)
 		os.Exit(1)

@@ -14,13 +14,9 @@ import (
 	"syscall"
 
 	"github.com/switchyard-ai/switchyard/internal/agentcmd"
-	"github.com/switchyard-ai/switchyard/internal/cli"
 )
 
 func main() {
-	cli.KeepSysmonAwake() // may start this binary again, first
-	// The process's, not run's: in-process callers (tests) keep theirs.
-	cli.TuneProcs(os.Getenv, cli.DefaultAgentProcs)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr); err != nil {

@@ -23,6 +23,7 @@ import (
 
 	"github.com/switchyard-ai/switchyard/internal/agentcmd"
 	"github.com/switchyard-ai/switchyard/internal/brokercmd"
+	"github.com/switchyard-ai/switchyard/internal/cmdtest"
 )
 
 // strList is a compose field written as a list or as one string.
@@ -244,8 +245,6 @@ func usageFlags(t *testing.T, what, usage string) map[string]bool {
 	return out
 }
 
-func noEnv(string) string { return "" }
-
 // commandFlags asks each command which flags it accepts: the broker and
 // the agent in-process, the others from the -h of a freshly built binary.
 func commandFlags(t *testing.T, root string) map[string]map[string]bool {
@@ -261,7 +260,7 @@ func commandFlags(t *testing.T, root string) map[string]map[string]bool {
 		"worker-agent": agentcmd.Run,
 	} {
 		var stderr bytes.Buffer
-		if err := run(context.Background(), []string{"-h"}, noEnv, io.Discard, &stderr); err != nil {
+		if err := run(context.Background(), []string{"-h"}, cmdtest.NoEnv, io.Discard, &stderr); err != nil {
 			t.Fatalf("%s -h: %v", name, err)
 		}
 		flags[name] = usageFlags(t, name, stderr.String())

@@ -1,8 +1,6 @@
 package fleetui_test
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -14,7 +12,6 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -24,7 +21,7 @@ import (
 
 	"github.com/switchyard-ai/switchyard/ingress/fleetui"
 	"github.com/switchyard-ai/switchyard/internal/agentcmd"
-	"github.com/switchyard-ai/switchyard/internal/brokercmd"
+	"github.com/switchyard-ai/switchyard/internal/cmdtest"
 	"github.com/switchyard-ai/switchyard/internal/testwait"
 )
 
@@ -93,84 +90,12 @@ func newBrowser(t *testing.T) context.Context {
 	return ctx
 }
 
-// lockedBuffer collects a command's log for the failure report.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-func noEnv(string) string { return "" }
-
-var listening = regexp.MustCompile(`switchyard broker listening: http=(\S+) nats=(\S+)`)
-
 // startBroker runs the real broker command with two demo agents and returns
 // its HTTP base URL and NATS URL once it is ready.
 func startBroker(t *testing.T) (httpURL, natsURL string) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	pr, pw := io.Pipe()
-	logs := &lockedBuffer{}
-	done := make(chan error, 1)
-	go func() {
-		err := brokercmd.Run(ctx, []string{
-			"--http", "127.0.0.1:0", "--nats-listen", "127.0.0.1:0", "--data-dir", t.TempDir(),
-			"--grpc", "127.0.0.1:0", "--demo", "--demo-agents", "regular=2", "--heartbeat-interval", "100ms", "--slow-start", "0",
-			"--shutdown-grace", "5s",
-		}, noEnv, pw, logs)
-		pw.CloseWithError(fmt.Errorf("broker returned: %v", err))
-		done <- err
-	}()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("broker: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Errorf("broker did not stop")
-		}
-		if t.Failed() {
-			t.Logf("broker log:\n%s", logs.String())
-		}
-	})
-	found := make(chan []string, 1)
-	go func() {
-		sc := bufio.NewScanner(pr)
-		for sc.Scan() {
-			if m := listening.FindStringSubmatch(sc.Text()); m != nil {
-				found <- m
-				break
-			}
-		}
-		close(found)
-		_, _ = io.Copy(io.Discard, pr)
-	}()
-	select {
-	case m, ok := <-found:
-		if !ok {
-			t.Fatalf("broker exited before listening:\n%s", logs.String())
-		}
-		// The listening line comes before the broker has made its jobs
-		// stream; ready is the state the page's tests rely on.
-		testwait.Status(t, nil, m[1]+"/readyz", http.StatusOK)
-		return m[1], m[2]
-	case <-time.After(30 * time.Second):
-		t.Fatalf("broker did not print its listening line:\n%s", logs.String())
-	}
-	return "", ""
+	b := cmdtest.StartBroker(t, "--demo", "--demo-agents", "regular=2", "--shutdown-grace", "5s")
+	return b.HTTP, b.NATS
 }
 
 // servePage serves the fleet page as the broker will, and forwards the
@@ -300,20 +225,10 @@ func TestFleetPageShowsDrain(t *testing.T) {
 	demo := []string{"demo-regular-1", "demo-regular-2"}
 	testwait.For(t, 20*time.Second, 50*time.Millisecond, func() error { return wantState(ctx, demo, "ready") })
 
-	agentCtx, stopAgent := context.WithCancel(context.Background())
-	defer stopAgent()
-	agentLog := &lockedBuffer{}
-	agentDone := make(chan error, 1)
-	go func() {
-		agentDone <- agentcmd.Run(agentCtx, []string{
-			"--nats-url", natsURL, "--engine", "sim", "--id", "drain-me", "--heartbeat", "100ms",
-		}, noEnv, io.Discard, agentLog)
-	}()
+	agent := cmdtest.Start(t, agentcmd.Run, "--nats-url", natsURL, "--engine", "sim", "--id", "drain-me", "--heartbeat", "100ms")
 	testwait.For(t, 20*time.Second, 50*time.Millisecond, func() error {
-		select {
-		case err := <-agentDone:
-			return fmt.Errorf("agent exited early: %v\n%s", err, agentLog.String())
-		default:
+		if err := agent.Exited(); err != nil {
+			return fmt.Errorf("agent exited early: %v\n%s", err, agent.Err.String())
 		}
 		return wantState(ctx, []string{"drain-me"}, "ready")
 	})
@@ -341,7 +256,7 @@ func TestFleetPageShowsDrain(t *testing.T) {
 		waitPolls(t, ctx, 15) // a longer chart for the picture in the repository
 	}
 
-	stopAgent()
+	agent.Cancel() // SIGTERM: the agent drains
 	sawDraining := false
 	testwait.For(t, 20*time.Second, 50*time.Millisecond, func() error {
 		rows, err := agentRows(ctx)
@@ -363,12 +278,12 @@ func TestFleetPageShowsDrain(t *testing.T) {
 	}
 	saveScreenshot(t, ctx, "fleet.png")
 	select {
-	case err := <-agentDone:
-		if err != nil {
+	case <-agent.Done():
+		if err := agent.Result(); err != nil {
 			t.Errorf("agent: %v", err)
 		}
 	case <-time.After(20 * time.Second):
-		t.Errorf("drain-me did not exit after draining:\n%s", agentLog.String())
+		t.Errorf("drain-me did not exit after draining:\n%s", agent.Err.String())
 	}
 	marker, err := chromedp.Run(ctx, chromedp.Evaluate[int](`window.__noReload || 0`))
 	if err != nil || marker != 42 {

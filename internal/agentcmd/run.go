@@ -163,7 +163,6 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err != nil {
 		return err
 	}
-	cli.TuneGC(getenv)
 	o.log = log
 	if _, err := subjects.ConsumerName("m", o.role); err != nil {
 		return fmt.Errorf("role %q: want regular, prefill or decode", o.role)

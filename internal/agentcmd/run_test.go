@@ -1,4 +1,4 @@
-package agentcmd
+package agentcmd_test
 
 import (
 	"bytes"
@@ -10,11 +10,11 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/switchyard-ai/switchyard/internal/agentcmd"
+	"github.com/switchyard-ai/switchyard/internal/cmdtest"
 	"github.com/switchyard-ai/switchyard/internal/natstest"
 	"github.com/switchyard-ai/switchyard/wire"
 )
-
-func noEnv(string) string { return "" }
 
 // TestFlagsRefused: bad values of the rollout flags stop the command before
 // it connects anywhere, naming the flag.
@@ -35,7 +35,7 @@ func TestFlagsRefused(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			err := Run(context.Background(), append([]string{"--engine", "sim", "--nats-url", "nats://127.0.0.1:1"}, tc.args...), noEnv, io.Discard, io.Discard)
+			err := agentcmd.Run(context.Background(), append([]string{"--engine", "sim", "--nats-url", "nats://127.0.0.1:1"}, tc.args...), cmdtest.NoEnv, io.Discard, io.Discard)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("Run(%v) = %v, want an error naming %s", tc.args, err, tc.want)
 			}
@@ -47,7 +47,7 @@ func TestFlagsRefused(t *testing.T) {
 // relies on.
 func TestUsageListsRolloutFlags(t *testing.T) {
 	var stderr bytes.Buffer
-	if err := Run(context.Background(), []string{"-h"}, noEnv, io.Discard, &stderr); err != nil {
+	if err := agentcmd.Run(context.Background(), []string{"-h"}, cmdtest.NoEnv, io.Discard, &stderr); err != nil {
 		t.Fatal(err)
 	}
 	for _, f := range []string{"--pd-labels", "--kv-hold", "--slow-start", "--slow-start-floor", "--keepalive", "--reply-linger"} {
@@ -72,17 +72,7 @@ func TestSimNeverLoads(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = sub.Unsubscribe() }()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- Run(ctx, []string{"--engine", "sim", "--nats-url", s.ClientURL(), "--id", "w1", "--heartbeat", "50ms", "--sim-load-time", "never"}, noEnv, io.Discard, io.Discard)
-	}()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	}()
+	cmdtest.Start(t, agentcmd.Run, "--engine", "sim", "--nats-url", s.ClientURL(), "--id", "w1", "--heartbeat", "50ms", "--sim-load-time", "never")
 	// Warming in every heartbeat, always with a reason; from the first
 	// health check on, the engine's own.
 	checked := false

@@ -243,7 +243,6 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err != nil {
 		return err
 	}
-	cli.TuneGC(getenv)
 	keys, err := auth.LoadKeys(o.apiKeys, o.apiKeysFile)
 	if err != nil {
 		return err

@@ -8,8 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"runtime"
-	"runtime/debug"
 	"strconv"
 	"strings"
 )
@@ -120,40 +118,5 @@ func SetUsage(fs *flag.FlagSet, synopsis string, sections []Section) {
 			print("Other", rest)
 		}
 		fmt.Fprintf(w, "\nEvery flag can also be set from the environment variable shown in brackets;\na flag on the command line wins.\n")
-	}
-}
-
-// DefaultGCPercent is the garbage collector's target (GOGC) the broker and
-// agent commands run with unless GOGC is set. Both keep a small live heap
-// (tens of MiB at a thousand streams) and make short-lived garbage per
-// request and per chunk; at Go's default of 100 the collector ran every
-// few milliseconds under load and took 9-15% of their CPU in the profiles
-// of issue 15. Four times the live heap between collections costs tens of
-// MiB at most.
-const DefaultGCPercent = 400
-
-// DefaultAgentProcs is the GOMAXPROCS the worker-agent command runs with
-// unless GOMAXPROCS is set. An agent relays one engine's streams, a
-// goroutine per stream that wakes once per token; with more than one P
-// the scheduler wakes another thread for nearly every such goroutine and
-// puts it back to sleep, which cost more than the work itself. On the
-// 2-core bench host one P took 14-25% off the agents' CPU per request and
-// 10-18% per token (docs/benchmarks.md, issue 15), and one P still
-// relays some 60,000 tokens/s, more than one engine makes.
-const DefaultAgentProcs = 1
-
-// TuneProcs sets GOMAXPROCS to n, unless the GOMAXPROCS environment
-// variable (read through getenv) chooses or n is not positive.
-func TuneProcs(getenv func(string) string, n int) {
-	if getenv("GOMAXPROCS") == "" && n > 0 {
-		runtime.GOMAXPROCS(n)
-	}
-}
-
-// TuneGC sets the collector's target to DefaultGCPercent, unless the GOGC
-// environment variable (read through getenv) chooses one.
-func TuneGC(getenv func(string) string) {
-	if getenv("GOGC") == "" {
-		debug.SetGCPercent(DefaultGCPercent)
 	}
 }
