@@ -21,6 +21,7 @@ import (
 
 	"github.com/switchyard-ai/switchyard/internal/agentcmd"
 	"github.com/switchyard-ai/switchyard/internal/brokercmd"
+	"github.com/switchyard-ai/switchyard/internal/cmdtest"
 	"github.com/switchyard-ai/switchyard/internal/testwait"
 )
 
@@ -108,13 +109,13 @@ func TestNATSFailuresNamedAndRecovered(t *testing.T) {
 			}
 			url := fmt.Sprintf("nats://127.0.0.1:%d", base.port)
 
-			b := start(t, brokercmd.Run, append([]string{"--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0",
+			b := cmdtest.Start(t, brokercmd.Run, append([]string{"--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0",
 				"--nats-url", url, "--heartbeat-interval", "100ms", "--slow-start", "0", "--log-level", "warn"}, tc.client...)...)
 			metrics := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-			a := start(t, agentcmd.Run, append([]string{"--nats-url", url, "--engine", "sim", "--model", "sim-model",
+			a := cmdtest.Start(t, agentcmd.Run, append([]string{"--nats-url", url, "--engine", "sim", "--model", "sim-model",
 				"--id", "agent-1", "--slots", "2", "--heartbeat", liveHeartbeat, "--slow-start", "0",
 				"--metrics-listen", metrics, "--log-level", "warn"}, tc.client...)...)
-			httpURL := brokerHTTP(t, b)
+			httpURL, _, _ := cmdtest.WaitListening(t, b.Out, b.Exited)
 
 			// Named within seconds, in every place an operator looks.
 			testwait.For(t, 15*time.Second, 20*time.Millisecond, func() error {
@@ -127,7 +128,7 @@ func TestNATSFailuresNamedAndRecovered(t *testing.T) {
 						return fmt.Errorf("%s /readyz: %d %q, want not 200 naming %q", probe.what, code, body, tc.want)
 					}
 				}
-				for what, log := range map[string]string{"broker": b.errs.String(), "agent": a.errs.String()} {
+				for what, log := range map[string]string{"broker": b.Err.String(), "agent": a.Err.String()} {
 					if !strings.Contains(strings.ToLower(log), tc.want) {
 						return fmt.Errorf("%s log does not name %q yet", what, tc.want)
 					}
@@ -147,7 +148,7 @@ func TestNATSFailuresNamedAndRecovered(t *testing.T) {
 			}
 			testwait.Status(t, nil, httpURL+"/readyz", http.StatusOK)
 			testwait.Status(t, nil, "http://"+metrics+"/readyz", http.StatusOK)
-			waitEligible(t, httpURL, "agent-1")
+			cmdtest.WaitEligible(t, httpURL, "agent-1")
 			resp, err := http.Post(httpURL+"/v1/chat/completions", "application/json",
 				strings.NewReader(`{"model":"sim-model","messages":[{"role":"user","content":"hi"}],"max_tokens":3}`))
 			if err != nil {
@@ -160,25 +161,6 @@ func TestNATSFailuresNamedAndRecovered(t *testing.T) {
 			}
 		})
 	}
-}
-
-// brokerHTTP waits for a broker's listening line and returns its HTTP base
-// URL; unlike startBroker it does not wait for it to be ready.
-func brokerHTTP(t *testing.T, b *proc) string {
-	t.Helper()
-	var url string
-	testwait.For(t, 30*time.Second, 10*time.Millisecond, func() error {
-		if err := b.exited(); err != nil {
-			t.Fatalf("broker exited: %v\n%s", err, b.errs.String())
-		}
-		m := listenLine.FindStringSubmatch(b.out.String())
-		if m == nil {
-			return fmt.Errorf("broker not listening yet")
-		}
-		url = m[1]
-		return nil
-	})
-	return url
 }
 
 func readyBody(url string) (int, string, error) {

@@ -173,6 +173,15 @@ var readyProbe = &http.Client{
 // interval. exited reports the command's end, if any (Proc.Exited).
 func WaitBroker(t testing.TB, out fmt.Stringer, exited func() error) (httpURL, natsURL, grpcAddr string) {
 	t.Helper()
+	httpURL, natsURL, grpcAddr = WaitListening(t, out, exited)
+	testwait.Status(t, readyProbe, httpURL+"/readyz", http.StatusOK)
+	return httpURL, natsURL, grpcAddr
+}
+
+// WaitListening waits for a broker's addresses in its output (out) and
+// returns them, ready or not: for tests of a broker that cannot be ready.
+func WaitListening(t testing.TB, out fmt.Stringer, exited func() error) (httpURL, natsURL, grpcAddr string) {
+	t.Helper()
 	testwait.For(t, 30*time.Second, 10*time.Millisecond, func() error {
 		if err := exited(); err != nil {
 			t.Fatalf("broker exited: %v\n%s", err, out.String())
@@ -184,7 +193,6 @@ func WaitBroker(t testing.TB, out fmt.Stringer, exited func() error) (httpURL, n
 		httpURL, natsURL, grpcAddr = m[1], m[2], m[3]
 		return nil
 	})
-	testwait.Status(t, readyProbe, httpURL+"/readyz", http.StatusOK)
 	return httpURL, natsURL, grpcAddr
 }
 
