@@ -796,13 +796,9 @@ type jobRun struct {
 // handle runs one job to its end, in a context under base, which carries
 // no cancel (see jobCtx).
 func (a *Agent) handle(base context.Context, msg jobMessage) {
-	// The job's body aliases the message's data (see wire.DecodeJob): a
-	// buffer nats.go allocates for this message alone, which nothing here
-	// reads or writes again (the message is only acked or termed), and no
-	// engine writes into a body (a PD or streaming body is a new one).
 	run := new(jobRun)
 	job := &run.job
-	if err := wire.DecodeJob(msg.Data(), job); err != nil {
+	if err := proto.Unmarshal(msg.Data(), job); err != nil {
 		a.log.Warn("undecodable job dropped", "err", err)
 		_ = msg.Term()
 		return
@@ -1190,7 +1186,7 @@ func (a *Agent) publishDecode(ctx context.Context, job *wire.Job, h *wire.PDHand
 	dj.PdPair = a.pair
 	expires := time.Now().Add(a.cfg.KVHold)
 	dj.HandoffExpires = timestamppb.New(expires)
-	data, err := wire.AppendJob(nil, dj)
+	data, err := proto.Marshal(dj)
 	if err != nil {
 		return err
 	}

@@ -195,7 +195,7 @@ func TestJobAllocs(t *testing.T) {
 	const per = 100
 	jobs := make([]*fakeJob, 0, alloctest.Batches*per+2)
 	for i := range cap(jobs) {
-		data, err := wire.AppendJob(nil, &wire.Job{RequestId: fmt.Sprintf("b-%dx", i), Attempt: 1, ReplySubject: "sy.reply.b.chunks", Secret: 42,
+		data, err := proto.Marshal(&wire.Job{RequestId: fmt.Sprintf("b-%dx", i), Attempt: 1, ReplySubject: "sy.reply.b.chunks", Secret: 42,
 			Api: wire.API_API_CHAT, Body: []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"stream_options":{"include_usage":true}}`)})
 		if err != nil {
 			t.Fatal(err)

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/switchyard-ai/switchyard/dispatch"
@@ -285,7 +286,7 @@ func (c *Call) dispatch(ctx context.Context) error {
 		PdPair:          d.Pair,
 		Secret:          secret,
 	}
-	data, err := wire.AppendJob(nil, job)
+	data, err := proto.Marshal(job)
 	if err != nil {
 		return fmt.Errorf("broker: encode job: %w", err)
 	}
