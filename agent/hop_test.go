@@ -294,7 +294,7 @@ func TestShortAnswerAllocs(t *testing.T) {
 	}
 }
 
-// BenchmarkEmitToken is the agent's hop for one token: chunkjson, the
+// BenchmarkEmitToken is the agent's hop for one token: jsonscan, the
 // token message, framing and the NATS publish, with the outbox flushing
 // inline (outbox=off) or on its goroutine (outbox=on, as an agent runs).
 func BenchmarkEmitToken(b *testing.B) {

@@ -8,7 +8,7 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/switchyard-ai/switchyard/oaiformat/chunkjson"
+	"github.com/switchyard-ai/switchyard/oaiformat/jsonscan"
 	"github.com/switchyard-ai/switchyard/wire"
 )
 
@@ -290,8 +290,8 @@ func (s *stream) emit(raw []byte, more bool) error {
 	// Only the few fields the broker needs are parsed (one pass, no
 	// reflection: this runs for every token); everything else travels in
 	// Event.raw untouched.
-	var f chunkjson.Fields
-	if err := chunkjson.ScanSpan(raw, &f); err != nil {
+	var f jsonscan.Fields
+	if err := jsonscan.ScanSpan(raw, &f); err != nil {
 		return &wire.Error{Code: wire.CodeEngine, Message: "engine sent an undecodable chunk: " + err.Error()}
 	}
 	if f.HasUsage {

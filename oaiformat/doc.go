@@ -14,7 +14,7 @@
 // rewrites the chunks of a migrated stream ([RewriteChunk]), and holds
 // the helpers several adapters shared copies of: stop lists ([Stops]) and
 // a JSON string appender ([AppendString]). The per-token chunk scan lives
-// in the chunkjson subpackage.
+// in the jsonscan subpackage.
 //
 // Keys: engines (Python's json, pydantic) match keys exactly after
 // unescaping, so the rewrites compare keys exactly, and a body with an

@@ -1,4 +1,4 @@
-package chunkjson
+package jsonscan
 
 import (
 	"bytes"

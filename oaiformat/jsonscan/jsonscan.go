@@ -1,4 +1,4 @@
-// Package chunkjson reads the few fields the worker agent needs out of an
+// Package jsonscan reads the few fields the worker agent needs out of an
 // OpenAI-style streaming chunk (the JSON payload of one SSE "data:" line
 // from vLLM, SGLang or any OpenAI-compatible engine).
 //
@@ -59,7 +59,7 @@
 //
 // FuzzScan in the tests checks the contract against encoding/json itself,
 // and FuzzMembers holds Members to encoding/json's reading of an object.
-package chunkjson
+package jsonscan
 
 import (
 	"encoding/binary"
@@ -94,7 +94,7 @@ type Error struct {
 }
 
 func (e *Error) Error() string {
-	return "chunkjson: " + e.Msg + " at offset " + strconv.Itoa(e.Offset)
+	return "jsonscan: " + e.Msg + " at offset " + strconv.Itoa(e.Offset)
 }
 
 // Scan parses one chunk in a single pass, validating the whole document, and
