@@ -623,13 +623,9 @@ func (a *Agent) handle(base context.Context, msg jobMessage) {
 // a decode leg, its hand-off's KV hold have not passed, and the agent
 // serves. It returns nil for a job it ended here.
 func (a *Agent) admit(msg jobMessage) *jobRun {
-	// The job's body aliases the message's data (see wire.DecodeJob): a
-	// buffer nats.go allocates for this message alone, which nothing here
-	// reads or writes again (the message is only acked or termed), and no
-	// engine writes into a body (a PD or streaming body is a new one).
 	run := &jobRun{msg: msg}
 	job := &run.job
-	if err := wire.DecodeJob(msg.Data(), job); err != nil {
+	if err := proto.Unmarshal(msg.Data(), job); err != nil {
 		a.log.Warn("undecodable job dropped", "err", err)
 		_ = msg.Term()
 		return nil
@@ -1057,7 +1053,7 @@ func (a *Agent) publishDecode(ctx context.Context, job *wire.Job, h *wire.PDHand
 	dj.PdPair = a.pair
 	expires := time.Now().Add(a.cfg.KVHold)
 	dj.HandoffExpires = timestamppb.New(expires)
-	data, err := wire.AppendJob(nil, dj)
+	data, err := proto.Marshal(dj)
 	if err != nil {
 		return err
 	}

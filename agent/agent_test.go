@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -130,15 +131,41 @@ func (f *fixture) publishAttempt(t *testing.T, id string, n uint32, deadline tim
 
 func next(t *testing.T, sub *nats.Subscription) *wire.Chunk {
 	t.Helper()
-	m, err := sub.NextMsg(10 * time.Second)
+	c, err := nextFramed(t, sub, 10*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := new(wire.Chunk)
-	if err := proto.Unmarshal(m.Data, c); err != nil {
-		t.Fatal(err)
-	}
 	return c
+}
+
+// unread holds, per subscription, the chunks of reply messages read but
+// not yet returned: an agent may frame several chunks into one message.
+var unread sync.Map // *nats.Subscription -> []*wire.Chunk
+
+// nextFramed returns the next chunk of the reply messages on sub, waiting
+// at most wait for a message.
+func nextFramed(t *testing.T, sub *nats.Subscription, wait time.Duration) (*wire.Chunk, error) {
+	t.Helper()
+	if v, ok := unread.Load(sub); ok {
+		if cs := v.([]*wire.Chunk); len(cs) > 0 {
+			unread.Store(sub, cs[1:])
+			return cs[0], nil
+		}
+	}
+	m, err := sub.NextMsg(wait)
+	if err != nil {
+		return nil, err
+	}
+	var cs []*wire.Chunk
+	if err := wire.Frames(m.Data, func(b []byte) error {
+		c := new(wire.Chunk)
+		cs = append(cs, c)
+		return proto.Unmarshal(b, c)
+	}); err != nil || len(cs) == 0 {
+		t.Fatalf("reply message %x: %d chunks, %v", m.Data, len(cs), err)
+	}
+	unread.Store(sub, cs[1:])
+	return cs[0], nil
 }
 
 func TestChunkSequence(t *testing.T) {

@@ -151,7 +151,7 @@ func shortJobAgent(tb testing.TB) (*Agent, *nats.Subscription, func() *fakeJob) 
 	n := 0
 	return a, sub, func() *fakeJob {
 		n++
-		data, err := wire.AppendJob(nil, &wire.Job{RequestId: fmt.Sprintf("b-%dx", n), Attempt: 1, ReplySubject: "sy.reply.b.chunks", Secret: 42,
+		data, err := proto.Marshal(&wire.Job{RequestId: fmt.Sprintf("b-%dx", n), Attempt: 1, ReplySubject: "sy.reply.b.chunks", Secret: 42,
 			Api: wire.API_API_CHAT, Body: []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"stream_options":{"include_usage":true}}`)})
 		if err != nil {
 			tb.Fatal(err)
@@ -277,7 +277,7 @@ func BenchmarkShortAnswer(b *testing.B) {
 	}
 }
 
-// BenchmarkEmitToken is the agent's hop for one token: chunkjson, the
+// BenchmarkEmitToken is the agent's hop for one token: jsonscan, the
 // token message, framing and the NATS publish, with the outbox flushing
 // inline (outbox=off) or on its goroutine (outbox=on, as an agent runs).
 func BenchmarkEmitToken(b *testing.B) {

@@ -153,15 +153,7 @@ func (e *env) cancel(t *testing.T, id string) {
 // nextChunk returns the next chunk on sub, failing after 10s.
 func nextChunk(t *testing.T, sub *nats.Subscription) *wire.Chunk {
 	t.Helper()
-	m, err := sub.NextMsg(10 * time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := new(wire.Chunk)
-	if err := proto.Unmarshal(m.Data, c); err != nil {
-		t.Fatal(err)
-	}
-	return c
+	return next(t, sub)
 }
 
 // pending decodes the chunks already waiting on sub.
@@ -169,15 +161,11 @@ func pending(t *testing.T, sub *nats.Subscription) []*wire.Chunk {
 	t.Helper()
 	var out []*wire.Chunk
 	for {
-		m, err := sub.NextMsg(time.Millisecond)
+		c, err := nextFramed(t, sub, time.Millisecond)
 		if errors.Is(err, nats.ErrTimeout) {
 			return out
 		}
 		if err != nil {
-			t.Fatal(err)
-		}
-		c := new(wire.Chunk)
-		if err := proto.Unmarshal(m.Data, c); err != nil {
 			t.Fatal(err)
 		}
 		out = append(out, c)

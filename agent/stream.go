@@ -2,12 +2,13 @@ package agent
 
 import (
 	"context"
+	"encoding/binary"
 	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
 
-	"github.com/switchyard-ai/switchyard/oaiformat/chunkjson"
+	"github.com/switchyard-ai/switchyard/oaiformat/jsonscan"
 	"github.com/switchyard-ai/switchyard/wire"
 )
 
@@ -151,27 +152,21 @@ func hasText(c *wire.Chunk) bool {
 	return false
 }
 
-// publish sends c on the job's reply subject: framed through the agent's
-// outbox, with the attempt's secret, to a broker that gave one; alone, as
-// a bare chunk, to a broker that predates it. It returns buf holding c's
-// encoding, which resend sends again, bare, after a reconnect (a bare
-// message is one chunk to a broker that reads frames too). The chunk
-// waits in the outbox at most wait (see outbox.put).
+// publish sends c on the job's reply subject, framed through the agent's
+// outbox, with the attempt's secret. It returns buf holding c's encoding,
+// which resend sends again after a reconnect. The chunk waits in the
+// outbox at most wait (see outbox.put).
 func (s *stream) publish(buf []byte, c *wire.Chunk, wait time.Duration) ([]byte, error) {
-	secret := s.job.GetSecret()
-	c.Secret = secret
+	c.Secret = s.job.GetSecret()
 	buf, err := wire.AppendChunk(buf[:0], c)
 	if err != nil {
 		return buf[:0], err
 	}
-	if secret != 0 {
-		return buf, s.a.out.put(s.job.GetReplySubject(), buf, wait)
-	}
-	// Publish copies into the connection's buffer, so buf is reusable.
-	return buf, s.a.nc.Publish(s.job.GetReplySubject(), buf)
+	return buf, s.a.out.put(s.job.GetReplySubject(), buf, wait)
 }
 
-// lastSent returns a copy of the last chunk sent, nil if none or muted.
+// lastSent returns the last chunk sent as a reply message of its own, nil
+// if none or muted.
 func (s *stream) lastSent() []byte {
 	if s.muted.Load() {
 		return nil
@@ -181,7 +176,14 @@ func (s *stream) lastSent() []byte {
 	if len(s.buf) == 0 {
 		return nil
 	}
-	return append([]byte(nil), s.buf...)
+	return oneFrame(s.buf)
+}
+
+// oneFrame returns a new reply message holding enc, one chunk's encoding.
+func oneFrame(enc []byte) []byte {
+	msg := make([]byte, 1, 1+binary.MaxVarintLen64+len(enc))
+	msg[0] = wire.FrameMarker
+	return wire.AppendEncodedFrame(msg, enc)
 }
 
 // resend publishes the last chunk sent again. After a reconnect it is what
@@ -198,7 +200,7 @@ func (s *stream) resend() {
 	if len(s.buf) == 0 {
 		return
 	}
-	if err := s.a.nc.Publish(s.job.GetReplySubject(), s.buf); err != nil {
+	if err := s.a.nc.Publish(s.job.GetReplySubject(), oneFrame(s.buf)); err != nil {
 		s.a.log.Debug("chunk not sent again", "request", s.job.GetRequestId(), "err", err)
 	}
 }
@@ -288,8 +290,8 @@ func (s *stream) emit(raw []byte, more bool) error {
 	// Only the few fields the broker needs are parsed (one pass, no
 	// reflection: this runs for every token); everything else travels in
 	// Event.raw untouched.
-	var f chunkjson.Fields
-	if err := chunkjson.ScanSpan(raw, &f); err != nil {
+	var f jsonscan.Fields
+	if err := jsonscan.ScanSpan(raw, &f); err != nil {
 		return &wire.Error{Code: wire.CodeEngine, Message: "engine sent an undecodable chunk: " + err.Error()}
 	}
 	if f.HasUsage {

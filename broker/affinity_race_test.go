@@ -137,7 +137,7 @@ func (r *rig) sayAs(agent string, job *wire.Job) func(*wire.Chunk) {
 			c.Seq = seq
 			seq++
 		}
-		data, _ := proto.Marshal(c)
+		data, _ := wire.AppendFrame([]byte{wire.FrameMarker}, c)
 		_ = r.nc.Publish(job.GetReplySubject(), data)
 	}
 }

@@ -240,13 +240,9 @@ func (b *Broker) Run(ctx context.Context) error {
 		case <-time.After(time.Second):
 		}
 	}
-	replyAll, err := b.subj.ReplyAll(b.cfg.ID)
+	replySub, err := b.nc.Subscribe(b.replyChunks, b.onReply)
 	if err != nil {
-		return err
-	}
-	replySub, err := b.nc.Subscribe(replyAll, b.onReply)
-	if err != nil {
-		return fmt.Errorf("broker: subscribe %s: %w", replyAll, err)
+		return fmt.Errorf("broker: subscribe %s: %w", b.replyChunks, err)
 	}
 	defer func() { _ = replySub.Unsubscribe() }()
 	// Replies are the token path: let them queue deep rather than be dropped

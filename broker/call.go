@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/switchyard-ai/switchyard/dispatch"
@@ -282,7 +283,7 @@ func (c *Call) dispatch(ctx context.Context) error {
 		PdPair:          d.Pair,
 		Secret:          secret,
 	}
-	data, err := wire.AppendJob(nil, job)
+	data, err := proto.Marshal(job)
 	if err != nil {
 		return fmt.Errorf("broker: encode job: %w", err)
 	}

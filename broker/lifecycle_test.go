@@ -172,7 +172,7 @@ func (r *rig) agent(id, pool, protocol string, slots int, run script) *fakeAgent
 							}
 							seq = c.Seq + 1
 						}
-						data, _ := proto.Marshal(c)
+						data, _ := wire.AppendFrame([]byte{wire.FrameMarker}, c)
 						_ = r.nc.Publish(job.GetReplySubject(), data)
 					}
 					run(a, job, say)

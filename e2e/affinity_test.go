@@ -228,10 +228,13 @@ func TestAffinityAgentNeverAboveSlots(t *testing.T) {
 	reply := nats.NewInbox()
 	finals := make(chan string, 64)
 	sub, err := nc.Subscribe(reply, func(m *nats.Msg) {
-		var c wire.Chunk
-		if proto.Unmarshal(m.Data, &c) == nil && (c.GetKind() == wire.Chunk_KIND_FINAL || c.GetKind() == wire.Chunk_KIND_ERROR) {
-			finals <- c.GetRequestId()
-		}
+		_ = wire.Frames(m.Data, func(b []byte) error {
+			var c wire.Chunk
+			if proto.Unmarshal(b, &c) == nil && (c.GetKind() == wire.Chunk_KIND_FINAL || c.GetKind() == wire.Chunk_KIND_ERROR) {
+				finals <- c.GetRequestId()
+			}
+			return nil
+		})
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -6,7 +6,7 @@ import (
 	"slices"
 	"strconv"
 
-	"github.com/switchyard-ai/switchyard/oaiformat/chunkjson"
+	"github.com/switchyard-ai/switchyard/oaiformat/jsonscan"
 )
 
 // Member is one top-level member of a request body: its key and its JSON
@@ -69,7 +69,7 @@ func Rewrite(body []byte, e *Edit) ([]byte, error) {
 	quoted := false
 	var present []bool // of SetIfPresent, allocated only when used
 	var so []byte      // the body's last stream_options
-	err := chunkjson.Members(body, func(key []byte, q bool, member, value []byte) {
+	err := jsonscan.Members(body, func(key []byte, q bool, member, value []byte) {
 		if q {
 			quoted = true
 			return
@@ -147,7 +147,7 @@ func appendStreamOptions(out, so []byte) ([]byte, error) {
 	start := len(out)
 	out = append(out, '{')
 	quoted := false
-	err := chunkjson.Members(so, func(key []byte, q bool, member, _ []byte) {
+	err := jsonscan.Members(so, func(key []byte, q bool, member, _ []byte) {
 		if q {
 			quoted = true
 			return

@@ -6,7 +6,7 @@ import (
 	"errors"
 	"strconv"
 
-	"github.com/switchyard-ai/switchyard/oaiformat/chunkjson"
+	"github.com/switchyard-ai/switchyard/oaiformat/jsonscan"
 	"github.com/switchyard-ai/switchyard/wire"
 )
 
@@ -16,7 +16,7 @@ import (
 func ChunkID(raw []byte) string {
 	var id []byte
 	found, slow := false, false
-	err := chunkjson.Members(raw, func(key []byte, quoted bool, _, value []byte) {
+	err := jsonscan.Members(raw, func(key []byte, quoted bool, _, value []byte) {
 		switch {
 		case quoted:
 			slow = true // an escaped key: let encoding/json compare it
@@ -78,7 +78,7 @@ func RewriteChunk(raw []byte, id string, u *wire.Usage) []byte {
 	out := make([]byte, 0, len(raw)+len(id)+64)
 	out = append(out, '{')
 	quoted, hasID, hasUsage := false, false, false
-	err := chunkjson.Members(raw, func(key []byte, q bool, member, value []byte) {
+	err := jsonscan.Members(raw, func(key []byte, q bool, member, value []byte) {
 		if q {
 			quoted = true
 			return
@@ -142,7 +142,7 @@ func appendUsage(out, old []byte, u *wire.Usage) ([]byte, error) {
 	}
 	out = counts(append(out, '{'))
 	quoted := false
-	err := chunkjson.Members(old, func(key []byte, q bool, member, _ []byte) {
+	err := jsonscan.Members(old, func(key []byte, q bool, member, _ []byte) {
 		if q {
 			quoted = true
 			return
@@ -199,7 +199,7 @@ func Usage(raw []byte, u *wire.Usage) json.RawMessage {
 	}
 	var old []byte
 	quoted := false
-	_ = chunkjson.Members(raw, func(key []byte, q bool, _, value []byte) {
+	_ = jsonscan.Members(raw, func(key []byte, q bool, _, value []byte) {
 		if q {
 			quoted = true
 		} else if string(key) == "usage" {

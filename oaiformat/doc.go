@@ -14,13 +14,12 @@
 // rewrites the chunks of a migrated stream ([RewriteChunk]), and holds
 // the helpers several adapters shared copies of: stop lists ([Stops]) and
 // a JSON string appender ([AppendString]). The per-token chunk scan lives
-// in the chunkjson subpackage.
+// in the jsonscan subpackage.
 //
 // Keys: engines (Python's json, pydantic) match keys exactly after
 // unescaping, so the rewrites compare keys exactly, and a body with an
 // escaped key goes through encoding/json to compare keys as the engine
-// will read them. [Read] reads a body in one pass (with chunkjson's
-// reader) and decides as encoding/json's decode of the members it checks
-// would, but for member names, which it too matches exactly: a member
-// spelled in another case is not the engine's either.
+// will read them. [Read] decodes a body with encoding/json, but for
+// member names, which it too matches exactly: a member spelled in another
+// case is not the engine's either.
 package oaiformat

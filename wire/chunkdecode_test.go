@@ -1,6 +1,7 @@
 package wire
 
 import (
+	"bytes"
 	"testing"
 
 	"google.golang.org/protobuf/proto"
@@ -30,8 +31,13 @@ func dropUnknown(c *Chunk) {
 	}
 }
 
-func TestDecodeChunk(t *testing.T) {
-	for _, tc := range []struct {
+// decodeChunkCases are the chunks the decoder's tests and its fuzz target
+// start from.
+func decodeChunkCases() []struct {
+	name  string
+	chunk *Chunk
+} {
+	return []struct {
 		name  string
 		chunk *Chunk
 	}{
@@ -44,12 +50,17 @@ func TestDecodeChunk(t *testing.T) {
 		{"error", &Chunk{RequestId: "b1-3", Kind: Chunk_KIND_ERROR, Stage: Chunk_STAGE_PREFILL, PrefillAgent: "p1",
 			Error: &Error{Code: CodeEngine, Message: "boom", HttpStatus: 502, Retryable: true}, Raw: []byte(`{"error":{}}`)}},
 		{"negative kind", &Chunk{Kind: Chunk_Kind(-3)}},
-	} {
+	}
+}
+
+func TestDecodeChunk(t *testing.T) {
+	for _, tc := range decodeChunkCases() {
 		t.Run(tc.name, func(t *testing.T) {
 			data, err := proto.Marshal(tc.chunk)
 			if err != nil {
 				t.Fatal(err)
 			}
+			checkChunkCodec(t, data)
 			for _, c := range []*Chunk{new(Chunk), reusedChunk(t)} {
 				if err := DecodeChunk(data, c); err != nil {
 					t.Fatal(err)
@@ -111,6 +122,7 @@ func TestDecodeChunkRefuses(t *testing.T) {
 			if err := DecodeChunk(tc.data, reusedChunk(t)); err == nil {
 				t.Fatal("accepted")
 			}
+			checkChunkCodec(t, tc.data)
 		})
 	}
 }
@@ -137,4 +149,69 @@ func BenchmarkDecodeChunk(b *testing.B) {
 			}
 		}
 	})
+}
+
+// checkChunkCodec holds DecodeChunk and AppendChunk to proto.Unmarshal and
+// proto.Marshal on data: the same verdict, and the same chunk (but for the
+// unknown fields DecodeChunk drops) whether decoded into a new chunk or
+// into one that holds an earlier decode's events; and a chunk that
+// proto.Unmarshal reads encodes to proto.Marshal's bytes.
+func checkChunkCodec(t *testing.T, data []byte) {
+	t.Helper()
+	want := new(Chunk)
+	perr := proto.Unmarshal(data, want)
+	for _, got := range []*Chunk{new(Chunk), reusedChunk(t)} {
+		err := DecodeChunk(data, got)
+		if (err == nil) != (perr == nil) {
+			t.Fatalf("DecodeChunk: %v; proto.Unmarshal: %v", err, perr)
+		}
+		if err != nil {
+			continue
+		}
+		known := proto.Clone(want).(*Chunk)
+		dropUnknown(known)
+		if !proto.Equal(got, known) {
+			t.Fatalf("DecodeChunk: %v\nproto.Unmarshal: %v", got, known)
+		}
+	}
+	if perr != nil {
+		return
+	}
+	enc, err := proto.Marshal(want)
+	if err != nil {
+		t.Fatalf("proto.Marshal of a decoded chunk: %v", err)
+	}
+	got, err := AppendChunk([]byte("prefix"), want)
+	if err != nil || !bytes.Equal(got[len("prefix"):], enc) || string(got[:len("prefix")]) != "prefix" {
+		t.Fatalf("AppendChunk = %x, %v; proto.Marshal = %x", got, err, enc)
+	}
+}
+
+// FuzzDecodeChunk is the differential test of the broker's per-token
+// decoder (and, on every chunk proto.Unmarshal accepts, of the agent's
+// encoder) against protobuf-go, seeded from the unit tables.
+func FuzzDecodeChunk(f *testing.F) {
+	var chunks []*Chunk
+	for _, tc := range decodeChunkCases() {
+		chunks = append(chunks, tc.chunk)
+	}
+	for _, c := range append(chunks, encodeChunks()...) {
+		data, err := proto.Marshal(c)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(data)
+	}
+	withUnknown := &Chunk{RequestId: "r", Events: []*Event{{DeltaText: "x"}}}
+	withUnknown.ProtoReflect().SetUnknown([]byte{0xf8, 0x01, 0x01}) // field 31, varint 1
+	withUnknown.Events[0].ProtoReflect().SetUnknown([]byte{0x20, 0x05})
+	data, err := proto.Marshal(withUnknown)
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(data)
+	f.Add(data[:len(data)-3])
+	job, _ := proto.Marshal(&Job{RequestId: "r1", Model: "m", Body: []byte(`{}`), Pd: &PDHandoff{BootstrapRoom: 7}})
+	f.Add(job)
+	f.Fuzz(checkChunkCodec)
 }

@@ -15,9 +15,7 @@ import (
 // the per-message costs of NATS (the server's parse and routing, the
 // broker's read and wake-up) are paid once per batch, not per chunk.
 //
-// A message that does not start with FrameMarker is one bare Chunk, as
-// agents that predate framing send it (a Chunk's encoding never starts
-// with 0: that is no valid protobuf tag).
+// A message that does not start with FrameMarker is refused.
 const FrameMarker byte = 0
 
 // MaxFrameBatch is the size beyond which an agent starts a new message
@@ -52,12 +50,12 @@ func AppendEncodedFrame(buf, enc []byte) []byte {
 }
 
 // Frames calls fn with the encoding of each chunk of a reply message, in
-// order; a bare (unframed) message is one chunk. It stops at the first
-// error of fn, or at broken framing (ErrBadFrame), after the frames before
-// it were handed out.
+// order. It stops at the first error of fn, or at broken framing
+// (ErrBadFrame: no FrameMarker, a length beyond the end), after the frames
+// before it were handed out.
 func Frames(data []byte, fn func(chunk []byte) error) error {
 	if len(data) == 0 || data[0] != FrameMarker {
-		return fn(data)
+		return fmt.Errorf("%w: no frame marker", ErrBadFrame)
 	}
 	data = data[1:]
 	for len(data) > 0 {

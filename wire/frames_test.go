@@ -1,7 +1,6 @@
 package wire
 
 import (
-	"bytes"
 	"errors"
 	"testing"
 
@@ -55,30 +54,6 @@ func TestFramesRoundTrip(t *testing.T) {
 	}
 }
 
-// A bare chunk (an agent that predates framing) is one chunk: its
-// encoding never starts with the marker.
-func TestFramesBareChunk(t *testing.T) {
-	for _, c := range frameChunks() {
-		data, err := proto.Marshal(c)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if data[0] == FrameMarker {
-			t.Fatalf("a chunk's encoding starts with the frame marker: %x", data[:4])
-		}
-		n := 0
-		if err := Frames(data, func(b []byte) error {
-			n++
-			if !bytes.Equal(b, data) {
-				t.Errorf("bare chunk changed")
-			}
-			return nil
-		}); err != nil || n != 1 {
-			t.Fatalf("%d chunks, %v", n, err)
-		}
-	}
-}
-
 func TestFramesBroken(t *testing.T) {
 	good, _ := AppendFrame([]byte{FrameMarker}, frameChunks()[1])
 	for _, tc := range []struct {
@@ -86,6 +61,8 @@ func TestFramesBroken(t *testing.T) {
 		data []byte
 		want int // frames handed out before the error
 	}{
+		{"empty", nil, 0},
+		{"a chunk without the marker", good[2:], 0},
 		{"length beyond the end", append([]byte{FrameMarker}, 0x7f, 1, 2), 0},
 		{"truncated varint", []byte{FrameMarker, 0x80}, 0},
 		{"good then truncated", append(append([]byte(nil), good...), good[1:len(good)-1]...), 1},

@@ -200,8 +200,7 @@ type Job struct {
 	Stream    bool                   `protobuf:"varint,5,opt,name=stream,proto3" json:"stream,omitempty"` // the client asked for a stream
 	Body      []byte                 `protobuf:"bytes,6,opt,name=body,proto3" json:"body,omitempty"`      // OpenAI request JSON as validated by the broker
 	// Where chunks of this attempt go: the broker's one reply subject
-	// (subjects.ReplyChunks), shared by all its requests, when secret is set;
-	// a per-request subject from brokers that predate it.
+	// (subjects.ReplyChunks), shared by all its requests.
 	ReplySubject    string                 `protobuf:"bytes,7,opt,name=reply_subject,json=replySubject,proto3" json:"reply_subject,omitempty"`
 	Deadline        *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=deadline,proto3" json:"deadline,omitempty"`                                                                     // never start after this
 	Trace           map[string]string      `protobuf:"bytes,9,rep,name=trace,proto3" json:"trace,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"` // W3C trace context (traceparent, tracestate)
@@ -219,9 +218,9 @@ type Job struct {
 	// A random number the broker draws for this attempt (never 0). Every
 	// chunk of the attempt must carry it back: the reply subject is shared by
 	// every request of a broker, and the secret is what keeps an agent that
-	// did not get the job from speaking for it. When set, the agent frames
-	// its chunks (see wire.AppendFrame) and may send the chunks of several
-	// requests in one message.
+	// did not get the job from speaking for it. The agent frames its chunks
+	// (see wire.AppendFrame) and may send the chunks of several requests in
+	// one message.
 	Secret uint64 `protobuf:"fixed64,16,opt,name=secret,proto3" json:"secret,omitempty"`
 	// Set on a decode job whose request was cancelled after its prefill
 	// engine began holding the KV: the decode agent takes the hand-off in

@@ -6,7 +6,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/switchyard-ai/switchyard/oaiformat/chunkjson"
+	"github.com/switchyard-ai/switchyard/oaiformat/jsonscan"
 	"github.com/switchyard-ai/switchyard/wire"
 )
 
@@ -112,7 +112,7 @@ func (l *logprobsAcc) MarshalJSON() ([]byte, error) {
 func parseObject(raw []byte) (*members, error) {
 	o := &members{}
 	var err error
-	if merr := chunkjson.Members(raw, func(key []byte, quoted bool, _, value []byte) {
+	if merr := jsonscan.Members(raw, func(key []byte, quoted bool, _, value []byte) {
 		k := string(key)
 		if quoted {
 			if e := json.Unmarshal([]byte(`"`+k+`"`), &k); e != nil && err == nil {

@@ -1,7 +1,9 @@
-package chunkjson
+package jsonscan
 
 import (
+	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"reflect"
@@ -721,4 +723,83 @@ func TestMembers(t *testing.T) {
 			t.Errorf("Members(%q): no error", bad)
 		}
 	}
+}
+
+// membersReference walks the object raw with encoding/json: each member's
+// name, unescaped, and its value as written; an error where Members must
+// refuse raw.
+func membersReference(raw []byte) ([][2]string, error) {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return nil, err
+	}
+	if m == nil {
+		return nil, errors.New("null, not an object")
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	if _, err := dec.Token(); err != nil {
+		return nil, err
+	}
+	var out [][2]string
+	for dec.More() {
+		k, err := dec.Token()
+		if err != nil {
+			return nil, err
+		}
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			return nil, err
+		}
+		out = append(out, [2]string{k.(string), string(v)})
+	}
+	return out, nil
+}
+
+// checkMembers fails t unless Members and encoding/json agree on raw: the
+// same verdict, and the same members in order, each key unescaped to the
+// name encoding/json reads (and needing no unescaping unless quoted says
+// so), each value as written, each member its quoted key through its
+// value.
+func checkMembers(t *testing.T, raw []byte) {
+	t.Helper()
+	want, werr := membersReference(raw)
+	var got [][2]string
+	gerr := Members(raw, func(key []byte, quoted bool, member, value []byte) {
+		var name string
+		if err := json.Unmarshal([]byte(`"`+string(key)+`"`), &name); err != nil {
+			t.Fatalf("Members(%q): key %q is no JSON string's contents: %v", raw, key, err)
+		}
+		if !quoted && name != string(key) {
+			t.Fatalf("Members(%q): key %q reads as %q but is not marked quoted", raw, key, name)
+		}
+		if !bytes.HasPrefix(member, []byte(`"`+string(key)+`"`)) || !bytes.HasSuffix(member, value) {
+			t.Fatalf("Members(%q): member %q is not key %q through value %q", raw, member, key, value)
+		}
+		got = append(got, [2]string{name, string(value)})
+	})
+	if (gerr == nil) != (werr == nil) {
+		t.Fatalf("Members(%q): %v; encoding/json: %v", raw, gerr, werr)
+	}
+	if gerr == nil && !reflect.DeepEqual(got, want) {
+		t.Fatalf("Members(%q)\n got %q\nwant %q", raw, got, want)
+	}
+}
+
+// FuzzMembers holds Members, the walk of request bodies and chunks the
+// rewrites use, to encoding/json.
+func FuzzMembers(f *testing.F) {
+	for _, tc := range typical {
+		f.Add([]byte(tc.raw))
+	}
+	for _, tc := range quirks {
+		f.Add([]byte(tc.raw))
+	}
+	for _, raw := range []string{
+		" {\"a\" : 1, \"b\\u0062\":{\"c\":[1,{}]},\"é\":\"x\"\n} ", `{}`, ``, `null`, `[]`, `{"a":1,}`, `{"a":1}x`, `{"a":"\x01"}`,
+		`{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"stream_options":{"include_usage":true}}`,
+		`{"a":1,"a":2,"\ud800":3,"k\u212a":[]}`,
+	} {
+		f.Add([]byte(raw))
+	}
+	f.Fuzz(checkMembers)
 }

@@ -1,4 +1,4 @@
-// Package chunkjson reads the few fields the worker agent needs out of an
+// Package jsonscan reads the few fields the worker agent needs out of an
 // OpenAI-style streaming chunk (the JSON payload of one SSE "data:" line
 // from vLLM, SGLang or any OpenAI-compatible engine).
 //
@@ -6,13 +6,14 @@
 //
 // The agent relays every chunk an engine sends, one per generated token, and
 // for each it needs only the first choice's delta text, its finish reason and
-// the usage counts; the raw bytes travel on untouched. Decoding each chunk
-// with encoding/json into a struct cost about 28% of the agent's CPU: the
+// the usage counts; the raw bytes travel on untouched. encoding/json's
 // reflection-driven decoder scans the input twice (once to validate, once to
-// decode), looks every key up in a field map and builds a slice of choices.
-// [Scan] does the same job in one pass over the bytes, with no reflection,
-// skipping (but validating) everything it does not need, and allocates only
-// the text it returns.
+// decode), looks every key up in a field map and builds a slice of choices,
+// per token. [Scan] does the same job in one pass over the bytes, with no
+// reflection, skipping (but validating) everything it does not need, and
+// allocates only the text it returns. [Members] walks the members of an
+// object with the same reader, for oaiformat's rewrites of request bodies
+// and chunks, which copy members as they were written.
 //
 // # Parity contract
 //
@@ -56,8 +57,9 @@
 //   - strings are unescaped as encoding/json does, replacing invalid UTF-8
 //     and unpaired surrogate escapes with U+FFFD.
 //
-// FuzzScan in the tests checks the contract against encoding/json itself.
-package chunkjson
+// FuzzScan in the tests checks the contract against encoding/json itself,
+// and FuzzMembers holds Members to encoding/json's reading of an object.
+package jsonscan
 
 import (
 	"encoding/binary"
@@ -92,7 +94,7 @@ type Error struct {
 }
 
 func (e *Error) Error() string {
-	return "chunkjson: " + e.Msg + " at offset " + strconv.Itoa(e.Offset)
+	return "jsonscan: " + e.Msg + " at offset " + strconv.Itoa(e.Offset)
 }
 
 // Scan parses one chunk in a single pass, validating the whole document, and
