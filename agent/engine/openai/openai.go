@@ -4,7 +4,6 @@
 package openai
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -13,9 +12,11 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"strconv"
 	"strings"
 	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 
 	"github.com/switchyard-ai/switchyard/agent"
 	"github.com/switchyard-ai/switchyard/oaiformat"
@@ -351,28 +352,23 @@ func (a *Adapter) Load(ctx context.Context) (agent.Load, error) {
 // series of the same gauge (one per model or engine rank).
 func ParseLoad(r io.Reader) (agent.Load, error) {
 	var l agent.Load
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := p.TextToMetricFamilies(r)
+	if err != nil {
+		return l, fmt.Errorf("engine metrics: %w", err)
+	}
 	found := false
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if line == "" || line[0] == '#' {
-			continue
-		}
-		name, rest := line, ""
-		if i := strings.IndexAny(line, "{ "); i >= 0 {
-			name, rest = line[:i], line[i:]
-		}
-		if j := strings.LastIndexByte(rest, '}'); j >= 0 {
-			rest = rest[j+1:]
-		}
-		fields := strings.Fields(rest) // value, then an optional timestamp
-		if len(fields) == 0 {
-			continue
-		}
-		v, err := strconv.ParseFloat(fields[0], 64)
-		if err != nil {
-			continue
+	for name, mf := range families {
+		var v float64 // the sum of its series
+		for _, m := range mf.GetMetric() {
+			switch {
+			case m.Gauge != nil:
+				v += m.GetGauge().GetValue()
+			case m.Counter != nil:
+				v += m.GetCounter().GetValue()
+			case m.Untyped != nil:
+				v += m.GetUntyped().GetValue()
+			}
 		}
 		switch name {
 		case "vllm:num_requests_running", "sglang:num_running_reqs":
@@ -382,7 +378,9 @@ func ParseLoad(r io.Reader) (agent.Load, error) {
 			l.Waiting += int(v)
 			found = true
 		case "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage":
-			l.KVCacheUsage = max(l.KVCacheUsage, v)
+			for _, m := range mf.GetMetric() {
+				l.KVCacheUsage = max(l.KVCacheUsage, m.GetGauge().GetValue(), m.GetUntyped().GetValue())
+			}
 			found = true
 		case "vllm:prefix_cache_queries_total", "vllm:prefix_cache_queries":
 			l.PrefixQueries += v
@@ -391,9 +389,6 @@ func ParseLoad(r io.Reader) (agent.Load, error) {
 			l.PrefixHits += v
 			l.HasPrefix = true
 		}
-	}
-	if err := sc.Err(); err != nil {
-		return l, err
 	}
 	if !found {
 		return l, errors.New("engine metrics: no load gauges")
