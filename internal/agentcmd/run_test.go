@@ -31,6 +31,7 @@ func TestFlagsRefused(t *testing.T) {
 		{"negative keep-alive", []string{"--keepalive", "-1s"}, "--keepalive"},
 		{"negative reply linger", []string{"--reply-linger", "-1ms"}, "--reply-linger"},
 		{"no kv hold", []string{"--kv-hold", "0s"}, "--kv-hold"},
+		{"negative engine header timeout", []string{"--engine-header-timeout", "-1s"}, "--engine-header-timeout"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
