@@ -182,7 +182,7 @@ var paths = []struct{ label, fn string }{
 	{"broker reply demultiplexing", "broker.(*Broker).onReply"},
 	{"nats.go read loop", "(*Conn).readLoop"},
 	{"agent: job handling", "agent.(*Agent).handle"},
-	{"agent: reading the engine's SSE", "openai.ReadSSE"},
+	{"agent: reading the engine's SSE", "openai.readSSE"},
 	{"JSON decoding left to encoding/json (heartbeats, stop lists; request bodies and engine chunks use jsonscan)", "encoding/json.Unmarshal"},
 	{"broker: validating request bodies (oaiformat.Read, one jsonscan pass)", "oaiformat.Read"},
 	{"broker: publishing jobs (one message, its ack to the broker's inbox)", "broker.(*Call).publish"},

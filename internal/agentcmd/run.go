@@ -38,6 +38,7 @@ type options struct {
 	engine       string
 	engineURL    string
 	engineKey    string
+	headerWait   time.Duration
 	role         string
 	model        string
 	slots        int
@@ -88,6 +89,7 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*o
 	fs.StringVar(&o.metrics, "metrics-listen", "", "serve the agent's Prometheus /metrics on this address, e.g. 127.0.0.1:9100 (empty: off)")
 	o.natsAuth = natsauth.RegisterClientFlags(fs)
 	fs.StringVar(&o.engineKey, "engine-api-key", "", "API key sent to the engine as a Bearer token")
+	fs.DurationVar(&o.headerWait, "engine-header-timeout", openai.DefaultHeaderTimeout, "HTTP engines: how long a streaming request waits for the engine's response headers before it fails with a retryable engine_unavailable error, which the broker retries on another agent (0: no bound). vLLM and SGLang send a streaming request's headers as soon as they accept it, before its prefill, so a long prompt's slow first token does not count against it")
 	fs.StringVar(&o.role, "role", subjects.PoolRegular, "pool this agent serves: regular, prefill or decode")
 	fs.StringVar(&o.pdProto, "pd-protocol", "", "PD hand-off for --engine sim (vllm or sglang); vllm and sglang engines imply theirs")
 	fs.StringVar(&o.bsHost, "bootstrap-host", "", "SGLang prefill: host of the engine's bootstrap server as decode engines reach it (default: the engine URL's host)")
@@ -126,7 +128,7 @@ Usage:
   worker-agent --nats-url nats://broker:4222 --engine openai --engine-url http://127.0.0.1:8000
   worker-agent --engine vllm --role prefill --engine-url http://127.0.0.1:8100
   worker-agent --engine sim                  an in-process simulated engine`, []cli.Section{
-		{Title: "Engine", Flags: []string{"engine", "engine-url", "engine-api-key", "model", "slots", "tokenizer", "engine-grpc-tls"}},
+		{Title: "Engine", Flags: []string{"engine", "engine-url", "engine-api-key", "engine-header-timeout", "model", "slots", "tokenizer", "engine-grpc-tls"}},
 		{Title: "Role", Flags: []string{"role", "pd-protocol", "pd-labels", "bootstrap-host", "bootstrap-port", "kv-hold"}},
 		{Title: "Prefix-cache affinity", Flags: []string{"kv-events-endpoint", "kv-events-topic", "kv-events-hash", "kv-block-size", "affinity-block-size", "no-directed"}},
 		{Title: "Load", Flags: []string{"slow-start", "slow-start-floor", "keepalive", "reply-linger"}},
@@ -179,6 +181,8 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return fmt.Errorf("--keepalive %s: want 0 (off) or more", o.keepalive)
 	case o.replyLinger < 0:
 		return fmt.Errorf("--reply-linger %s: want 0 (off) or more", o.replyLinger)
+	case o.headerWait < 0:
+		return fmt.Errorf("--engine-header-timeout %s: want 0 (no bound) or more", o.headerWait)
 	case o.kvHold <= 0:
 		return fmt.Errorf("--kv-hold %s: want a positive duration", o.kvHold)
 	case o.kvHash != agent.KVHashBroker && o.kvHash != agent.KVHashVLLM:
@@ -325,7 +329,7 @@ func buildEngine(ctx context.Context, o *options) (agent.Engine, string, error) 
 		o.closers = append(o.closers, se.Close) // after the agent drained
 		inner, transport = sim.New(se), "inproc"
 	} else {
-		var aopts []openai.Option
+		aopts := []openai.Option{openai.WithHeaderTimeout(o.headerWait)}
 		if o.engineKey != "" {
 			aopts = append(aopts, openai.WithAPIKey(o.engineKey))
 		}

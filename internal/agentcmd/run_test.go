@@ -32,6 +32,7 @@ func TestFlagsRefused(t *testing.T) {
 		{"negative reply linger", []string{"--reply-linger", "-1ms"}, "--reply-linger"},
 		{"no kv hold", []string{"--kv-hold", "0s"}, "--kv-hold"},
 		{"negative sim step", []string{"--sim-batch-model", "--sim-step-time", "-1ms"}, "batch model durations"},
+		{"negative engine header timeout", []string{"--engine-header-timeout", "-1s"}, "--engine-header-timeout"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -4,7 +4,6 @@
 package openai
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -13,11 +12,11 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/url"
-	"strconv"
 	"strings"
-	"sync"
 	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 
 	"github.com/switchyard-ai/switchyard/agent"
 	"github.com/switchyard-ai/switchyard/oaiformat"
@@ -31,15 +30,15 @@ var (
 	_ agent.Embedder      = (*Adapter)(nil)
 )
 
-// Adapter talks to one engine over HTTP.
+// Adapter talks to one engine over HTTP, through a net/http client of its
+// own.
 type Adapter struct {
-	base   string
-	client *http.Client
-	// conns carries the streaming posts to a plain-http engine (see
-	// streamConns); nil for https and with WithHTTPClient.
-	conns  *streamConns
-	apiKey string
-	model  string // see WithModel
+	base          string
+	client        *http.Client
+	apiKey        string
+	model         string        // see WithModel
+	maxEvent      int           // see WithMaxEvent
+	headerTimeout time.Duration // see WithHeaderTimeout
 }
 
 // Option configures an Adapter.
@@ -49,7 +48,39 @@ type Option func(*Adapter)
 func WithAPIKey(key string) Option { return func(a *Adapter) { a.apiKey = key } }
 
 // WithHTTPClient replaces the HTTP client, for every request.
-func WithHTTPClient(c *http.Client) Option { return func(a *Adapter) { a.client, a.conns = c, nil } }
+func WithHTTPClient(c *http.Client) Option { return func(a *Adapter) { a.client = c } }
+
+// DefaultMaxEvent bounds an SSE line and an SSE event's data from the
+// engine (and an answer that is one JSON object): well under the NATS
+// maximum payload (1 MiB by default) a token message must fit in.
+const DefaultMaxEvent = 256 << 10
+
+// WithMaxEvent sets the bound on an SSE line and event (DefaultMaxEvent
+// when n <= 0). An engine that sends a longer one fails the request, once:
+// another engine would answer the same request the same way.
+func WithMaxEvent(n int) Option {
+	return func(a *Adapter) {
+		if n > 0 {
+			a.maxEvent = n
+		}
+	}
+}
+
+// DefaultHeaderTimeout is how long a streaming request waits for the
+// engine's response headers.
+const DefaultHeaderTimeout = 30 * time.Second
+
+// WithHeaderTimeout bounds the wait for the response headers of a
+// streaming request (0: no bound). vLLM and SGLang answer a streaming
+// request's headers as soon as they accept it, before its prefill: an
+// engine that sends none by then is hung, and the request fails with an
+// engine_unavailable error that the broker retries on another agent.
+func WithHeaderTimeout(d time.Duration) Option { return func(a *Adapter) { a.headerTimeout = d } }
+
+// idleConnTimeout is how long an idle connection to the engine is kept.
+// Engines close idle connections themselves (uvicorn, under vLLM and
+// SGLang, after 5s): one kept beyond that would fail its next request.
+const idleConnTimeout = 3 * time.Second
 
 // New returns an adapter for the engine at baseURL (e.g.
 // http://127.0.0.1:8000), keeping up to conns idle connections to it.
@@ -62,20 +93,22 @@ func New(baseURL string, conns int, opts ...Option) (*Adapter, error) {
 		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
 		MaxIdleConns:        conns + 4,
 		MaxIdleConnsPerHost: conns + 4,
-		IdleConnTimeout:     90 * time.Second,
+		IdleConnTimeout:     idleConnTimeout,
 		DisableCompression:  true, // SSE must not sit in a gzip buffer
 		ForceAttemptHTTP2:   false,
+		ReadBufferSize:      sseBufferSize,
 	}
-	a := &Adapter{base: strings.TrimRight(baseURL, "/"), client: &http.Client{Transport: tr}}
-	a.conns = newStreamConns(a.base, conns)
+	a := &Adapter{
+		base:          strings.TrimRight(baseURL, "/"),
+		client:        &http.Client{Transport: tr},
+		maxEvent:      DefaultMaxEvent,
+		headerTimeout: DefaultHeaderTimeout,
+	}
 	for _, o := range opts {
 		o(a)
 	}
 	if !validHeaderValue(a.apiKey) {
 		return nil, errors.New("openai engine: the API key holds a control character, which no HTTP header can carry")
-	}
-	if a.conns != nil && a.apiKey != "" {
-		a.conns.auth = "Bearer " + a.apiKey
 	}
 	return a, nil
 }
@@ -124,42 +157,49 @@ func (a *Adapter) Post(ctx context.Context, path string, body []byte, emit agent
 	return a.post(ctx, path, body, nil, emit)
 }
 
+// errHeaderTimeout ends a streaming request whose engine sent no response
+// headers within the adapter's header timeout.
+var errHeaderTimeout = errors.New("no response headers in time")
+
 // post is Post with the headers job gives every engine request: one
 // X-Request-Id for all its legs and attempts, and the client's W3C trace
-// context, so the engine's logs and traces join the client's.
+// context, so the engine's logs and traces join the client's. The request
+// ends with ctx: its connection is closed, which tells the engine.
 func (a *Adapter) post(ctx context.Context, path string, body []byte, job *wire.Job, emit agent.Emit) error {
-	var resp *http.Response
-	var own *stream // the answer on one of the adapter's own connections
-	var err error
-	if a.conns != nil {
-		r := &engineRequest{path: path, body: body}
-		if job != nil {
-			r.requestID, r.trace = oaiformat.RequestID(job), job.GetTrace()
+	rctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	req, err := a.newRequest(rctx, http.MethodPost, path, body)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Accept", "text/event-stream")
+	// The request may be sent again on a new connection when a kept-alive
+	// one turns out closed before any answer came (an engine that closed
+	// it while idle): net/http retries only requests it may replay, and
+	// this entry, never sent, says so.
+	req.Header["Idempotency-Key"] = nil
+	if job != nil {
+		// A value no header can carry (a control character) is left out
+		// rather than failing the job.
+		if id := oaiformat.RequestID(job); id != "" && validHeaderValue(id) {
+			req.Header.Set("X-Request-Id", id)
 		}
-		own, err = a.conns.do(ctx, r)
-		if err == nil {
-			resp = own.Response
-			defer own.Close()
-		} else if ctx.Err() == nil {
-			err = &url.Error{Op: http.MethodPost, URL: a.base + path, Err: err}
-		}
-	} else {
-		req, rerr := a.newRequest(ctx, http.MethodPost, path, body)
-		if rerr != nil {
-			return rerr
-		}
-		req.Header.Set("Accept", "text/event-stream")
-		if job != nil {
-			req.Header.Set("X-Request-Id", oaiformat.RequestID(job))
-			for _, k := range oaiformat.TraceHeaders {
-				if v := job.GetTrace()[k]; v != "" {
-					req.Header.Set(k, v)
-				}
+		for _, k := range oaiformat.TraceHeaders {
+			if v := job.GetTrace()[k]; v != "" && validHeaderValue(v) {
+				req.Header.Set(k, v)
 			}
 		}
-		if resp, err = a.client.Do(req); err == nil {
-			defer resp.Body.Close()
+	}
+	var timer *time.Timer
+	if a.headerTimeout > 0 {
+		timer = time.AfterFunc(a.headerTimeout, func() { cancel(errHeaderTimeout) })
+	}
+	resp, err := a.client.Do(req)
+	if timer != nil && !timer.Stop() && ctx.Err() == nil {
+		if err == nil {
+			resp.Body.Close()
 		}
+		return &wire.Error{Code: wire.CodeEngineDown, Message: fmt.Sprintf("engine %s: no response headers within %s (--engine-header-timeout)", a.base, a.headerTimeout)}
 	}
 	if err != nil {
 		if ctx.Err() != nil {
@@ -167,6 +207,7 @@ func (a *Adapter) post(ctx context.Context, path string, body []byte, job *wire.
 		}
 		return &wire.Error{Code: wire.CodeEngineDown, Message: err.Error()}
 	}
+	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		err := statusError(resp)
 		if we := a.refusal(resp.StatusCode, path, err.GetMessage()); we != nil {
@@ -176,54 +217,22 @@ func (a *Adapter) post(ctx context.Context, path string, body []byte, job *wire.
 	}
 	if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "text/event-stream") {
 		// A server that ignored stream=true: relay its one JSON object.
-		data, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
-		if err != nil {
+		data, err := io.ReadAll(io.LimitReader(resp.Body, int64(a.maxEvent)+1))
+		switch {
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case err != nil:
 			return &wire.Error{Code: wire.CodeEngine, Message: err.Error()}
+		case len(data) > a.maxEvent:
+			return tooLarge(a.base, "answer", a.maxEvent)
 		}
 		return emit(data, false)
 	}
-	if own != nil {
-		err = own.readSSE(emit)
-	} else {
-		err = ReadSSE(resp.Body, emit)
-	}
-	if err != nil && own != nil {
-		own.bad = true // ended mid-stream: the connection is not reused
+	err = readSSE(resp.Body, a.maxEvent, a.base, emit)
+	if err != nil && ctx.Err() != nil {
+		return ctx.Err()
 	}
 	return err
-}
-
-// sseBufs recycles ReadSSE's read buffers: a fresh 64 KiB per engine
-// request was most of the agent's garbage.
-var sseBufs = sync.Pool{New: func() any { b := make([]byte, 64<<10); return &b }}
-
-// ReadSSE calls emit with the data of each server-sent event until
-// "data: [DONE]" or the end of the body. An error event (an object with an
-// "error" member, as vLLM sends mid-stream) ends the stream with that error.
-// emit's more is true when the next whole event is already read, so a burst
-// of events that arrived in one read can travel on as one message.
-//
-// It reads body, already decoded (net/http's), through the parser that
-// stream.readSSE feeds from the connection itself.
-func ReadSSE(body io.Reader, emit agent.Emit) error {
-	bp := sseBufs.Get().(*[]byte)
-	defer sseBufs.Put(bp)
-	buf := *bp
-	f := newFeed(framedByClose, -1)
-	for {
-		n, err := body.Read(buf)
-		if n > 0 {
-			if done, ferr := f.push(buf[:n], emit); done {
-				return ferr
-			}
-		}
-		if err != nil {
-			if errors.Is(err, io.EOF) {
-				return f.eof(emit)
-			}
-			return f.broken(emit, err)
-		}
-	}
 }
 
 func eventError(data []byte) *wire.Error {
@@ -343,28 +352,23 @@ func (a *Adapter) Load(ctx context.Context) (agent.Load, error) {
 // series of the same gauge (one per model or engine rank).
 func ParseLoad(r io.Reader) (agent.Load, error) {
 	var l agent.Load
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := p.TextToMetricFamilies(r)
+	if err != nil {
+		return l, fmt.Errorf("engine metrics: %w", err)
+	}
 	found := false
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if line == "" || line[0] == '#' {
-			continue
-		}
-		name, rest := line, ""
-		if i := strings.IndexAny(line, "{ "); i >= 0 {
-			name, rest = line[:i], line[i:]
-		}
-		if j := strings.LastIndexByte(rest, '}'); j >= 0 {
-			rest = rest[j+1:]
-		}
-		fields := strings.Fields(rest) // value, then an optional timestamp
-		if len(fields) == 0 {
-			continue
-		}
-		v, err := strconv.ParseFloat(fields[0], 64)
-		if err != nil {
-			continue
+	for name, mf := range families {
+		var v float64 // the sum of its series
+		for _, m := range mf.GetMetric() {
+			switch {
+			case m.Gauge != nil:
+				v += m.GetGauge().GetValue()
+			case m.Counter != nil:
+				v += m.GetCounter().GetValue()
+			case m.Untyped != nil:
+				v += m.GetUntyped().GetValue()
+			}
 		}
 		switch name {
 		case "vllm:num_requests_running", "sglang:num_running_reqs":
@@ -374,7 +378,9 @@ func ParseLoad(r io.Reader) (agent.Load, error) {
 			l.Waiting += int(v)
 			found = true
 		case "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage":
-			l.KVCacheUsage = max(l.KVCacheUsage, v)
+			for _, m := range mf.GetMetric() {
+				l.KVCacheUsage = max(l.KVCacheUsage, m.GetGauge().GetValue(), m.GetUntyped().GetValue())
+			}
 			found = true
 		case "vllm:prefix_cache_queries_total", "vllm:prefix_cache_queries":
 			l.PrefixQueries += v
@@ -384,11 +390,19 @@ func ParseLoad(r io.Reader) (agent.Load, error) {
 			l.HasPrefix = true
 		}
 	}
-	if err := sc.Err(); err != nil {
-		return l, err
-	}
 	if !found {
 		return l, errors.New("engine metrics: no load gauges")
 	}
 	return l, nil
+}
+
+// validHeaderValue reports whether v can be a header field's value: no
+// control character but the tab (what net/http accepts).
+func validHeaderValue(v string) bool {
+	for i := 0; i < len(v); i++ {
+		if b := v[i]; (b < ' ' && b != '\t') || b == 0x7f {
+			return false
+		}
+	}
+	return true
 }

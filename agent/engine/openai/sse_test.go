@@ -1,9 +1,13 @@
 package openai
 
 import (
+	"bytes"
 	"errors"
 	"io"
+	"slices"
+	"strings"
 	"testing"
+	"testing/iotest"
 
 	"github.com/switchyard-ai/switchyard/wire"
 )
@@ -83,4 +87,100 @@ func TestReadSSEEnds(t *testing.T) {
 	if err := ReadSSE(pr2, func([]byte, bool) error { return nil }); !errors.Is(err, &wire.Error{Code: wire.CodeEngine}) {
 		t.Fatalf("cut stream: %v, want an engine error", err)
 	}
+}
+
+// TestReadSSE: how answers are read, whole or a byte at a time.
+func TestReadSSE(t *testing.T) {
+	const engineErr, eventErr = "engine", "event"
+	for _, tc := range []struct {
+		name, body string
+		events     []string
+		end        string // "", engineErr (a cut or broken stream) or eventErr
+	}{
+		{"two events", "data: a\n\ndata: b\n\ndata: [DONE]\n\n", []string{"a", "b"}, ""},
+		{"CRLF", "data: {\"choices\":[]}\r\n\r\ndata: [DONE]\r\n\r\n", []string{`{"choices":[]}`}, ""},
+		{"fields and comments", ": comment\nevent: x\nid: 1\ndata: one\ndata:two\n\ndata: [DONE]", []string{"one\ntwo"}, ""},
+		{"an error event", "data: x\n\ndata: {\"error\":{\"message\":\"boom\",\"code\":400}}\n\ndata: y\n\n", []string{"x"}, eventErr},
+		{"no [DONE]", "data: x\n\n", []string{"x"}, engineErr},
+		{"[DONE] cut", "data: x\n\ndata: [DO", []string{"x"}, engineErr},
+		{"[DONE] without its empty line", "data: x\n\ndata: [DONE]\n", []string{"x"}, ""},
+		{"empty lines and events", "\n\n\ndata: \n\ndata:  two spaces\n\ndata: [DONE]\n\nafter", []string{" two spaces"}, ""},
+		{"a long line", "data: " + strings.Repeat("long ", 30000) + "\n\ndata: [DONE]\n\n", []string{strings.Repeat("long ", 30000)}, ""},
+		{"a line at the bound", "data: " + strings.Repeat("x", DefaultMaxEvent-6) + "\n\ndata: [DONE]\n\n", []string{strings.Repeat("x", DefaultMaxEvent-6)}, ""},
+		{"a line past the bound", "data: " + strings.Repeat("x", DefaultMaxEvent) + "\n\n", nil, "SSE line exceeds 262144 bytes"},
+		{"an event past the bound", strings.Repeat("data: "+strings.Repeat("x", 1000)+"\n", 300) + "\n", nil, "SSE event exceeds 262144 bytes"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, oneByte := range []bool{false, true} {
+				var r io.Reader = strings.NewReader(tc.body)
+				if oneByte {
+					r = iotest.OneByteReader(r)
+				}
+				var events []string
+				err := ReadSSE(r, func(b []byte, _ bool) error { events = append(events, string(b)); return nil })
+				var we *wire.Error
+				switch {
+				case !slices.Equal(events, tc.events):
+					t.Fatalf("one byte at a time %v: events %q, want %q", oneByte, events, tc.events)
+				case tc.end == "" && err != nil:
+					t.Fatalf("one byte at a time %v: %v", oneByte, err)
+				case tc.end == "":
+				case !errors.As(err, &we):
+					t.Fatalf("one byte at a time %v: %v, want a *wire.Error", oneByte, err)
+				case tc.end == engineErr && we.Code != wire.CodeEngine,
+					tc.end == eventErr && (we.Code != wire.CodeEngine || we.Message != "boom"),
+					tc.end != engineErr && tc.end != eventErr && (we.Code != wire.CodeBadRequest || we.Message != tc.end):
+					t.Fatalf("one byte at a time %v: %v, want %s", oneByte, err, tc.end)
+				}
+			}
+		})
+	}
+}
+
+// FuzzReadSSE: however the answer is cut into reads, the same events come
+// out, none past the bound.
+func FuzzReadSSE(f *testing.F) {
+	for _, s := range []string{
+		"data: a\n\ndata: b\n\ndata: [DONE]\n\n",
+		"data: {\"choices\":[]}\r\n\r\ndata: [DONE]\r\n\r\n",
+		": comment\nevent: x\nid: 1\ndata: one\ndata:two\n\ndata: [DONE]",
+		"data: x\n\ndata: {\"error\":{\"message\":\"boom\",\"code\":400}}\n\ndata: y\n\n",
+		"\n\n\ndata: \n\ndata:  two spaces\n\ndata: [DONE]\n\nafter",
+	} {
+		f.Add([]byte(s), uint8(3))
+	}
+	f.Fuzz(func(t *testing.T, body []byte, cut uint8) {
+		const max = 64
+		read := func(r io.Reader) ([]string, error) {
+			var events []string
+			err := readSSE(r, max, "e", func(b []byte, _ bool) error {
+				if len(b) > max {
+					t.Fatalf("an event of %d bytes", len(b))
+				}
+				events = append(events, string(b))
+				return nil
+			})
+			return events, err
+		}
+		whole, werr := read(bytes.NewReader(body))
+		cutEvents, cerr := read(&cutReader{b: body, n: 1 + int(cut)})
+		if !slices.Equal(whole, cutEvents) || (werr == nil) != (cerr == nil) {
+			t.Fatalf("whole: %q, %v; in reads of %d: %q, %v", whole, werr, 1+int(cut), cutEvents, cerr)
+		}
+	})
+}
+
+// cutReader reads b at most n bytes at a time.
+type cutReader struct {
+	b []byte
+	n int
+}
+
+func (r *cutReader) Read(p []byte) (int, error) {
+	if len(r.b) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p[:min(len(p), r.n)], r.b)
+	r.b = r.b[n:]
+	return n, nil
 }

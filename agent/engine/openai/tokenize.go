@@ -20,8 +20,9 @@ const maxTokenizeBytes = 64 << 20
 
 // TokenizePrompt asks the engine's vLLM /tokenize to tokenize a request's
 // prompt as it runs it (chat template applied), with token strings. It
-// goes over the adapter's plain client, not the streaming connections, so
-// it never takes a connection a job needs.
+// opens a connection of its own when every kept-alive one is busy (the
+// transport bounds idle connections, not open ones), so it never waits for
+// a connection a job holds.
 func (a *Adapter) TokenizePrompt(ctx context.Context, api wire.API, body []byte) (oaiformat.TokenizeResponse, error) {
 	var out oaiformat.TokenizeResponse
 	tb, err := oaiformat.TokenizeBody(api, body)
