@@ -910,7 +910,7 @@ func (a *Agent) finish(ctx context.Context, run *jobRun, err error) {
 		}
 		// Safe to run again elsewhere only if the client saw nothing and the
 		// engine did not judge the request itself bad.
-		we.Retryable = out.tokens == 0 && we.Code != wire.CodeBadRequest
+		we.Retryable = out.tokens == 0 && wire.Repeatable(we.Code)
 		a.log.Warn("engine request failed", "request", id, "err", err)
 		a.engineRefused(we) // before the error goes out: the retry must not come back here
 		out.fail(we)
@@ -1020,7 +1020,7 @@ func (a *Agent) prefill(ctx context.Context, req *Request, out *stream, ps *pref
 			we = &wire.Error{Code: wire.CodeEngine, Message: "prefill leg: " + err.Error()}
 		}
 		// Before its decode job is out, the client has seen nothing.
-		we.Retryable = !published && we.Code != wire.CodeBadRequest
+		we.Retryable = !published && wire.Repeatable(we.Code)
 		a.log.Warn("prefill leg failed", "request", req.RequestID, "err", err)
 		a.engineRefused(we)
 		out.fail(we)

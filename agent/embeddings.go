@@ -71,7 +71,7 @@ func (a *Agent) embed(ctx context.Context, job *wire.Job, out *stream) {
 		if !errors.As(err, &we) {
 			we = &wire.Error{Code: wire.CodeEngineDown, Message: err.Error()}
 		}
-		we.Retryable = we.Code != wire.CodeBadRequest
+		we.Retryable = wire.Repeatable(we.Code)
 		a.log.Warn("engine embeddings request failed", "request", job.GetRequestId(), "err", err)
 		a.engineRefused(we)
 		out.fail(we)

@@ -23,10 +23,10 @@ func recoverable(e *wire.Error, afterFirstToken bool) bool {
 		return e.GetRetryable()
 	}
 	switch e.GetCode() {
-	case wire.CodeBadRequest, wire.CodeDeadlineExceeded, wire.CodeCancelled:
+	case wire.CodeDeadlineExceeded, wire.CodeCancelled:
 		return false
 	}
-	return true
+	return wire.Repeatable(e.GetCode())
 }
 
 // recover abandons the current attempt: a retry before the first token, a

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchyard-ai/switchyard/internal/cmdtest"
 	"github.com/switchyard-ai/switchyard/internal/testwait"
 	"github.com/switchyard-ai/switchyard/simengine"
 )
@@ -42,7 +43,7 @@ func hostileEngine(t *testing.T, post http.HandlerFunc) *engine {
 	e.Stop = func() { _ = srv.Close(); _ = se.Close() }
 	t.Cleanup(e.Stop)
 	e.URL = "http://" + ln.Addr().String()
-	waitHealthy(t, e.URL)
+	cmdtest.WaitHealthy(t, e.URL)
 	return e
 }
 
@@ -82,12 +83,12 @@ func TestHostileEngineEventTooLarge(t *testing.T) {
 		{"after two tokens", []string{"hi", " there"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			b := startBroker(t)
+			b := cmdtest.StartBroker(t)
 			e1 := hostileEngine(t, endlessEvent(tc.tokens))
 			e2 := hostileEngine(t, endlessEvent(tc.tokens))
 			startAgent(t, b.NATS, "a1", e1, 2)
 			startAgent(t, b.NATS, "a2", e2, 2)
-			waitEligible(t, b.HTTP, "a1", "a2")
+			cmdtest.WaitEligible(t, b.HTTP, "a1", "a2")
 			r, err := rawStream(context.Background(), b.HTTP, "say too much", 10)
 			if err != nil {
 				t.Fatal(err)
@@ -103,6 +104,10 @@ func TestHostileEngineEventTooLarge(t *testing.T) {
 			if !strings.Contains(r.errMsg, want) || r.done || r.text != strings.Join(tc.tokens, "") {
 				t.Fatalf("client got %+v, want text %q and one error %q", r, strings.Join(tc.tokens, ""), want)
 			}
+			// An engine's fault, not the client's: never a 4xx.
+			if tc.tokens == nil && r.status != http.StatusBadGateway {
+				t.Fatalf("status %d, want 502", r.status)
+			}
 			if strings.Count(r.errMsg, "SSE line exceeds") != 1 {
 				t.Fatalf("client got %q, want the error once", r.errMsg)
 			}
@@ -116,7 +121,7 @@ func TestHostileEngineEventTooLarge(t *testing.T) {
 // error, the broker runs it on the other agent, the client gets its whole
 // answer, and the hung engine sees the request cancelled.
 func TestHostileEngineNoHeaders(t *testing.T) {
-	b := startBroker(t, "--retry-limit", "20")
+	b := cmdtest.StartBroker(t, "--retry-limit", "20")
 	var cancelled atomic.Int32
 	hung := hostileEngine(t, func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
@@ -124,7 +129,7 @@ func TestHostileEngineNoHeaders(t *testing.T) {
 		cancelled.Add(1)
 	})
 	startAgent(t, b.NATS, "hung", hung, 1, "--engine-header-timeout", "500ms")
-	waitEligible(t, b.HTTP, "hung")
+	cmdtest.WaitEligible(t, b.HTTP, "hung")
 	const prompt = "are you there"
 	res := make(chan streamResult, 1)
 	go func() {

@@ -28,7 +28,18 @@ const (
 	// CodeUnsupportedAPI: the agent's engine does not serve the request's
 	// API (e.g. /v1/embeddings on a generation-only engine).
 	CodeUnsupportedAPI = "unsupported_api"
+	// CodeEngineOutputTooLarge: the engine sent an SSE line, event or
+	// answer larger than the agent relays. Another attempt would meet the
+	// same answer, so it is not retried; the client gets a 502.
+	CodeEngineOutputTooLarge = "engine_output_too_large"
 )
+
+// Repeatable reports whether another attempt (elsewhere, or the same
+// engine again) could end differently from an error with this code: not
+// for a request an engine judged bad, nor for an answer too large to relay.
+func Repeatable(code string) bool {
+	return code != CodeBadRequest && code != CodeEngineOutputTooLarge
+}
 
 // Is makes errors.Is(err, &Error{Code: c}) match any *Error with code c, as
 // jetstream.APIError does for its error codes.

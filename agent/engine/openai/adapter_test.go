@@ -251,8 +251,8 @@ func TestStreamBoundsEvents(t *testing.T) {
 				return nil
 			})
 			var we *wire.Error
-			if !errors.As(err, &we) || we.Code != wire.CodeBadRequest || we.Message != "engine "+url+": "+tc.want {
-				t.Fatalf("got %v, want bad_request %q", err, "engine "+url+": "+tc.want)
+			if !errors.As(err, &we) || we.Code != wire.CodeEngineOutputTooLarge || we.Message != "engine "+url+": "+tc.want {
+				t.Fatalf("got %v, want engine_output_too_large %q", err, "engine "+url+": "+tc.want)
 			}
 			if events != 0 || requests.Load() != 1 {
 				t.Fatalf("%d events, %d requests", events, requests.Load())

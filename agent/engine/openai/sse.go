@@ -96,8 +96,8 @@ var (
 )
 
 // tooLarge is the error of an engine answer that breaks the bound on an
-// SSE line or event: not retryable (bad_request), since any engine would
-// answer the same request alike, and the stream cannot carry it.
+// SSE line or event: not retryable, since any engine would answer the
+// same request alike, and the stream cannot carry it.
 func tooLarge(engine, what string, max int) *wire.Error {
 	msg := fmt.Sprintf("SSE %s exceeds %d bytes", what, max)
 	if what == "answer" {
@@ -106,7 +106,7 @@ func tooLarge(engine, what string, max int) *wire.Error {
 	if engine != "" {
 		msg = "engine " + engine + ": " + msg
 	}
-	return &wire.Error{Code: wire.CodeBadRequest, Message: msg}
+	return &wire.Error{Code: wire.CodeEngineOutputTooLarge, Message: msg}
 }
 
 // readLine returns the next line with its line ending (none at the end of

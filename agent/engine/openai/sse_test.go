@@ -129,7 +129,7 @@ func TestReadSSE(t *testing.T) {
 					t.Fatalf("one byte at a time %v: %v, want a *wire.Error", oneByte, err)
 				case tc.end == engineErr && we.Code != wire.CodeEngine,
 					tc.end == eventErr && (we.Code != wire.CodeEngine || we.Message != "boom"),
-					tc.end != engineErr && tc.end != eventErr && (we.Code != wire.CodeBadRequest || we.Message != tc.end):
+					tc.end != engineErr && tc.end != eventErr && (we.Code != wire.CodeEngineOutputTooLarge || we.Message != tc.end):
 					t.Fatalf("one byte at a time %v: %v, want %s", oneByte, err, tc.end)
 				}
 			}
