@@ -84,7 +84,7 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*o
 	fs.StringVar(&o.engineURL, "engine-url", "http://127.0.0.1:8000", "engine base URL; for vllm-grpc the gRPC target host:port")
 	fs.StringVar(&o.tokenizer, "tokenizer", "", "vllm-grpc: tokenizer file to detokenize with (default: ask the engine's GetTokenizer)")
 	fs.BoolVar(&o.grpcTLS, "engine-grpc-tls", false, "vllm-grpc: connect with TLS (system roots)")
-	fs.StringVar(&o.metrics, "metrics-listen", "", "serve the agent's Prometheus /metrics on this address, e.g. 127.0.0.1:9100 (empty: off)")
+	fs.StringVar(&o.metrics, "metrics-listen", "", "serve the agent's Prometheus /metrics and its /healthz and /readyz probes on this address, e.g. 127.0.0.1:9100 (empty: off)")
 	o.natsAuth = natsauth.RegisterClientFlags(fs)
 	fs.StringVar(&o.engineKey, "engine-api-key", "", "API key sent to the engine as a Bearer token")
 	fs.StringVar(&o.role, "role", subjects.PoolRegular, "pool this agent serves: regular, prefill or decode")
@@ -403,6 +403,19 @@ func serveMetrics(addr string, a *agent.Agent, log *slog.Logger) (func(), error)
 	}
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	// Probes for an orchestrator: /healthz answers while the process
+	// serves; /readyz only while the agent takes jobs, and 503 with the
+	// reason while it warms up (engine not healthy yet) or drains.
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = io.WriteString(w, "ok\n")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if st := a.State(); st != wire.StateReady {
+			http.Error(w, st+": "+a.StateReason(), http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = io.WriteString(w, "ready\n")
+	})
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
