@@ -133,3 +133,17 @@ func render(t *testing.T, chart string, valueFiles []string, sets ...string) []o
 	}
 	return decodeAll(t, out)
 }
+
+// TestHelmBuilds: the helm the other tests run is the pinned release.
+// .ci/run runs it alone before the suite, so a cold build of helm is not
+// timed against the suite's deadline.
+func TestHelmBuilds(t *testing.T) {
+	out, err := helm(t, "version", "--template", "{{.Version}}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// helm prints its major.minor (v4.3) or the full version.
+	if v := strings.TrimSpace(out); v == "" || !strings.HasPrefix(helmVersion, v) {
+		t.Errorf("helm version %q, want %s", v, helmVersion)
+	}
+}
