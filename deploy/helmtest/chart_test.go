@@ -133,6 +133,26 @@ func TestValuesReachTheObjects(t *testing.T) {
 		t.Errorf("%d ServiceMonitors, want 1", monitors)
 	}
 
+	// A pool as a StatefulSet, with its governing Service (a Deployment's
+	// strategy does not fit a StatefulSet: strict decoding refuses it).
+	objs = render(t, chart, []string{example}, "pools[0].kind=StatefulSet", "pools[0].strategy=null")
+	checkObjects(t, objs, commandFlags(t), defaults)
+	sts := 0
+	for _, w := range workloads(objs) {
+		if w.kind == "StatefulSet" {
+			sts++
+		}
+	}
+	headless := 0
+	for _, o := range objs {
+		if s, ok := o.obj.(*corev1.Service); ok && s.Spec.ClusterIP == corev1.ClusterIPNone {
+			headless++
+		}
+	}
+	if sts != 1 || headless != 1 {
+		t.Errorf("kind StatefulSet: %d StatefulSets and %d headless Services, want 1 and 1", sts, headless)
+	}
+
 	// As shipped, the images are the chart's appVersion.
 	chartYAML, err := os.ReadFile(filepath.Join(chart, "Chart.yaml"))
 	if err != nil {
