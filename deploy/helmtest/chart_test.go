@@ -181,7 +181,10 @@ func TestChartRefusesBadValues(t *testing.T) {
 		{"engine stops before its agent drained", []string{"agent.engineStopDelaySeconds=10"}, "engineStopDelaySeconds"},
 		{"broker grace under its drain", []string{"broker.terminationGracePeriodSeconds=30"}, "shutdownDelaySeconds"},
 		{"unknown role", []string{"pools[0].role=both"}, "role"},
-		{"no model", []string{"pools[0].model=null"}, "model is required"},
+		{"no model", []string{"pools[0].model=null"}, "model"},
+		{"misspelled pool field", []string{"pools[0].enginePrt=8000"}, "enginePrt"},
+		{"unknown engine adapter", []string{"pools[0].engine=trtllm"}, "engine"},
+		{"NATS URL without a scheme", []string{"nats.url=nats:4222"}, "url"},
 		{"no credentials Secret", []string{"nats.credentialsSecret="}, "credentialsSecret"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -190,8 +193,19 @@ func TestChartRefusesBadValues(t *testing.T) {
 				args = append(args, "--set", s)
 			}
 			_, err := helm(t, args...)
-			if err == nil || !strings.Contains(err.Error(), tt.want) {
-				t.Errorf("err %v, want one naming %q", err, tt.want)
+			if err == nil {
+				t.Fatalf("rendered; want an error naming %q", tt.want)
+			}
+			// What helm said, without the command line that helm() puts first.
+			_, said, _ := strings.Cut(err.Error(), "\n")
+			if !strings.Contains(said, tt.want) {
+				t.Fatalf("err %v, want one naming %q", err, tt.want)
+			}
+			for _, l := range strings.Split(said, "\n") {
+				if strings.Contains(l, tt.want) {
+					t.Logf("refused: %s", strings.TrimSpace(l))
+					break
+				}
 			}
 		})
 	}
