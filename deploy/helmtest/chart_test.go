@@ -108,6 +108,9 @@ func TestValuesReachTheObjects(t *testing.T) {
 		"nats.monitoringEndpoint=n1:8222",
 		"broker.replicas=5",
 		"broker.metrics.serviceMonitor.enabled=true",
+		"agent.volumeMounts[0].name=hf-cache",
+		"agent.volumeMounts[0].mountPath=/etc/nats-ca",
+		"agent.volumeMounts[0].readOnly=true",
 	)
 	want := defaults
 	want.natsURL, want.secret, want.brokers, want.monitoringURL = "nats://n1:4222,nats://n2:4222", "other-secret", 5, "n1:8222"
@@ -131,6 +134,9 @@ func TestValuesReachTheObjects(t *testing.T) {
 	}
 	if monitors != 1 {
 		t.Errorf("%d ServiceMonitors, want 1", monitors)
+	}
+	if a := agentIn(objs, "regular"); len(a.VolumeMounts) != 1 || a.VolumeMounts[0].MountPath != "/etc/nats-ca" || !a.VolumeMounts[0].ReadOnly {
+		t.Errorf("agent mounts %+v, want agent.volumeMounts", a.VolumeMounts)
 	}
 
 	// A pool as a StatefulSet, with its governing Service (a Deployment's
@@ -255,6 +261,10 @@ func TestChecksCatchMistakes(t *testing.T) {
 					so.Spec.Triggers[0].Metadata["consumer"] = strings.Replace(so.Spec.Triggers[0].Metadata["consumer"], "prefill", "decode", 1)
 				}
 			}
+		}},
+		{"mount of no volume", func(objs []object) {
+			a := agentIn(objs, "decode")
+			a.VolumeMounts = append(a.VolumeMounts, corev1.VolumeMount{Name: "nats-ca", MountPath: "/ca"})
 		}},
 		{"jobs stream on one node", func(objs []object) {
 			b := brokerIn(objs)

@@ -235,6 +235,17 @@ func checkObjects(t testing.TB, objs []object, flags map[string]map[string]bool,
 		for _, c := range w.spec.InitContainers {
 			checkContainer(t, where, w, c, flags, want)
 		}
+		volumes := map[string]bool{}
+		for _, v := range w.spec.Volumes {
+			volumes[v.Name] = true
+		}
+		for _, c := range append(slices.Clone(w.spec.Containers), w.spec.InitContainers...) {
+			for _, m := range c.VolumeMounts {
+				if !volumes[m.Name] {
+					t.Errorf("%s container %s: mounts %s, which is no volume of the pod", where, c.Name, m.Name)
+				}
+			}
+		}
 	}
 	for _, o := range objs {
 		where := o.kind + " " + o.name

@@ -77,7 +77,7 @@ while it takes jobs.
 
 Argument: (dict "values" <this chart's values> "pool" <pool>), where pool
 has: model, role, engine, enginePort, slots, and optionally pdLabels,
-bootstrapPort, natsUser, drainSeconds, agentArgs. From a parent chart that
+bootstrapPort, natsUser, drainSeconds, agentArgs, agentVolumeMounts. From a parent chart that
 depends on this one, pass .Values.switchyard as values.
 */}}
 {{- define "switchyard.agent.container" -}}
@@ -163,6 +163,11 @@ depends on this one, pass .Values.switchyard as values.
   {{- end }}
   {{- with $a.securityContext }}
   securityContext:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- $mounts := concat ($a.volumeMounts | default list) ($p.agentVolumeMounts | default list) }}
+  {{- with $mounts }}
+  volumeMounts:
     {{- toYaml . | nindent 4 }}
   {{- end }}
 {{- end -}}
