@@ -351,10 +351,14 @@ func expand(args []string, env map[string]string) []string {
 // TestProbesAreServed runs the broker and an agent in-process with the
 // command lines and environment the chart renders (addresses moved to
 // loopback, NATS to an embedded test server), and asks each probe's path
-// on the port the probe names.
+// on the port the probe names. The broker requires API keys, which the
+// kubelet's probes do not send.
 func TestProbesAreServed(t *testing.T) {
 	chart := chartDir(t)
-	objs := render(t, chart, []string{filepath.Join(chart, "examples", "vllm-regular.yaml")})
+	objs := render(t, chart, []string{filepath.Join(chart, "examples", "vllm-regular.yaml")},
+		"broker.extraEnv[0].name=SWITCHYARD_API_KEY",
+		"broker.extraEnv[0].valueFrom.secretKeyRef.name=api-keys",
+		"broker.extraEnv[0].valueFrom.secretKeyRef.key=key")
 	s := natstest.RunJetStream(t)
 
 	run := func(t *testing.T, name string, c *corev1.Container, fn func(context.Context, []string, func(string) string, io.Writer, io.Writer) error, rewrite func([]string) []string) {
@@ -393,6 +397,8 @@ func TestProbesAreServed(t *testing.T) {
 	bports := map[int32]int{hp: httpPort}
 	testwait.Status(t, nil, probeURL(b, b.ReadinessProbe, bports), http.StatusOK)
 	testwait.Status(t, nil, probeURL(b, b.LivenessProbe, bports), http.StatusOK)
+	// The key is in force: the API refuses a request without it.
+	testwait.Status(t, nil, fmt.Sprintf("http://127.0.0.1:%d/v1/models", httpPort), http.StatusUnauthorized)
 
 	a := agentIn(objs, "regular")
 	metricsPort := natstest.FreePort(t)
