@@ -122,16 +122,16 @@ func decodeAll(t *testing.T, out string) []object {
 }
 
 // decodeStrict decodes one YAML document into the type of its kind:
-// unknown fields fail, and so does a field whose name differs from the
-// type's in case only (which encoding/json would accept).
+// unknown fields fail, and so do a key given twice and a field whose name
+// differs from the type's in case only (which encoding/json would accept).
 func decodeStrict(doc string) (object, error) {
 	src := ""
 	if m := sourceRe.FindStringSubmatch(doc); m != nil {
 		src = m[1]
 	}
-	js, err := yaml.YAMLToJSON([]byte(doc))
+	js, err := yaml.YAMLToJSONStrict([]byte(doc)) // a key given twice fails
 	if err != nil {
-		return object{}, fmt.Errorf("%s: not YAML: %v", src, err)
+		return object{}, fmt.Errorf("%s: not YAML, or a key given twice: %v", src, err)
 	}
 	var head struct {
 		APIVersion string `json:"apiVersion"`
@@ -241,6 +241,7 @@ spec:
 		{"field in the wrong case", strings.Replace(good, "- port: 80", "- Port: 80", 1)},
 		{"wrong type", strings.Replace(good, "- port: 80", "- port: eighty", 1)},
 		{"unknown kind", strings.Replace(good, "kind: Service", "kind: Servce", 1)},
+		{"key given twice", strings.Replace(good, "  name: s", "  name: s\n  name: t", 1)},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			if _, err := decodeStrict(tt.doc); err == nil {
