@@ -86,7 +86,7 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*o
 	fs.StringVar(&o.engineURL, "engine-url", "http://127.0.0.1:8000", "engine base URL; for vllm-grpc the gRPC target host:port")
 	fs.StringVar(&o.tokenizer, "tokenizer", "", "vllm-grpc: tokenizer file to detokenize with (default: ask the engine's GetTokenizer)")
 	fs.BoolVar(&o.grpcTLS, "engine-grpc-tls", false, "vllm-grpc: connect with TLS (system roots)")
-	fs.StringVar(&o.metrics, "metrics-listen", "", "serve the agent's Prometheus /metrics on this address, e.g. 127.0.0.1:9100 (empty: off)")
+	fs.StringVar(&o.metrics, "metrics-listen", "", "serve the agent's Prometheus /metrics and its /healthz and /readyz probes on this address, e.g. 127.0.0.1:9100 (empty: off)")
 	o.natsAuth = natsauth.RegisterClientFlags(fs)
 	fs.StringVar(&o.engineKey, "engine-api-key", "", "API key sent to the engine as a Bearer token")
 	fs.DurationVar(&o.headerWait, "engine-header-timeout", openai.DefaultHeaderTimeout, "HTTP engines: how long a streaming request waits for the engine's response headers before it fails with a retryable engine_unavailable error, which the broker retries on another agent (0: no bound). vLLM and SGLang send a streaming request's headers as soon as they accept it, before its prefill, so a long prompt's slow first token does not count against it")

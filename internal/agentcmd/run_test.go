@@ -3,7 +3,9 @@ package agentcmd_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -12,7 +14,9 @@ import (
 
 	"github.com/switchyard-ai/switchyard/internal/agentcmd"
 	"github.com/switchyard-ai/switchyard/internal/cmdtest"
+	"github.com/switchyard-ai/switchyard/broker"
 	"github.com/switchyard-ai/switchyard/internal/natstest"
+	"github.com/switchyard-ai/switchyard/internal/testwait"
 	"github.com/switchyard-ai/switchyard/wire"
 )
 
@@ -98,5 +102,63 @@ func TestSimNeverLoads(t *testing.T) {
 		case <-time.After(10 * time.Second):
 			t.Fatal("no heartbeat")
 		}
+	}
+}
+
+// TestProbes: the metrics listener serves /healthz at once, and /readyz
+// only once the agent takes jobs: 503 with the reason while its engine
+// still loads.
+func TestProbes(t *testing.T) {
+	s := natstest.RunJetStream(t)
+	nc, err := nats.Connect(s.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	b, err := broker.New(nc, broker.Config{ID: "b1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := b.EnsureStream(ctx); err != nil { // the jobs stream the agent pulls from
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name      string
+		loadTime  string
+		wantReady int
+	}{
+		{name: "engine loading", loadTime: "never", wantReady: http.StatusServiceUnavailable},
+		{name: "engine ready", loadTime: "0s", wantReady: http.StatusOK},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			addr := fmt.Sprintf("127.0.0.1:%d", natstest.FreePort(t))
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() {
+				done <- agentcmd.Run(ctx, []string{"--engine", "sim", "--nats-url", s.ClientURL(), "--id", "p-" + tt.loadTime,
+					"--heartbeat", "50ms", "--sim-load-time", tt.loadTime, "--metrics-listen", addr}, cmdtest.NoEnv, io.Discard, io.Discard)
+			}()
+			defer func() {
+				cancel()
+				if err := <-done; err != nil {
+					t.Errorf("Run: %v", err)
+				}
+			}()
+			testwait.Status(t, nil, "http://"+addr+"/healthz", http.StatusOK)
+			testwait.Status(t, nil, "http://"+addr+"/readyz", tt.wantReady)
+			if tt.wantReady != http.StatusOK {
+				resp, err := http.Get("http://" + addr + "/readyz")
+				if err != nil {
+					t.Fatal(err)
+				}
+				body, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if !strings.HasPrefix(string(body), "not ready: "+wire.StateWarming+": ") {
+					t.Errorf("/readyz body %q: want the state and its reason", body)
+				}
+			}
+		})
 	}
 }

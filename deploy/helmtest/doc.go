@@ -1,0 +1,13 @@
+// Package helmtest checks the Helm chart in deploy/helm/switchyard without
+// a Kubernetes cluster. It builds helm (v4) from the Go module proxy once
+// per version into the user's cache directory, runs helm lint and helm
+// template on the default values and on every file of the chart's
+// examples/, and decodes every rendered object strictly into its
+// Kubernetes API type. Then it checks what a cluster would only show at
+// run time: every command line against the real commands' flags, the
+// probes against the paths the broker and agent serve (by running them
+// with the rendered arguments), grace periods against drain timeouts,
+// the agent's engine on localhost, NATS passwords from Secrets only,
+// images from values, the KEDA consumers against the names the agents
+// create, and the NATS chart's values against deploy/nats/server.conf.
+package helmtest
