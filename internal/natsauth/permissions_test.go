@@ -687,6 +687,12 @@ func TestObserverPermissions(t *testing.T) {
 	if err := streams.Err(); err != nil {
 		t.Fatalf("observer stream names: %v", err)
 	}
+	streamInfos := o.js.ListStreams(ctxT(t))
+	for range streamInfos.Info() {
+	}
+	if err := streamInfos.Err(); err != nil {
+		t.Fatalf("observer stream list: %v", err)
+	}
 	if _, err := o.js.AccountInfo(ctxT(t)); err != nil {
 		t.Fatalf("observer account info: %v", err)
 	}
