@@ -32,6 +32,9 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	testpb "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/reflection"
+	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
+	reflectionalphapb "google.golang.org/grpc/reflection/grpc_reflection_v1alpha"
 	"google.golang.org/grpc/status"
 )
 
@@ -222,6 +225,7 @@ func startGRPC(t *testing.T, k *Keys, opts ...grpc.ServerOption) string {
 	srv := grpc.NewServer(opts...)
 	healthpb.RegisterHealthServer(srv, health.NewServer())
 	testpb.RegisterTestServiceServer(srv, testService{})
+	reflection.Register(srv)
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(srv.Stop)
 	return ln.Addr().String()
@@ -287,6 +291,53 @@ func TestGRPCInterceptors(t *testing.T) {
 		}
 		if err != nil {
 			t.Errorf("health Watch without key: %v", err)
+		}
+	})
+
+	// grpcurl resolves a method through reflection before calling it, so
+	// "grpcurl -plaintext host:port grpc.health.v1.Health/Check" works
+	// without a key only if reflection does too.
+	t.Run("reflection exempt", func(t *testing.T) {
+		rc, err := reflectionpb.NewServerReflectionClient(cc).ServerReflectionInfo(withKey(""))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, req := range []*reflectionpb.ServerReflectionRequest{
+			{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}},
+			{MessageRequest: &reflectionpb.ServerReflectionRequest_FileContainingSymbol{FileContainingSymbol: "grpc.health.v1.Health"}},
+		} {
+			if err := rc.Send(req); err != nil {
+				t.Fatal(err)
+			}
+			resp, err := rc.Recv()
+			if err != nil {
+				t.Fatalf("reflection v1 without key: %v", err)
+			}
+			if e := resp.GetErrorResponse(); e != nil {
+				t.Fatalf("reflection v1 %T: %s", req.MessageRequest, e.GetErrorMessage())
+			}
+		}
+		// Older clients fall back to v1alpha.
+		ra, err := reflectionalphapb.NewServerReflectionClient(cc).ServerReflectionInfo(withKey(""))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := ra.Send(&reflectionalphapb.ServerReflectionRequest{MessageRequest: &reflectionalphapb.ServerReflectionRequest_ListServices{}}); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := ra.Recv()
+		if err != nil {
+			t.Fatalf("reflection v1alpha without key: %v", err)
+		}
+		if len(resp.GetListServicesResponse().GetService()) == 0 {
+			t.Errorf("reflection v1alpha lists no service: %v", resp)
+		}
+		if _, err := hc.Check(withKey(""), &healthpb.HealthCheckRequest{}); err != nil {
+			t.Errorf("health Check after reflection, without key: %v", err)
+		}
+		// The exemption is by service: the API itself still needs a key.
+		if _, err := tc.EmptyCall(withKey(""), &testpb.Empty{}); status.Code(err) != codes.Unauthenticated {
+			t.Errorf("API call without key after reflection: %v, want Unauthenticated", err)
 		}
 	})
 }

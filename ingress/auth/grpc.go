@@ -10,12 +10,20 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// healthPrefix is the full-method prefix of the standard health service,
-// which probes call without a key.
-const healthPrefix = "/grpc.health.v1.Health/"
+// exemptPrefixes are the full-method prefixes of the services callable
+// without a key: the standard health service, which probes call, and server
+// reflection, which tools such as grpcurl call before any method to learn
+// the schema. Reflection answers only with the descriptors of the services
+// the server registers (the published switchyard.v1 API and health): no
+// request, model or fleet data.
+var exemptPrefixes = []string{
+	"/grpc.health.v1.Health/",
+	"/grpc.reflection.v1.ServerReflection/",
+	"/grpc.reflection.v1alpha.ServerReflection/",
+}
 
 // UnaryInterceptor checks the "authorization: Bearer <key>" metadata of
-// every unary call but the grpc.health.v1 ones, answering
+// every unary call but those of health and reflection, answering
 // codes.Unauthenticated. With no keys configured it only calls the handler.
 func (k *Keys) UnaryInterceptor() grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
@@ -37,7 +45,7 @@ func (k *Keys) StreamInterceptor() grpc.StreamServerInterceptor {
 }
 
 func (k *Keys) checkGRPC(ctx context.Context, method string) error {
-	if !k.Enabled() || strings.HasPrefix(method, healthPrefix) {
+	if !k.Enabled() || exempt(method) {
 		return nil
 	}
 	md, _ := metadata.FromIncomingContext(ctx)
@@ -50,4 +58,13 @@ func (k *Keys) checkGRPC(ctx context.Context, method string) error {
 		return status.Error(codes.Unauthenticated, "incorrect API key provided")
 	}
 	return nil
+}
+
+func exempt(method string) bool {
+	for _, p := range exemptPrefixes {
+		if strings.HasPrefix(method, p) {
+			return true
+		}
+	}
+	return false
 }

@@ -51,6 +51,7 @@ type options struct {
 	httpAddr      string
 	natsURL       string
 	natsListen    string
+	natsListenSet bool // given on the command line or in the environment
 	dataDir       string
 	maxPayload    int
 	maxBody       int64
@@ -140,7 +141,7 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*o
 	fs.StringVar(&o.grpcAddr, "grpc", "127.0.0.1:9090", "gRPC listen address of the switchyard.v1 API, health and reflection (empty: off)")
 	fs.IntVar(&o.grpcRecv, "grpc-max-recv-bytes", grpcapi.DefaultMaxRecvMsgSize, "largest gRPC request message in bytes")
 	fs.IntVar(&o.grpcSend, "grpc-max-send-bytes", grpcapi.DefaultMaxSendMsgSize, "largest gRPC response message in bytes")
-	fs.StringVar(&o.natsConfig, "nats-config", "", "embedded NATS: a nats-server configuration file (accounts, users, permissions, TLS); --nats-listen applies when it sets no port")
+	fs.StringVar(&o.natsConfig, "nats-config", "", "embedded NATS: a nats-server configuration file (accounts, users, permissions, TLS); --nats-listen, when given, wins over its listen, and --data-dir always over its store_dir")
 	fs.StringVar(&o.natsMonitor, "nats-monitor", "", "embedded NATS: HTTP monitoring listen address, e.g. 127.0.0.1:8222 (empty: off)")
 	o.natsAuth = natsauth.RegisterClientFlags(fs)
 	fs.Var(&o.apiKeys, "api-key", "API key clients must send as 'Authorization: Bearer KEY' (repeatable; none: no auth)")
@@ -194,6 +195,7 @@ Usage:
 	if err := cli.ApplyEnv(fs, getenv); err != nil {
 		return nil, err
 	}
+	fs.Visit(func(f *flag.Flag) { o.natsListenSet = o.natsListenSet || f.Name == "nats-listen" })
 	if o.jobsStorage != "memory" && o.jobsStorage != "file" {
 		return nil, fmt.Errorf("--jobs-storage %q: want memory or file", o.jobsStorage)
 	}
@@ -508,15 +510,6 @@ func startEmbedded(o *options, log *slog.Logger) (*server.Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	dir := o.dataDir
-	if dir == "" {
-		dir = filepath.Join(os.TempDir(), "switchyard-nats-"+strconv.Itoa(max(port, 0)))
-		if port < 0 {
-			if dir, err = os.MkdirTemp("", "switchyard-nats-"); err != nil {
-				return nil, err
-			}
-		}
-	}
 	opts := &server.Options{}
 	if o.natsConfig != "" {
 		if opts, err = natsauth.ServerOptions(o.natsConfig); err != nil {
@@ -524,14 +517,26 @@ func startEmbedded(o *options, log *slog.Logger) (*server.Server, error) {
 		}
 	}
 	listenFlag := "nats-listen"
-	if opts.Host == "" && opts.Port == 0 {
+	if o.natsListenSet || (opts.Host == "" && opts.Port == 0) {
 		opts.Host, opts.Port = host, port
 	} else {
 		listenFlag = "nats-config (its listen/port) or --nats-listen"
 	}
-	if opts.StoreDir == "" {
-		opts.StoreDir = dir
+	dir := o.dataDir
+	if dir == "" {
+		dir = filepath.Join(os.TempDir(), "switchyard-nats-"+strconv.Itoa(max(opts.Port, 0)))
+		if opts.Port < 0 {
+			if dir, err = os.MkdirTemp("", "switchyard-nats-"); err != nil {
+				return nil, err
+			}
+		}
 	}
+	// The store is this process's own: one configuration file serves every
+	// broker of a fleet, and a store_dir in it is for a standalone server.
+	if opts.StoreDir != "" && opts.StoreDir != dir {
+		log.Info("embedded NATS: store from --data-dir, not the configuration's store_dir", "store", dir, "store_dir", opts.StoreDir)
+	}
+	opts.StoreDir = dir
 	if opts.MaxPayload == 0 {
 		opts.MaxPayload = int32(o.maxPayload)
 	}

@@ -36,6 +36,8 @@ var testPasswords = map[string]struct{ env, password string }{
 	"agent-regular": {"SY_NATS_AGENT_REGULAR_PASSWORD", "test-regular-change-me"},
 	"agent-prefill": {"SY_NATS_AGENT_PREFILL_PASSWORD", "test-prefill-change-me"},
 	"agent-decode":  {"SY_NATS_AGENT_DECODE_PASSWORD", "test-decode-change-me"},
+	"observer":      {"SY_NATS_OBSERVER_PASSWORD", "test-observer-change-me"},
+	"sys":           {"SY_NATS_SYS_PASSWORD", "test-sys-change-me"},
 }
 
 func shippedOptions(t *testing.T) *server.Options {
@@ -619,4 +621,124 @@ func TestPDPairedQueues(t *testing.T) {
 		t.Errorf("prefill agent published to %s", prefillSubj)
 	}
 	p.denied(t, "Publish", prefillSubj)
+}
+
+// TestObserverPermissions: the operator's read-only user sees heartbeats,
+// cancels and the queue's state, and nothing that carries a prompt or a
+// reply or changes the stream.
+func TestObserverPermissions(t *testing.T) {
+	s := runShipped(t)
+	b := connectAs(t, s, "broker-1")
+	a := connectAs(t, s, "agent-regular")
+	o := connectAs(t, s, "observer")
+	ensureStream(t, b)
+	cfg := consumerConfig(t, "m", subjects.PoolRegular)
+	if _, err := a.js.CreateOrUpdateConsumer(ctxT(t), stream, cfg); err != nil {
+		t.Fatal(err)
+	}
+
+	hb, err := o.nc.SubscribeSync("sy.hb.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cancels, err := o.nc.SubscribeSync("sy.cancel.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := o.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.nc.Publish("sy.hb.m.regular.a1", []byte("{}")); err != nil {
+		t.Fatal(err)
+	}
+	recv(t, hb)
+	if err := b.nc.Publish("sy.cancel.r1", nil); err != nil {
+		t.Fatal(err)
+	}
+	recv(t, cancels)
+
+	st, err := o.js.Stream(ctxT(t), stream)
+	if err != nil {
+		t.Fatalf("observer stream info: %v", err)
+	}
+	var names []string
+	lister := st.ConsumerNames(ctxT(t))
+	for n := range lister.Name() {
+		names = append(names, n)
+	}
+	if err := lister.Err(); err != nil {
+		t.Fatalf("observer consumer names: %v", err)
+	}
+	if len(names) != 1 || names[0] != cfg.Durable {
+		t.Errorf("consumer names = %v, want [%s]", names, cfg.Durable)
+	}
+	infos := st.ListConsumers(ctxT(t))
+	for range infos.Info() {
+	}
+	if err := infos.Err(); err != nil {
+		t.Fatalf("observer consumer list: %v", err)
+	}
+	if _, err := st.Consumer(ctxT(t), cfg.Durable); err != nil {
+		t.Fatalf("observer consumer info: %v", err)
+	}
+	streams := o.js.StreamNames(ctxT(t))
+	for range streams.Name() {
+	}
+	if err := streams.Err(); err != nil {
+		t.Fatalf("observer stream names: %v", err)
+	}
+	streamInfos := o.js.ListStreams(ctxT(t))
+	for range streamInfos.Info() {
+	}
+	if err := streamInfos.Err(); err != nil {
+		t.Fatalf("observer stream list: %v", err)
+	}
+	if _, err := o.js.AccountInfo(ctxT(t)); err != nil {
+		t.Fatalf("observer account info: %v", err)
+	}
+
+	t.Run("refused", func(t *testing.T) {
+		o.deniedSubscribe(t, "sy.reply.>") // generated text
+		o.deniedSubscribe(t, "sy.jobs.>")  // prompts and secrets
+		o.deniedSubscribe(t, "sy.kv.>")
+		o.deniedSubscribe(t, "_INBOX.broker-1.>")
+		o.deniedSubscribe(t, "_INBOX.>")
+		for _, subj := range []string{"sy.hb.m.regular.forged", "sy.cancel.r1", "sy.jobs.m.regular"} {
+			if err := o.nc.Publish(subj, []byte("{}")); err != nil {
+				t.Fatal(err)
+			}
+			o.denied(t, "Publish", subj)
+		}
+		o.deniedRequest(t, "$JS.API.STREAM.MSG.GET."+stream, []byte(`{"seq":1}`))
+		o.deniedRequest(t, "$JS.API.DIRECT.GET."+stream, []byte(`{"seq":1}`))
+		o.deniedRequest(t, "$JS.API.STREAM.DELETE."+stream, nil)
+		o.deniedRequest(t, "$JS.API.STREAM.PURGE."+stream, nil)
+		o.deniedRequest(t, "$JS.API.STREAM.UPDATE."+stream, nil)
+		o.deniedRequest(t, "$JS.API.CONSUMER.DELETE."+stream+"."+cfg.Durable, nil)
+		o.deniedRequest(t, "$JS.API.CONSUMER.CREATE."+stream+".peek."+cfg.FilterSubject, []byte(`{}`))
+		o.deniedRequest(t, "$JS.API.CONSUMER.MSG.NEXT."+stream+"."+cfg.Durable, []byte(`{"batch":1}`))
+	})
+}
+
+// TestSystemUser: the system account's user gets the server-wide reports
+// every server answers, and none of the requests that change a server.
+func TestSystemUser(t *testing.T) {
+	s := runShipped(t)
+	c := connectAs(t, s, "sys")
+	for _, subj := range []string{"$SYS.REQ.SERVER.PING", "$SYS.REQ.SERVER.PING.JSZ", "$SYS.REQ.SERVER.PING.VARZ"} {
+		m, err := c.nc.Request(subj, nil, 5*time.Second)
+		if err != nil {
+			t.Fatalf("sys: %s: %v", subj, err)
+		}
+		if !strings.Contains(string(m.Data), s.ID()) {
+			t.Errorf("sys: %s answered %.200s, want this server's id", subj, m.Data)
+		}
+	}
+	t.Run("refused", func(t *testing.T) {
+		c.deniedSubscribe(t, "$SYS.>")
+		c.deniedSubscribe(t, "_INBOX.observer.>")
+		for _, op := range []string{"RELOAD", "KICK", "LDM", "VARZ"} {
+			c.deniedRequest(t, "$SYS.REQ.SERVER."+s.ID()+"."+op, []byte(`{}`))
+		}
+	})
 }
