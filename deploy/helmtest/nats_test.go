@@ -90,7 +90,7 @@ func TestNATSValues(t *testing.T) {
 	}
 	merge := buf.Bytes()
 	vars := literal.FindAllStringSubmatch(string(merge), -1)
-	if len(vars) != 4 {
+	if len(vars) != 5 {
 		t.Errorf("%d variables in the merge block, want one password per user", len(vars))
 	}
 	for _, m := range vars {
@@ -114,17 +114,27 @@ func TestNATSValues(t *testing.T) {
 	}
 
 	// The project's configuration, with its passwords.
-	for _, n := range []string{"SY_NATS_BROKER_PASSWORD", "SY_NATS_AGENT_REGULAR_PASSWORD", "SY_NATS_AGENT_PREFILL_PASSWORD", "SY_NATS_AGENT_DECODE_PASSWORD"} {
-		if os.Getenv(n) == "" {
-			t.Setenv(n, "x")
+	refPath := filepath.Join(root, "deploy", "nats", "server.conf")
+	refText, err := os.ReadFile(refPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range regexp.MustCompile(`\$(SY_NATS_[A-Z_]+_PASSWORD)`).FindAllStringSubmatch(string(refText), -1) {
+		if os.Getenv(m[1]) == "" {
+			t.Setenv(m[1], "x")
 		}
 	}
-	ref, err := server.ProcessConfigFile(filepath.Join(root, "deploy", "nats", "server.conf"))
+	ref, err := server.ProcessConfigFile(refPath)
 	if err != nil {
 		t.Fatal(err)
 	}
 	refUsers := map[string]*server.User{}
 	for _, u := range ref.Users {
+		// The system account is the NATS chart's own (its systemAccount),
+		// not one of the SWITCHYARD users this file carries.
+		if u.Account != nil && u.Account.Name == ref.SystemAccount {
+			continue
+		}
 		refUsers[u.Username] = u
 	}
 	// The broker group's user: broker-1's permissions with its id made a
