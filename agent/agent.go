@@ -1264,7 +1264,7 @@ func (a *Agent) heartbeatLoop(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
-			a.publishHeartbeat(context.Background()) // the last word: draining, active 0
+			a.publishGoodbye()
 			_ = a.nc.FlushTimeout(time.Second)
 			return
 		case <-t.C:
