@@ -1040,7 +1040,7 @@ func (a *Agent) handle(base context.Context, msg jobMessage) {
 		a.metrics.jobs.WithLabelValues(JobExpired).Inc()
 		out.fail(&wire.Error{Code: wire.CodeDeadlineExceeded, Message: "request deadline exceeded in the engine"})
 	default:
-		a.metrics.jobs.WithLabelValues(JobError).Inc()
+		a.metrics.jobs.WithLabelValues(errorOutcome(err)).Inc()
 		var we *wire.Error
 		if !errors.As(err, &we) {
 			we = &wire.Error{Code: wire.CodeEngine, Message: err.Error()}
@@ -1151,7 +1151,7 @@ func (a *Agent) prefill(ctx context.Context, req *Request, out *stream, ps *pref
 		a.metrics.jobs.WithLabelValues(JobDrained).Inc()
 		out.fail(drainedError(a.cfg.ID))
 	default:
-		a.metrics.jobs.WithLabelValues(JobError).Inc()
+		a.metrics.jobs.WithLabelValues(errorOutcome(err)).Inc()
 		var we *wire.Error
 		if !errors.As(err, &we) {
 			we = &wire.Error{Code: wire.CodeEngine, Message: "prefill leg: " + err.Error()}

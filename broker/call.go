@@ -1163,7 +1163,7 @@ func (c *Call) deliver(ch *wire.Chunk) *wire.Chunk {
 		}
 	case wire.Chunk_KIND_ERROR:
 		c.ended.Store(true)
-		c.outcome = OutcomeError
+		c.outcome = errorOutcome(ch.GetError())
 	}
 	return ch
 }
