@@ -903,7 +903,7 @@ func (a *Agent) finish(ctx context.Context, run *jobRun, err error) {
 		a.metrics.jobs.WithLabelValues(JobExpired).Inc()
 		out.fail(&wire.Error{Code: wire.CodeDeadlineExceeded, Message: "request deadline exceeded in the engine"})
 	default:
-		a.metrics.jobs.WithLabelValues(JobError).Inc()
+		a.metrics.jobs.WithLabelValues(errorOutcome(err)).Inc()
 		var we *wire.Error
 		if !errors.As(err, &we) {
 			we = &wire.Error{Code: wire.CodeEngine, Message: err.Error()}
@@ -1014,7 +1014,7 @@ func (a *Agent) prefill(ctx context.Context, req *Request, out *stream, ps *pref
 		a.metrics.jobs.WithLabelValues(JobDrained).Inc()
 		out.fail(drainedError(a.cfg.ID))
 	default:
-		a.metrics.jobs.WithLabelValues(JobError).Inc()
+		a.metrics.jobs.WithLabelValues(errorOutcome(err)).Inc()
 		var we *wire.Error
 		if !errors.As(err, &we) {
 			we = &wire.Error{Code: wire.CodeEngine, Message: "prefill leg: " + err.Error()}
@@ -1099,7 +1099,7 @@ func (a *Agent) heartbeatLoop(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
-			a.publishHeartbeat(context.Background()) // the last word: draining, active 0
+			a.publishGoodbye()
 			_ = a.nc.FlushTimeout(time.Second)
 			return
 		case <-t.C:

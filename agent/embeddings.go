@@ -47,12 +47,12 @@ func (a *Agent) embed(ctx context.Context, job *wire.Job, out *stream) {
 		// The engine judged the request: its answer goes to the client as
 		// it is, unless it is the engine's own failure, which another agent
 		// may not share.
-		a.metrics.jobs.WithLabelValues(JobError).Inc()
 		we := &wire.Error{Code: wire.CodeBadRequest, HttpStatus: uint32(status),
 			Message: fmt.Sprintf("engine answered %d: %s", status, engineMessage(body))}
 		if status >= 500 || status == http.StatusTooManyRequests {
 			we.Code, we.Retryable = wire.CodeEngine, true
 		}
+		a.metrics.jobs.WithLabelValues(errorOutcome(we)).Inc()
 		out.ended = true
 		if err := out.send(&wire.Chunk{Kind: wire.Chunk_KIND_ERROR, Error: we, Raw: body}); err != nil {
 			a.log.Warn("error chunk not sent", "request", job.GetRequestId(), "err", err)
@@ -66,7 +66,7 @@ func (a *Agent) embed(ctx context.Context, job *wire.Job, out *stream) {
 		a.metrics.jobs.WithLabelValues(JobExpired).Inc()
 		out.fail(&wire.Error{Code: wire.CodeDeadlineExceeded, Message: "request deadline exceeded in the engine"})
 	default:
-		a.metrics.jobs.WithLabelValues(JobError).Inc()
+		a.metrics.jobs.WithLabelValues(errorOutcome(err)).Inc()
 		var we *wire.Error
 		if !errors.As(err, &we) {
 			we = &wire.Error{Code: wire.CodeEngineDown, Message: err.Error()}

@@ -1,6 +1,12 @@
 package agent
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"errors"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/switchyard-ai/switchyard/wire"
+)
 
 // Metrics are the agent's Prometheus collectors.
 type Metrics struct {
@@ -30,13 +36,26 @@ const (
 	JobExpired   = "expired"
 	JobHandedOff = "handed_off"
 	JobDrained   = "drained" // ended by the drain timeout, continued elsewhere
+	// JobClientError: the engine refused the request as invalid (a 400):
+	// the client's mistake, kept out of the error count operators watch.
+	JobClientError = "client_error"
 )
+
+// errorOutcome is the outcome of a job that ended with err: client_error
+// when the engine judged the request itself bad, else error.
+func errorOutcome(err error) string {
+	var we *wire.Error
+	if errors.As(err, &we) && we.Code == wire.CodeBadRequest {
+		return JobClientError
+	}
+	return JobError
+}
 
 func newMetrics(a *Agent) *Metrics {
 	return &Metrics{
 		a: a,
 		jobs: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "switchyard_agent_jobs_total", Help: "Jobs this agent ended, by outcome (ok, error, cancelled, expired, handed_off, drained).",
+			Name: "switchyard_agent_jobs_total", Help: "Jobs this agent ended, by outcome: ok, error (the engine or the agent failed), client_error (the engine refused the request as invalid), cancelled, expired, handed_off, drained.",
 		}, []string{"outcome"}),
 		ttft: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "switchyard_agent_engine_time_to_first_token_seconds", Help: "Time from calling the engine to its first token.",

@@ -411,8 +411,12 @@ func (b *Broker) ConnErr() error {
 	return ErrNotConnected
 }
 
-// Ready reports whether the broker can take requests: connected to NATS and
-// listening long enough to have heard every agent's heartbeat once.
+// Ready reports whether the broker can take requests: connected to NATS,
+// subscribed, and either some agent is eligible (a request can be
+// dispatched) or it has listened for a heartbeat interval, long enough to
+// have heard every agent once: from then on an empty fleet is the fleet's
+// state, not the broker's, and a request gets the dispatch rule's answer.
+// While neither holds it says it is listening for heartbeats.
 func (b *Broker) Ready() error {
 	if b.closing.Load() {
 		return ErrClosed
@@ -424,8 +428,8 @@ func (b *Broker) Ready() error {
 	if st == 0 {
 		return errors.New("broker not started")
 	}
-	if b.now().Sub(time.Unix(0, st)) < b.cfg.HeartbeatInterval {
-		return fmt.Errorf("capacity table still filling (listening %s of %s)", b.now().Sub(time.Unix(0, st)).Round(time.Millisecond), b.cfg.HeartbeatInterval)
+	if heard := b.now().Sub(time.Unix(0, st)); heard < b.cfg.HeartbeatInterval && len(b.table.Load().Models()) == 0 {
+		return fmt.Errorf("listening for heartbeats: no ready agent heard yet (%s of %s)", heard.Round(time.Millisecond), b.cfg.HeartbeatInterval)
 	}
 	return nil
 }
@@ -439,6 +443,10 @@ func (b *Broker) onHeartbeat(m *nats.Msg) {
 	hb, err := wire.UnmarshalHeartbeat(m.Data)
 	if err != nil {
 		b.log.Debug("bad heartbeat", "subject", m.Subject, "err", err)
+		return
+	}
+	if hb.GetState() == wire.StateStopped {
+		b.forgetAgent(agentKey{key.Model, key.Agent})
 		return
 	}
 	pool, err := dispatch.ParsePool(key.Pool)
@@ -483,6 +491,24 @@ func (b *Broker) onHeartbeat(m *nats.Msg) {
 		case b.dirty <- struct{}{}:
 		default:
 		}
+	}
+}
+
+// forgetAgent takes an agent that said goodbye (its last heartbeat, state
+// stopped) out of the capacity table at the next rebuild, which it asks
+// for now. Its model stays known: it may come back.
+func (b *Broker) forgetAgent(k agentKey) {
+	b.mu.Lock()
+	_, ok := b.agents[k]
+	delete(b.agents, k)
+	b.mu.Unlock()
+	if !ok {
+		return
+	}
+	b.log.Info("agent left", "model", k.model, "agent", k.id)
+	select {
+	case b.dirty <- struct{}{}:
+	default:
 	}
 }
 

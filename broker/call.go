@@ -124,6 +124,7 @@ type Call struct {
 	attemptStart    time.Time
 	agent           string // the agent that accepted the current attempt
 	prefillAgent    string
+	ranOn           []string    // the agents of earlier attempts, in order, for the log line
 	pair            string      // the PD pairing of the current attempt
 	jobSeq          uint64      // the stream sequence of the current attempt's job
 	publishBy       time.Time   // the bound of the current attempt's publish; zero: PublishWait from when it starts
@@ -288,6 +289,7 @@ func (c *Call) dispatch(ctx context.Context) error {
 		return fmt.Errorf("broker: encode job: %w", err)
 	}
 	c.Route, c.pair = route, d.Pair
+	c.ranOn = appendAgents(c.ranOn, c.prefillAgent, c.agent)
 	c.agent, c.prefillAgent, c.jobSeq, c.handedOff, c.heard = "", "", 0, time.Time{}, time.Time{}
 	c.arrived.Store(0)
 	// A leader election or a reconnect is waited out, within the publish
@@ -1156,7 +1158,7 @@ func (c *Call) deliver(ch *wire.Chunk) *wire.Chunk {
 		}
 	case wire.Chunk_KIND_ERROR:
 		c.ended.Store(true)
-		c.outcome = OutcomeError
+		c.outcome = errorOutcome(ch.GetError())
 	}
 	return ch
 }
@@ -1227,10 +1229,7 @@ func (c *Call) logEnd(outcome string) {
 	if !c.firstToken.IsZero() {
 		ttft = c.firstToken.Sub(c.Started)
 	}
-	agents := c.agent
-	if c.prefillAgent != "" {
-		agents = c.prefillAgent + "," + c.agent
-	}
+	agents := strings.Join(appendAgents(c.ranOn[:len(c.ranOn):len(c.ranOn)], c.prefillAgent, c.agent), ",")
 	log.LogAttrs(context.Background(), slog.LevelInfo, "request",
 		slog.String("request_id", c.ID),
 		slog.String("client_request_id", c.req.ClientRequestID),

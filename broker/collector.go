@@ -11,7 +11,7 @@ import (
 type fleetCollector struct {
 	b                                *Broker
 	weight, agents, slots, eff, free *prometheus.Desc
-	active, queue                    *prometheus.Desc
+	active, eligibleActive, queue    *prometheus.Desc
 	hitRate, treeBlocks              *prometheus.Desc
 }
 
@@ -26,8 +26,12 @@ func (b *Broker) Collector() prometheus.Collector {
 		slots:  prometheus.NewDesc("switchyard_pool_slots", "Slots advertised by the pool's eligible agents.", mp, nil),
 		eff:    prometheus.NewDesc("switchyard_pool_effective_slots", "Slots after slow start, as dispatch counts them.", mp, nil),
 		free:   prometheus.NewDesc("switchyard_pool_free_slots", "Effective slots not in use.", mp, nil),
-		active: prometheus.NewDesc("switchyard_pool_active_jobs", "Jobs the pool's agents hold.", mp, nil),
-		queue:  prometheus.NewDesc("switchyard_queue_depth", "Jobs waiting in the pool's queue.", mp, nil),
+		active: prometheus.NewDesc("switchyard_pool_active_jobs",
+			"Jobs all the pool's agents in the capacity table hold, eligible or not: a draining agent's streams and those of an agent whose PD partner left count here.", mp, nil),
+		eligibleActive: prometheus.NewDesc("switchyard_pool_eligible_active_jobs",
+			"Jobs the pool's eligible agents hold: what dispatch subtracts from effective slots to get free slots.", mp, nil),
+		queue: prometheus.NewDesc("switchyard_queue_depth",
+			"Jobs waiting in the pool's queue; 0 for every pool of a model in the capacity table whose queue is empty.", mp, nil),
 		hitRate: prometheus.NewDesc("switchyard_pool_prefix_cache_hit_ratio",
 			"Prompt tokens found in the engines' prefix caches over those looked up, as the pool's agents report their engines' counters (since the engines started).", mp, nil),
 		treeBlocks: prometheus.NewDesc("switchyard_affinity_tree_blocks", "(block, agent) entries in the pool's prefix-affinity tree.", mp, nil),
@@ -35,7 +39,7 @@ func (b *Broker) Collector() prometheus.Collector {
 }
 
 func (c *fleetCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.weight, c.agents, c.slots, c.eff, c.free, c.active, c.queue, c.hitRate, c.treeBlocks} {
+	for _, d := range []*prometheus.Desc{c.weight, c.agents, c.slots, c.eff, c.free, c.active, c.eligibleActive, c.queue, c.hitRate, c.treeBlocks} {
 		ch <- d
 	}
 }
@@ -54,6 +58,7 @@ func (c *fleetCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(c.eff, g, p.EffectiveSlots, name, pool)
 			ch <- prometheus.MustNewConstMetric(c.free, g, p.Free, name, pool)
 			ch <- prometheus.MustNewConstMetric(c.active, g, float64(p.Active), name, pool)
+			ch <- prometheus.MustNewConstMetric(c.eligibleActive, g, float64(p.EligibleActive), name, pool)
 		}
 		counts := map[[2]string]int{}
 		for _, a := range m.Agents() {
@@ -89,9 +94,28 @@ func (c *fleetCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(c.hitRate, g, r.h/r.q, k[0], k[1])
 		}
 	}
-	for model, pools := range c.b.QueueDepth() {
-		for pool, n := range pools {
-			ch <- prometheus.MustNewConstMetric(c.queue, g, float64(n), model, pool)
+	for k, n := range queueDepths(f, c.b.QueueDepth()) {
+		ch <- prometheus.MustNewConstMetric(c.queue, g, float64(n), k[0], k[1])
+	}
+}
+
+// queueDepths is the depth of every queue there is: each pool with agents
+// of each model in f (an empty queue reads 0, not absent), and any queue
+// the last reading of the jobs stream found jobs in.
+func queueDepths(f *dispatch.Fleet, depth map[string]map[string]int) map[[2]string]int {
+	out := make(map[[2]string]int)
+	for _, name := range f.AllModels() {
+		m, _ := f.Model(name)
+		for _, p := range m.Pools() {
+			if p.Agents > 0 {
+				out[[2]string{name, p.Pool.String()}] = 0
+			}
 		}
 	}
+	for model, pools := range depth {
+		for pool, n := range pools {
+			out[[2]string{model, pool}] = n
+		}
+	}
+	return out
 }

@@ -38,7 +38,7 @@ type rig struct {
 	b  *Broker
 }
 
-func newRig(t *testing.T, cfg Config) *rig {
+func newRig(t *testing.T, cfg Config, opts ...Option) *rig {
 	t.Helper()
 	s := natstest.RunJetStream(t)
 	nc, err := nats.Connect(s.ClientURL())
@@ -56,7 +56,7 @@ func newRig(t *testing.T, cfg Config) *rig {
 		cfg.AcceptTimeout = 200 * time.Millisecond
 	}
 	cfg.Dispatch.MissedHeartbeats = 3
-	b, err := New(nc, cfg, WithLogger(slog.New(slog.DiscardHandler)))
+	b, err := New(nc, cfg, append([]Option{WithLogger(slog.New(slog.DiscardHandler))}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,7 +2,22 @@ package broker
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/switchyard-ai/switchyard/wire"
 )
+
+// OutcomeClientError is the outcome of a request its engine refused as
+// invalid (a 400): the client's mistake, counted apart from "error", the
+// failures of the fleet that operators watch.
+const OutcomeClientError = "client_error"
+
+// errorOutcome is the outcome of a request that ended with e.
+func errorOutcome(e *wire.Error) string {
+	if e.GetCode() == wire.CodeBadRequest {
+		return OutcomeClientError
+	}
+	return OutcomeError
+}
 
 // Metrics are the broker's Prometheus collectors. Labels are bounded: model
 // ids come from heartbeats of agents, never from clients (a request for an
@@ -47,7 +62,8 @@ var (
 func NewMetrics() *Metrics {
 	return &Metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "switchyard_requests_total", Help: "Requests that ended, by model, route and outcome.",
+			Name: "switchyard_requests_total",
+			Help: "Requests that ended, by model, route and outcome: ok, error (the broker, NATS, an agent or an engine failed), client_error (the engine refused the request as invalid), cancelled (the client went away).",
 		}, []string{"model", "route", "outcome"}),
 		inflight: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "switchyard_requests_in_flight", Help: "Requests submitted and not yet ended.",

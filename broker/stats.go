@@ -131,3 +131,15 @@ func (b *Broker) pollDepth(ctx context.Context) {
 	}
 	b.depth.Store(&depthReading{pools: out, at: at})
 }
+
+// appendAgents appends an attempt's agents to ran, prefill before decode,
+// leaving out those it never heard of: the request's log line names every
+// agent it ran on, in attempt order.
+func appendAgents(ran []string, prefill, agent string) []string {
+	for _, a := range [2]string{prefill, agent} {
+		if a != "" {
+			ran = append(ran, a)
+		}
+	}
+	return ran
+}

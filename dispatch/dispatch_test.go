@@ -1022,9 +1022,9 @@ func TestPoolsAndAgents(t *testing.T) {
 		t.Errorf("Name, Mode, At = %q, %v, %v", m.Name(), m.Mode(), m.At())
 	}
 	want := []dispatch.PoolStats{
-		{Pool: R, Agents: 2, Eligible: 1, Slots: 8, EffectiveSlots: 8, Active: 3, Free: 5},
-		{Pool: P, Agents: 1, Eligible: 1, Slots: 20, EffectiveSlots: 2, Active: 1, Free: 1},
-		{Pool: D, Agents: 1, Eligible: 1, Slots: 4, EffectiveSlots: 4, Active: 6, Free: 0},
+		{Pool: R, Agents: 2, Eligible: 1, Slots: 8, EffectiveSlots: 8, Active: 4, EligibleActive: 3, Free: 5},
+		{Pool: P, Agents: 1, Eligible: 1, Slots: 20, EffectiveSlots: 2, Active: 1, EligibleActive: 1, Free: 1},
+		{Pool: D, Agents: 1, Eligible: 1, Slots: 4, EffectiveSlots: 4, Active: 6, EligibleActive: 6, Free: 0},
 	}
 	got := m.Pools()
 	for i := range want {
@@ -1053,5 +1053,35 @@ func TestPoolsAndAgents(t *testing.T) {
 	}
 	if ids := []string{views[0].ID, views[1].ID, views[2].ID, views[3].ID}; ids[0] != "r1" || ids[3] != "d1" {
 		t.Errorf("Agents() order = %v, want input order", ids)
+	}
+}
+
+// A pool's Active is all the work its agents hold: a draining agent's live
+// streams, and those of a decode agent whose prefill partner drains, still
+// count there, while EligibleActive and Free count only what dispatch does.
+func TestPoolActiveCountsWorkInFlight(t *testing.T) {
+	R, P, D := dispatch.PoolRegular, dispatch.PoolPrefill, dispatch.PoolDecode
+	draining := func(a dispatch.Agent) dispatch.Agent {
+		a.State = dispatch.StateDraining
+		return a
+	}
+	m := dispatch.NewModel("llama", []dispatch.Agent{
+		draining(ready("r1", R, 8, 4)),
+		draining(ready("p1", P, 8, 2)),
+		ready("d1", D, 8, 4),
+	}, t0, dispatch.DefaultConfig())
+	want := []dispatch.PoolStats{
+		{Pool: R, Agents: 1, Active: 4},
+		{Pool: P, Agents: 1, Active: 2},
+		{Pool: D, Agents: 1, Active: 4}, // no partner: not eligible, still busy
+	}
+	for i, got := range m.Pools() {
+		if got != want[i] {
+			t.Errorf("Pools()[%d] = %+v, want %+v", i, got, want[i])
+		}
+	}
+	pairs := m.Pairs()
+	if len(pairs) != 1 || pairs[0].Decode.Active != 4 || pairs[0].Decode.EligibleActive != 0 || pairs[0].Prefill.Active != 2 {
+		t.Errorf("Pairs() = %+v, want decode active 4 (eligible 0), prefill active 2", pairs)
 	}
 }

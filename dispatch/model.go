@@ -70,17 +70,23 @@ const (
 )
 
 // PoolStats aggregates one pool of a model (of all pairings, for prefill
-// and decode). Slots, EffectiveSlots, Active and Free sum over the eligible
-// agents only; Agents counts all of them. Free is max(0, EffectiveSlots -
-// Active) per pairing, from heartbeats alone (Decide also subtracts what the
-// broker has seen since; see InFlight).
+// and decode). Agents and Active count every agent in the table, so Active
+// is all the work the pool holds, a draining agent's streams and an agent
+// cut off from its PD partner included. Eligible, Slots, EffectiveSlots,
+// EligibleActive and Free sum over the eligible agents only: what dispatch
+// counts. Free is max(0, EffectiveSlots - EligibleActive) per pairing, from
+// heartbeats alone (Decide also subtracts what the broker has seen since;
+// see InFlight).
 type PoolStats struct {
 	Pool           Pool
 	Agents         int
 	Eligible       int
 	Slots          int
 	EffectiveSlots float64
-	Active         int
+	// Active is the jobs held by all the pool's agents, eligible or not.
+	Active int
+	// EligibleActive is the jobs held by its eligible agents.
+	EligibleActive int
 	Free           float64
 }
 
@@ -283,11 +289,11 @@ func NewModel(name string, agents []Agent, now time.Time, cfg Config) *Model {
 		}
 	}
 	reg := &m.pools[PoolRegular]
-	reg.Free = max(reg.EffectiveSlots-float64(reg.Active), 0)
+	reg.Free = max(reg.EffectiveSlots-float64(reg.EligibleActive), 0)
 	for i := range m.pairs {
 		ps := &m.pairs[i]
 		for _, side := range []*PoolStats{&ps.Prefill, &ps.Decode} {
-			side.Free = max(side.EffectiveSlots-float64(side.Active), 0)
+			side.Free = max(side.EffectiveSlots-float64(side.EligibleActive), 0)
 			m.pools[side.Pool].Free += side.Free
 		}
 	}
@@ -296,7 +302,7 @@ func NewModel(name string, agents []Agent, now time.Time, cfg Config) *Model {
 	if reg.Eligible > 0 {
 		m.cands = append(m.cands, candidate{
 			route: RouteRegular,
-			legs:  [2]leg{{pool: PoolRegular, eff: reg.EffectiveSlots, active: reg.Active, uncounted: regUncounted, fig: regTiming.figures()}},
+			legs:  [2]leg{{pool: PoolRegular, eff: reg.EffectiveSlots, active: reg.EligibleActive, uncounted: regUncounted, fig: regTiming.figures()}},
 			nlegs: 1,
 		})
 	}
@@ -310,8 +316,8 @@ func NewModel(name string, agents []Agent, now time.Time, cfg Config) *Model {
 			route: RoutePD,
 			pair:  ps.Key,
 			legs: [2]leg{
-				{pool: PoolDecode, eff: ps.Decode.EffectiveSlots, active: ps.Decode.Active, uncounted: perPair[i].uncounted[1], fig: perPair[i].timing[1].figures()},
-				{pool: PoolPrefill, eff: ps.Prefill.EffectiveSlots, active: ps.Prefill.Active, uncounted: perPair[i].uncounted[0], fig: perPair[i].timing[0].figures()},
+				{pool: PoolDecode, eff: ps.Decode.EffectiveSlots, active: ps.Decode.EligibleActive, uncounted: perPair[i].uncounted[1], fig: perPair[i].timing[1].figures()},
+				{pool: PoolPrefill, eff: ps.Prefill.EffectiveSlots, active: ps.Prefill.EligibleActive, uncounted: perPair[i].uncounted[0], fig: perPair[i].timing[0].figures()},
 			},
 			nlegs: 2,
 		})
@@ -379,13 +385,14 @@ func NewModel(name string, agents []Agent, now time.Time, cfg Config) *Model {
 // add counts agent v in ps.
 func add(ps *PoolStats, v *AgentView) {
 	ps.Agents++
+	ps.Active += max(v.Active, 0)
 	if !v.Eligible {
 		return
 	}
 	ps.Eligible++
 	ps.Slots += v.Slots
 	ps.EffectiveSlots += v.EffectiveSlots
-	ps.Active += max(v.Active, 0)
+	ps.EligibleActive += max(v.Active, 0)
 }
 
 // pair groups the prefill and decode agents by pairing key and takes

@@ -31,6 +31,10 @@ const (
 // Kinds lists every reported error kind, in report order.
 var Kinds = []ErrorKind{KindHTTP4xx, KindHTTP429, KindHTTP5xx, KindHTTPOther, KindTimeout, KindStreamError, KindConnect}
 
+// RouteHeader is the header a Switchyard broker names a request's route
+// in; the raw output records it per request.
+const RouteHeader = "X-Switchyard-Route"
+
 // newTransport returns a Transport for many concurrent streams to one host:
 // every connection kept for reuse, no proxy from the environment, and no
 // gzip, which would buffer a stream and cost the client CPU.
@@ -65,6 +69,9 @@ type record struct {
 	promptTokens int
 	kind         ErrorKind // "" on success
 	err          error
+	// route is the answer's x-switchyard-route header (regular or pd):
+	// where a Switchyard broker sent the request; "" from other servers.
+	route string
 }
 
 func (r *record) tpot() time.Duration {
@@ -109,6 +116,7 @@ func (c *client) do(run context.Context, body []byte, rec *record, epoch time.Ti
 		return
 	}
 	defer resp.Body.Close()
+	rec.route = resp.Header.Get(RouteHeader)
 	if resp.StatusCode != http.StatusOK {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 		rec.kind = statusKind(resp.StatusCode)

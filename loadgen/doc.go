@@ -27,6 +27,12 @@
 //     (the request asks for it with stream_options.include_usage), else the
 //     number of content events.
 //
+// The raw output ([WithRawOut], --raw-out) has one line per request with
+// these figures, its error and, from a Switchyard broker, the route it
+// took (its x-switchyard-route header). An https URL is checked against
+// the system's certificate authorities, or those of [WithRootCAs]
+// (--ca-file) for a broker with a private CA.
+//
 // Throughput is over the measured window: from sending the first measured
 // (non-warm-up) request to the end of the last one. Percentiles interpolate
 // linearly between closest ranks, as numpy.percentile does.

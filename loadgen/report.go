@@ -219,8 +219,12 @@ type RawRecord struct {
 	E2EMS        float64 `json:"e2e_ms"`
 	OutputTokens int     `json:"output_tokens"`
 	PromptTokens int     `json:"prompt_tokens"`
-	Error        string  `json:"error,omitempty"`
-	Detail       string  `json:"detail,omitempty"`
+	// Route is the route a Switchyard broker chose (its
+	// x-switchyard-route header: regular or pd); absent when the server
+	// does not say.
+	Route  string `json:"route,omitempty"`
+	Error  string `json:"error,omitempty"`
+	Detail string `json:"detail,omitempty"`
 }
 
 func writeRaw(w io.Writer, recs []*record) error {
@@ -235,6 +239,7 @@ func writeRaw(w io.Writer, recs []*record) error {
 			E2EMS:        ms(float64(rec.e2e)),
 			OutputTokens: rec.outTokens,
 			PromptTokens: rec.promptTokens,
+			Route:        rec.route,
 			Error:        string(rec.kind),
 		}
 		if rec.err != nil {

@@ -2,6 +2,8 @@ package loadgen
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"io"
 	"math"
@@ -21,6 +23,7 @@ type options struct {
 	progress io.Writer
 	every    time.Duration
 	raw      io.Writer
+	roots    *x509.CertPool
 }
 
 // WithHTTPClient replaces the tuned client Run builds (for a custom TLS
@@ -32,6 +35,11 @@ func WithHTTPClient(c *http.Client) Option { return func(o *options) { o.client 
 func WithProgress(w io.Writer, interval time.Duration) Option {
 	return func(o *options) { o.progress, o.every = w, interval }
 }
+
+// WithRootCAs makes the client Run builds trust the certificate
+// authorities in pool (a broker serving TLS with a private CA) instead of
+// the system's. It has no effect with WithHTTPClient.
+func WithRootCAs(pool *x509.CertPool) Option { return func(o *options) { o.roots = pool } }
 
 // WithRawOut writes one JSON line per request to w once the run is done,
 // warm-up included and marked, in issue order; see [RawRecord].
@@ -58,6 +66,9 @@ func Run(ctx context.Context, cfg Config, opts ...Option) (*Report, error) {
 			conns = 1024
 		}
 		tr := newTransport(max(conns, 16))
+		if o.roots != nil {
+			tr.TLSClientConfig = &tls.Config{RootCAs: o.roots, MinVersion: tls.VersionTLS12}
+		}
 		defer tr.CloseIdleConnections()
 		o.client = &http.Client{Transport: tr}
 	}

@@ -11,6 +11,12 @@ const (
 	StateWarming  = "warming"
 	StateReady    = "ready"
 	StateDraining = "draining"
+	// StateStopped is an agent's last heartbeat, sent as it exits with
+	// nothing held: brokers take it out of their capacity table at once
+	// rather than keep it as a stale entry until it is forgotten. A broker
+	// that does not know the state ignores the heartbeat, and the agent
+	// goes stale as if it had died.
+	StateStopped = "stopped"
 )
 
 var (

@@ -868,7 +868,7 @@ type Heartbeat struct {
 	Pool          string                 `protobuf:"bytes,3,opt,name=pool,proto3" json:"pool,omitempty"`                                               // "regular", "prefill" or "decode"
 	Engine        string                 `protobuf:"bytes,4,opt,name=engine,proto3" json:"engine,omitempty"`                                           // adapter: sim, openai, vllm, sglang, vllm-grpc
 	Transport     string                 `protobuf:"bytes,5,opt,name=transport,proto3" json:"transport,omitempty"`                                     // "http", "grpc" or "inproc"
-	State         string                 `protobuf:"bytes,6,opt,name=state,proto3" json:"state,omitempty"`                                             // "warming", "ready" or "draining"
+	State         string                 `protobuf:"bytes,6,opt,name=state,proto3" json:"state,omitempty"`                                             // "warming", "ready", "draining" or "stopped" (its last)
 	Slots         uint32                 `protobuf:"varint,7,opt,name=slots,proto3" json:"slots,omitempty"`                                            // max concurrent jobs
 	Active        uint32                 `protobuf:"varint,8,opt,name=active,proto3" json:"active,omitempty"`                                          // jobs held now
 	EngineRunning *uint32                `protobuf:"varint,9,opt,name=engine_running,json=engineRunning,proto3,oneof" json:"engine_running,omitempty"` // engine-reported, when known

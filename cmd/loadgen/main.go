@@ -13,6 +13,7 @@ package main
 
 import (
 	"context"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -60,7 +61,8 @@ func run(ctx context.Context, args []string, _ func(string) string, stdout, stde
 	slo := fs.String("slo", "", "goodput SLOs, such as ttft=200ms,tpot=50ms,e2e=2s (plain numbers are ms)")
 	fs.DurationVar(&cfg.Timeout, "timeout", 5*time.Minute, "bound on each request (0: none)")
 	asJSON := fs.Bool("json", false, "print one JSON object instead of the table")
-	rawOut := fs.String("raw-out", "", "write one JSON line per request to this file")
+	rawOut := fs.String("raw-out", "", "write one JSON line per request to this file (times, tokens, route, error)")
+	caFile := fs.String("ca-file", "", "PEM file of the certificate authorities to trust for an https --url (a broker with a private CA); default: the system's")
 	progress := fs.Bool("progress", false, "draw a progress bar on stderr even when it is not a terminal")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -113,6 +115,17 @@ func run(ctx context.Context, args []string, _ func(string) string, stdout, stde
 	}
 
 	var opts []loadgen.Option
+	if *caFile != "" {
+		pem, err := os.ReadFile(*caFile)
+		if err != nil {
+			return fmt.Errorf("--ca-file: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return fmt.Errorf("--ca-file %s: no PEM certificate in it", *caFile)
+		}
+		opts = append(opts, loadgen.WithRootCAs(pool))
+	}
 	if *progress || isTerminal(stderr) {
 		opts = append(opts, loadgen.WithProgress(stderr, 250*time.Millisecond))
 	}

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"encoding/pem"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -102,6 +104,8 @@ func TestRunBadFlags(t *testing.T) {
 		{"prompts and lengths", []string{"--model", "m", "--prompts", "x.jsonl", "--prompt-tokens", "3"}, "exclusive"},
 		{"stray argument", []string{"--model", "m", "extra"}, "unexpected"},
 		{"unknown flag", []string{"--nope"}, "nope"},
+		{"missing ca file", []string{"--model", "m", "--ca-file", "/nonexistent/ca.pem"}, "--ca-file"},
+		{"ca file without pem", []string{"--model", "m", "--ca-file", "main_test.go"}, "no PEM certificate"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var stdout, stderr bytes.Buffer
@@ -110,5 +114,64 @@ func TestRunBadFlags(t *testing.T) {
 				t.Fatalf("err = %v (stderr %q), want it to mention %q", err, stderr.String(), tc.want)
 			}
 		})
+	}
+}
+
+// TestRunTLSAndRoute: with --ca-file loadgen trusts a broker's private CA
+// (without it the same run fails to connect), and --raw-out records each
+// request's route from the x-switchyard-route header.
+func TestRunTLSAndRoute(t *testing.T) {
+	eng, err := simengine.New(simengine.Config{Model: "m", TTFT: time.Millisecond, ITL: time.Millisecond, Slots: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := eng.Handler()
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Switchyard-Route", "pd")
+		h.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	dir := t.TempDir()
+	ca := filepath.Join(dir, "ca.pem")
+	if err := os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	raw := filepath.Join(dir, "raw.jsonl")
+	args := []string{"--url", srv.URL, "--model", "m", "--requests", "3", "--max-tokens", "2", "--json", "--raw-out", raw}
+
+	var stdout, stderr bytes.Buffer
+	if err := run(context.Background(), append(args, "--ca-file", ca), noenv, &stdout, &stderr); err != nil {
+		t.Fatalf("%v\n%s", err, stderr.String())
+	}
+	var rep struct {
+		Completed int `json:"completed"`
+	}
+	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil || rep.Completed != 3 {
+		t.Fatalf("report %s (%v), want 3 completed", stdout.String(), err)
+	}
+	b, err := os.ReadFile(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(lines) != 3 {
+		t.Fatalf("%d raw lines, want 3", len(lines))
+	}
+	for _, l := range lines {
+		var rr struct {
+			Route string `json:"route"`
+		}
+		if err := json.Unmarshal([]byte(l), &rr); err != nil || rr.Route != "pd" {
+			t.Errorf("raw line %s: route %q (%v), want pd", l, rr.Route, err)
+		}
+	}
+
+	stdout.Reset()
+	if err := run(context.Background(), args, noenv, &stdout, &stderr); err != nil {
+		t.Fatalf("%v\n%s", err, stderr.String())
+	}
+	rep.Completed = -1
+	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil || rep.Completed != 0 {
+		t.Fatalf("report %s (%v): without --ca-file no request should complete", stdout.String(), err)
 	}
 }

@@ -337,9 +337,9 @@ func pdFleet(now time.Time) map[string]any {
 			"recent":  map[string]any{"window_seconds": 60, "regular": 412, "pd": 268},
 			"queue":   map[string]any{"regular": 0, "prefill": 3, "decode": 1},
 			"pools": []any{
-				map[string]any{"pool": "regular", "agents": 3, "eligible": 2, "slots": 32, "effective_slots": 32, "active": 23, "free": 9},
-				map[string]any{"pool": "prefill", "agents": 1, "eligible": 1, "slots": 16, "effective_slots": 6.5, "active": 3, "free": 3.5},
-				map[string]any{"pool": "decode", "agents": 1, "eligible": 1, "slots": 16, "effective_slots": 16, "active": 12, "free": 4},
+				map[string]any{"pool": "regular", "agents": 3, "eligible": 2, "slots": 32, "effective_slots": 32, "active": 23, "eligible_active": 23, "free": 9},
+				map[string]any{"pool": "prefill", "agents": 1, "eligible": 1, "slots": 16, "effective_slots": 6.5, "active": 3, "eligible_active": 3, "free": 3.5},
+				map[string]any{"pool": "decode", "agents": 1, "eligible": 1, "slots": 16, "effective_slots": 16, "active": 12, "eligible_active": 12, "free": 4},
 			},
 		}},
 		"agents": []any{

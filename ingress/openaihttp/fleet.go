@@ -29,6 +29,12 @@ type fleetAgent struct {
 	StateReason string `json:"state_reason,omitempty"`
 }
 
+// fleetPool is one pool (or one side of a pairing). Agents and Active
+// count every agent in the table: Active is all the work the pool holds,
+// a draining agent's streams and those of a decode agent whose prefill
+// partner left included. Eligible, Slots, EffectiveSlots, EligibleActive
+// and Free count the eligible agents only, as dispatch does: Free is
+// EffectiveSlots less EligibleActive.
 type fleetPool struct {
 	Pool           string  `json:"pool"`
 	Agents         int     `json:"agents"`
@@ -36,6 +42,7 @@ type fleetPool struct {
 	Slots          int     `json:"slots"`
 	EffectiveSlots float64 `json:"effective_slots"`
 	Active         int     `json:"active"`
+	EligibleActive int     `json:"eligible_active"`
 	Free           float64 `json:"free"`
 }
 
@@ -81,15 +88,15 @@ type fleetRecent struct {
 type fleetView struct {
 	At time.Time `json:"at"`
 	// NotReady is "" while this broker takes requests, else why not: NATS
-	// unreachable in the server's own words, shutting down, or the capacity
-	// table still filling.
+	// unreachable in the server's own words, shutting down, or listening
+	// for heartbeats with no ready agent heard yet.
 	NotReady string       `json:"not_ready,omitempty"`
 	Models   []fleetModel `json:"models"`
 	Agents   []fleetAgent `json:"agents"`
 }
 
 func poolView(ps broker.PoolStats) fleetPool {
-	return fleetPool{Pool: ps.Pool.String(), Agents: ps.Agents, Eligible: ps.Eligible, Slots: ps.Slots, EffectiveSlots: ps.EffectiveSlots, Active: ps.Active, Free: ps.Free}
+	return fleetPool{Pool: ps.Pool.String(), Agents: ps.Agents, Eligible: ps.Eligible, Slots: ps.Slots, EffectiveSlots: ps.EffectiveSlots, Active: ps.Active, EligibleActive: ps.EligibleActive, Free: ps.Free}
 }
 
 // recentWindow is the span of the fleet view's recent route split.

@@ -116,7 +116,7 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*o
 	fs.StringVar(&o.httpAddr, "http", "127.0.0.1:8080", "HTTP listen address of the OpenAI API, /metrics and health")
 	fs.StringVar(&o.natsURL, "nats-url", "", "external NATS server URLs, comma-separated; empty runs an embedded server")
 	fs.StringVar(&o.natsListen, "nats-listen", "127.0.0.1:4222", "embedded NATS: client listen address for agents (port 0 = random)")
-	fs.StringVar(&o.dataDir, "data-dir", "", "embedded NATS: JetStream store directory (default $TMPDIR/switchyard-nats-<port>)")
+	fs.StringVar(&o.dataDir, "data-dir", "", "embedded NATS: JetStream store directory (default $TMPDIR/switchyard-nats-<port>; with --demo, removed on exit)")
 	fs.IntVar(&o.maxPayload, "nats-max-payload", DefaultMaxPayload, "embedded NATS: max message size in bytes")
 	fs.Int64Var(&o.maxBody, "max-body", openaihttp.DefaultMaxBody, "largest HTTP request body in bytes (413 above)")
 	fs.StringVar(&o.prefix, "prefix", subjects.DefaultPrefix, "first token(s) of every NATS subject")
@@ -284,9 +284,15 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		if err != nil {
 			return err
 		}
+		scratch := o.demo && o.dataDir == "" && o.natsConfig == ""
+		store := filepath.Dir(ns.StoreDir()) // the server adds "jetstream"
 		defer func() {
 			ns.Shutdown()
 			ns.WaitForShutdown()
+			if scratch {
+				// The demo's store under $TMPDIR is scratch: leave none behind.
+				_ = os.RemoveAll(store)
+			}
 		}()
 		natsURL = ns.ClientURL()
 		natsOpts = append(natsOpts, nats.InProcessServer(ns))

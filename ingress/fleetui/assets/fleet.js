@@ -304,14 +304,16 @@
       split += `<span class="lbl" title="requests started in the last ${win} s">Recent${win > 0 ? ' ' + win + ' s' : ''}</span>${splitBar('recent', num(m.recent.regular), num(m.recent.pd), (v) => String(v))}`;
     }
     const rows = (m.pools || []).map((p) => {
-      const eff = num(p.effective_slots), act = num(p.active);
-      const util = eff > 0 ? Math.min(1, act / eff) : 0;
+      // active: every agent's jobs, draining ones included; utilisation
+      // is of the eligible agents, as dispatch counts them.
+      const eff = num(p.effective_slots), act = num(p.active), eact = num(p.eligible_active);
+      const util = eff > 0 ? Math.min(1, eact / eff) : 0;
       const dim = p.agents === 0 ? ' class="muted"' : '';
       return `<tr data-pool="${esc(p.pool)}"${dim}>` +
         `<td><span class="pool-tag ${esc(p.pool)}">${esc(p.pool)}</span></td>` +
         `<td class="num">${p.agents}</td><td class="num">${p.eligible}</td>` +
         `<td class="num">${p.slots}</td><td class="num">${fmtSlots(eff)}</td>` +
-        `<td class="num">${act}</td><td class="num">${fmtSlots(num(p.free))}</td>` +
+        `<td class="num" data-active="${act}" title="${eact} on eligible agents">${act}</td><td class="num">${fmtSlots(num(p.free))}</td>` +
         `<td><span class="bar"><span class="track"><span class="fill util${util > 0.85 ? ' hot' : ''}" style="width:${(util * 100).toFixed(1)}%"></span></span>` +
         `<span class="txt">${(util * 100).toFixed(0)}%</span></span></td></tr>`;
     }).join('');
@@ -319,7 +321,7 @@
       `<span class="mode" title="dispatch weight mode">${esc(m.mode)}</span>${queue}</div>` +
       `<div class="split">${split}</div>` + affinityHTML(m.affinity) +
       `<table class="pools"><thead><tr><th>Pool</th><th class="num">Agents</th><th class="num">Eligible</th>` +
-      `<th class="num">Slots</th><th class="num">Effective</th><th class="num">Active</th><th class="num">Free</th><th>Utilisation</th></tr></thead>` +
+      `<th class="num">Slots</th><th class="num">Effective</th><th class="num" title="jobs held by all the pool's agents, draining ones included">Active</th><th class="num">Free</th><th title="eligible agents' active over effective slots">Utilisation</th></tr></thead>` +
       `<tbody>${rows}</tbody></table>`;
   }
 
