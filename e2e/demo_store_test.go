@@ -4,6 +4,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/switchyard-ai/switchyard/internal/cmdtest"
 )
 
 // TestDemoRemovesItsStore: a demo broker with no --data-dir keeps its
@@ -11,9 +13,9 @@ import (
 func TestDemoRemovesItsStore(t *testing.T) {
 	tmp := t.TempDir()
 	t.Setenv("TMPDIR", tmp)
-	p := start(t, brokerRun, "--demo", "--demo-agents", "regular=1", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0",
+	p := cmdtest.Start(t, brokerRun, "--demo", "--demo-agents", "regular=1", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0",
 		"--nats-listen", "127.0.0.1:0", "--heartbeat-interval", "100ms", "--log-level", "warn")
-	waitBroker(t, p.out, p.exited)
+	cmdtest.WaitBroker(t, p.Out, p.Exited)
 	stores, _ := filepath.Glob(filepath.Join(tmp, "switchyard-nats-*"))
 	if len(stores) != 1 {
 		t.Fatalf("stores under $TMPDIR while running: %v, want one", stores)

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchyard-ai/switchyard/internal/cmdtest"
 	"github.com/switchyard-ai/switchyard/internal/testwait"
 	"github.com/switchyard-ai/switchyard/simengine"
 )
@@ -45,16 +46,16 @@ func getFleetPools(base string) (fleetPools, error) {
 // drained and exited, its last heartbeat takes it out of the fleet view at
 // once, instead of it lingering as a stale entry.
 func TestDrainingAgentCountsAndLeaves(t *testing.T) {
-	b := startBroker(t)
+	b := cmdtest.StartBroker(t)
 	e := startEngine(t, simengine.Config{Model: model, TTFT: time.Millisecond, ITL: 20 * time.Millisecond, Slots: 4})
 	a := startAgent(t, b.NATS, "a1", e, 4)
-	waitEligible(t, b.HTTP, "a1")
+	cmdtest.WaitEligible(t, b.HTTP, "a1")
 	var hangUps []func()
 	for i := range 2 {
 		hangUp, _ := openStream(t, b.HTTP, fmt.Sprintf("a long story %d", i), 5000)
 		hangUps = append(hangUps, hangUp)
 	}
-	a.cancel() // as SIGTERM: the agent drains what it holds
+	a.Cancel() // as SIGTERM: the agent drains what it holds
 
 	testwait.For(t, 20*time.Second, 10*time.Millisecond, func() error {
 		f, err := getFleetPools(b.HTTP)
@@ -104,9 +105,9 @@ func TestDrainingAgentCountsAndLeaves(t *testing.T) {
 // TestQueueDepthReadsZero: the queue depth of a pool with agents reads 0
 // when its queue is empty, rather than being absent from /metrics.
 func TestQueueDepthReadsZero(t *testing.T) {
-	b := startBroker(t)
+	b := cmdtest.StartBroker(t)
 	startAgent(t, b.NATS, "a1", fastEngine(t, 4), 4)
-	waitEligible(t, b.HTTP, "a1")
+	cmdtest.WaitEligible(t, b.HTTP, "a1")
 	metric := `switchyard_queue_depth{model="` + model + `",pool="regular"}`
 	if v := scrapeValue(b.HTTP+"/metrics", metric); v != "0" {
 		t.Errorf("%s = %q, want 0", metric, v)

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchyard-ai/switchyard/internal/cmdtest"
 	"github.com/switchyard-ai/switchyard/internal/testwait"
 	"github.com/switchyard-ai/switchyard/simengine"
 )
@@ -38,17 +39,17 @@ func refusingEngine(t *testing.T) *engine {
 	go func() { _ = srv.Serve(ln) }()
 	e := &engine{Engine: se, URL: "http://" + ln.Addr().String(), Stop: func() { _ = srv.Close(); _ = se.Close() }}
 	t.Cleanup(e.Stop)
-	waitHealthy(t, e.URL)
+	cmdtest.WaitHealthy(t, e.URL)
 	return e
 }
 
 // TestEngineRefusalIsClientError: a request its engine refuses as invalid
 // counts as client_error, not error, on the broker and on the agent.
 func TestEngineRefusalIsClientError(t *testing.T) {
-	b := startBroker(t)
+	b := cmdtest.StartBroker(t)
 	agentMetrics := fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
 	startAgent(t, b.NATS, "a1", refusingEngine(t), 4, "--metrics-listen", strings.TrimPrefix(agentMetrics, "http://"))
-	waitEligible(t, b.HTTP, "a1")
+	cmdtest.WaitEligible(t, b.HTTP, "a1")
 	resp, err := http.Post(b.HTTP+"/v1/chat/completions", "application/json",
 		strings.NewReader(`{"model":"`+model+`","messages":[{"role":"user","content":"far too long"}]}`))
 	if err != nil {
