@@ -209,6 +209,8 @@ type fleet struct {
 		Active   int    `json:"active"`
 		Eligible bool   `json:"eligible"`
 		Reason   string `json:"reason"`
+		// StateReason is the agent's own word on why it does not serve.
+		StateReason string `json:"state_reason"`
 		// LastHeartbeat is when the broker last heard the agent.
 		LastHeartbeat time.Time `json:"last_heartbeat"`
 	} `json:"agents"`

@@ -75,6 +75,7 @@ type options struct {
 	tokenizerFor agent.PromptTokenizer // the HTTP engine, for --kv-events-hash vllm
 	noDirected   bool
 	log          *slog.Logger
+	pending      *pending // announces the agent while its model is not known
 }
 
 func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*options, error) {
@@ -200,19 +201,12 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if replyLinger == 0 {
 		replyLinger = -1 // off, as keepalive
 	}
-	eng, transport, err := buildEngine(ctx, o)
-	defer func() {
-		for _, c := range o.closers {
-			_ = c()
-		}
-	}()
-	if err != nil {
-		return err
-	}
 	natsOpts, err := o.natsAuth.Options()
 	if err != nil {
 		return err
 	}
+	// NATS first: an agent whose engine takes minutes to name its model
+	// announces itself as warming meanwhile (see pending).
 	link := cli.NewNATSLink(log, "switchyard-agent-"+o.id)
 	nc, err := nats.Connect(o.natsURL, append(link.Options(), natsOpts...)...)
 	if err != nil {
@@ -220,6 +214,19 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	go link.Watch(ctx, nc, o.natsURL, natsOpts)
 	defer nc.Close()
+	if o.pending, err = newPending(nc, o); err != nil {
+		return err
+	}
+	eng, transport, err := buildEngine(ctx, o)
+	defer func() {
+		for _, c := range o.closers {
+			_ = c()
+		}
+	}()
+	o.pending.done()
+	if err != nil {
+		return err
+	}
 	aopts := []agent.Option{agent.WithLogger(log)}
 	if o.kvEvents != "" && o.kvHash == agent.KVHashVLLM {
 		if o.tokenizerFor == nil {
@@ -256,7 +263,8 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 }
 
 // firstModel asks the engine what it serves, waiting for it to come up.
-func firstModel(ctx context.Context, oa *openai.Adapter, log *slog.Logger) (string, error) {
+// Meanwhile it heartbeats as warming under PendingModel, with the reason.
+func firstModel(ctx context.Context, oa *openai.Adapter, log *slog.Logger, p *pending) (string, error) {
 	for delay := 200 * time.Millisecond; ; delay = min(2*delay, 5*time.Second) {
 		mctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		models, err := oa.Models(mctx)
@@ -274,10 +282,10 @@ func firstModel(ctx context.Context, oa *openai.Adapter, log *slog.Logger) (stri
 		} else {
 			log.Info("waiting for the engine to list its models (--model skips this)", "err", err)
 		}
-		select {
-		case <-ctx.Done():
-			return "", fmt.Errorf("engine models: %w", errors.Join(err, ctx.Err()))
-		case <-time.After(delay):
+		reason := "engine has not named its model yet: " + err.Error()
+		p.warming(reason)
+		if err := p.wait(ctx, delay, reason); err != nil {
+			return "", fmt.Errorf("engine models: %w", err)
 		}
 	}
 }
@@ -338,7 +346,7 @@ func buildEngine(ctx context.Context, o *options) (agent.Engine, string, error) 
 			if err != nil {
 				return nil, "", err
 			}
-			if o.model, err = firstModel(ctx, probe, o.log); err != nil {
+			if o.model, err = firstModel(ctx, probe, o.log, o.pending); err != nil {
 				return nil, "", err
 			}
 		}
