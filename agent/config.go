@@ -134,13 +134,19 @@ type Config struct {
 	AffinityBlockSize int
 }
 
+// DefaultID is an agent's id when none is given: the host's name and the
+// process id.
+func DefaultID() string {
+	h, _ := os.Hostname()
+	if h == "" {
+		h = "agent"
+	}
+	return h + "-" + strconv.Itoa(os.Getpid())
+}
+
 func (c *Config) setDefaults() {
 	if c.ID == "" {
-		h, _ := os.Hostname()
-		if h == "" {
-			h = "agent"
-		}
-		c.ID = h + "-" + strconv.Itoa(os.Getpid())
+		c.ID = DefaultID()
 	}
 	if c.Pool == "" {
 		c.Pool = subjects.PoolRegular

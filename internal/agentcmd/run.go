@@ -214,6 +214,9 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	go link.Watch(ctx, nc, o.natsURL, natsOpts)
 	defer nc.Close()
+	if o.id == "" {
+		o.id = agent.DefaultID()
+	}
 	if o.pending, err = newPending(nc, o); err != nil {
 		return err
 	}
