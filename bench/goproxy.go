@@ -27,9 +27,8 @@ import (
 // collector's target, the sysmon setting, the adaptive GOMAXPROCS). It has
 // no NATS, no validation and no JSON: whatever Switchyard's broker costs
 // beyond it is Switchyard's; what it costs beyond nginx is Go's net/http
-// and runtime on this machine. It is a bound, not a floor: the broker
-// serves HTTP/1.1 with its own loop (internal/h1), not net/http's, and
-// can cost less than it.
+// and runtime on this machine. The broker serves HTTP with the same
+// net/http, so this is the floor of its HTTP cost.
 
 // goproxyArg is the re-executed form of this program that serves the Go
 // proxy: "__goproxy HOST:PORT[,HOST:PORT...]".

@@ -94,14 +94,6 @@ type Call struct {
 	// timer, not on a channel per event.
 	failErr error
 	broken  *brokenAttempt
-	// direct is the reader's direct sink (see SetDirect); directOff is set
-	// for good by a new attempt, directStop while the reader has a sink's
-	// leftovers to flush, which flushAsk tells it (see ErrFlush).
-	direct     DirectSink
-	directOff  bool
-	directStop bool
-	flushAsk   bool
-	unsent     bool // the sink holds events not yet flushed (in Broker.unsent)
 
 	ended    atomic.Bool  // a final or error chunk was handed out
 	recancel atomic.Int64 // unix nanos of the last cancelAgain
@@ -433,15 +425,6 @@ func (b *Broker) onReply(m *nats.Msg) {
 		b.metrics.droppedChunks.WithLabelValues("undecodable").Inc()
 		b.log.Debug("undecodable reply message", "subject", m.Subject, "err", err)
 	}
-	// Direct tokens go out once nothing more waits (a burst of messages
-	// costs a stream one write), or every flushEvery messages under a
-	// backlog that does not end.
-	if len(b.unsent) > 0 {
-		if b.unflushed++; b.unflushed >= flushEvery || !morePending(m) {
-			b.unflushed = 0
-			b.flushDirect()
-		}
-	}
 }
 
 // onChunk takes one chunk to its Call. A chunk that is not its attempt's
@@ -551,24 +534,6 @@ func (b *Broker) relay(c *Call, chunk *wire.Chunk, arrived int64) bool {
 		}
 		c.nextSeq++
 	}
-	if c.acceptOK(chunk) {
-		// The reader waits and nothing is queued: its accepted chunk is
-		// taken in here (see SetDirect).
-		c.acceptDirect(chunk)
-		c.mu.Unlock()
-		c.arrived.Store(arrived)
-		return false
-	}
-	if c.directOK(chunk) {
-		// The reader waits and nothing is queued: its writer takes the
-		// token from here (see SetDirect).
-		if c.deliverDirect(chunk) {
-			b.unsent = append(b.unsent, c)
-		}
-		c.mu.Unlock()
-		c.arrived.Store(arrived)
-		return false // in the writer now: the chunk goes back
-	}
 	if len(c.queue)-c.qhead >= c.b.cfg.ChunkBuffer {
 		c.mu.Unlock()
 		c.fail(fmt.Errorf("%w: request %s: client reads too slowly (%d chunks buffered)", ErrSlowReader, c.ID, c.b.cfg.ChunkBuffer))
@@ -595,11 +560,6 @@ func (b *Broker) relay(c *Call, chunk *wire.Chunk, arrived int64) bool {
 func (c *Call) next() (*wire.Chunk, *brokenAttempt, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.flushAsk {
-		// A direct sink's leftovers go before any chunk queued after them.
-		c.flushAsk = false
-		return nil, nil, ErrFlush
-	}
 	if c.qhead == len(c.queue) {
 		if c.failErr != nil {
 			return nil, nil, c.failErr
@@ -734,10 +694,8 @@ func (c *Call) Next(ctx context.Context) (*wire.Chunk, error) {
 			case <-c.ready:
 				continue // (or a wake-up left from an earlier wait)
 			case <-ctx.Done():
-				c.claim()
 				return nil, ctx.Err()
 			case <-c.aff.move:
-				c.claim()
 				if err := c.moveOffer(ctx); err != nil {
 					if err := c.recover(ctx, err); err != nil {
 						return nil, err
@@ -746,7 +704,6 @@ func (c *Call) Next(ctx context.Context) (*wire.Chunk, error) {
 				}
 				continue
 			case <-c.timer.C:
-				c.claim()
 				c.armed = time.Time{}
 				now := time.Now()
 				if !now.Before(c.Deadline) {
@@ -817,8 +774,7 @@ func (c *Call) Next(ctx context.Context) (*wire.Chunk, error) {
 
 // onAccepted takes in an agent's accepted chunk: the attempt's agent (or
 // its prefill agent), what it counts in flight, affinity's settlement. It
-// is the reader's, or the reply goroutine's while the reader waits (see
-// acceptDirect).
+// is the reader's.
 func (c *Call) onAccepted(ch *wire.Chunk) {
 	c.restartStall()
 	// Copied: kept for the attempt, and by affinity for longer, where the

@@ -36,7 +36,6 @@ import (
 	"github.com/switchyard-ai/switchyard/ingress/openaihttp"
 	"github.com/switchyard-ai/switchyard/internal/agentcmd"
 	"github.com/switchyard-ai/switchyard/internal/cli"
-	"github.com/switchyard-ai/switchyard/internal/h1"
 	"github.com/switchyard-ai/switchyard/internal/natsauth"
 	"github.com/switchyard-ai/switchyard/subjects"
 )
@@ -94,7 +93,6 @@ type options struct {
 	readBody      time.Duration
 	shutdownDelay time.Duration
 	idleTimeout   time.Duration
-	httpLoop      bool
 	writeTimeout  time.Duration
 	streamWrite   time.Duration
 	affinity      string
@@ -150,7 +148,6 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*o
 	fs.DurationVar(&o.readHeader, "read-header-timeout", 10*time.Second, "HTTP: time a client has to send its request headers")
 	fs.DurationVar(&o.readBody, "read-body-timeout", openaihttp.DefaultBodyReadTimeout, "HTTP: time a client has to send its request body (408 after); streams are not bound by it")
 	fs.DurationVar(&o.idleTimeout, "idle-timeout", 120*time.Second, "HTTP: keep-alive connections idle longer are closed")
-	fs.BoolVar(&o.httpLoop, "http-loop", true, "HTTP: serve the completion posts on the broker's own HTTP/1.1 loop (internal/h1) and the rest with net/http; false: net/http for all")
 	fs.DurationVar(&o.streamWrite, "stream-write-timeout", 30*time.Second, "HTTP: a streaming client that accepts no data for this long is cut off and its request cancelled")
 	fs.DurationVar(&o.writeTimeout, "write-timeout", 0, "HTTP: bound on writing a non-streaming response (0: the request timeout)")
 	fs.DurationVar(&o.queueTimeout, "queue-timeout", broker.DefaultQueueTimeout, "end a request (503) that no agent took this long; its job never starts")
@@ -178,7 +175,7 @@ Usage:
   broker [flags]                      embedded NATS on --nats-listen
   broker --nats-url nats://a,nats://b use an existing NATS server or cluster
   broker --demo                       also run simulated agents, ready for curl`, []cli.Section{
-		{Title: "Client API", Flags: []string{"http", "grpc", "max-body", "read-header-timeout", "read-body-timeout", "idle-timeout", "http-loop", "write-timeout", "stream-write-timeout", "grpc-max-recv-bytes", "grpc-max-send-bytes", "api-key", "api-keys-file", "tls-cert", "tls-key"}},
+		{Title: "Client API", Flags: []string{"http", "grpc", "max-body", "read-header-timeout", "read-body-timeout", "idle-timeout", "write-timeout", "stream-write-timeout", "grpc-max-recv-bytes", "grpc-max-send-bytes", "api-key", "api-keys-file", "tls-cert", "tls-key"}},
 		{Title: "Dispatch", Flags: []string{"dispatch-mode", "slow-start", "heartbeat-interval", "queue-max", "queue-timeout", "request-timeout", "stall-timeout", "retry-limit", "migration-limit", "publish-wait"}},
 		{Title: "NATS", Flags: []string{"nats-url", "nats-listen", "nats-config", "nats-monitor", "data-dir", "nats-max-payload", "replicas", "jobs-storage", "prefix", "id",
 			"nats-creds", "nats-nkey", "nats-user", "nats-password", "nats-token", "nats-tls-ca", "nats-tls-cert", "nats-tls-key", "nats-inbox-prefix"}},
@@ -406,30 +403,12 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
-	var srv interface {
-		Shutdown(context.Context) error
-		Close() error
-	} = netSrv
+	srv := netSrv
 	serve := func() error {
 		if tlsConf != nil {
 			return netSrv.ServeTLS(ln, "", "")
 		}
 		return netSrv.Serve(ln)
-	}
-	if o.httpLoop {
-		loop := &h1.Server{
-			Handler:           handler,
-			Fast:              openaihttp.OnLoop,
-			Fallback:          netSrv,
-			MaxBody:           o.maxBody,
-			MaxHeaderBytes:    netSrv.MaxHeaderBytes,
-			ReadHeaderTimeout: o.readHeader,
-			BodyReadTimeout:   o.readBody,
-			IdleTimeout:       o.idleTimeout,
-			TLSConfig:         tlsConf,
-			Log:               log,
-		}
-		srv, serve = loop, func() error { return loop.Serve(ln) }
 	}
 	httpDone := make(chan error, 1)
 	scheme := "http"
