@@ -53,47 +53,32 @@ type Request struct {
 // attempt that fails with a retryable error, whose agent dies, or that sits
 // in a queue no live agent serves, is abandoned (cancelled by attempt
 // number, so late chunks are dropped) and dispatched again.
+//
+// Two goroutines use a call: the broker's reply goroutine, which relays
+// chunks into its inbox, and the reader (the ingress's handler, through
+// Next and Close), which owns everything else. The embedded types group
+// the state by concern and say which goroutine owns it and which lock
+// guards it; broker/locksordering.txt gives the order of the locks.
 type Call struct {
 	ID       string
 	Model    string
-	Route    dispatch.Route
+	Route    dispatch.Route // written by the reader (each attempt's dispatch)
 	Deadline time.Time
 	Started  time.Time
 
 	b       *Broker
 	req     Request
-	body    []byte             // the body of the current attempt (a continuation after a migration)
-	cont    *wire.Continuation // set on migrated attempts
+	body    []byte             // the body of the current attempt (a continuation after a migration); the reader's
+	cont    *wire.Continuation // set on migrated attempts; the reader's
 	replyTo string
-	// ready wakes a reader that found no chunk queued (see queue).
+	// ready wakes a reader that found no chunk queued (see inbox).
 	ready chan struct{}
 
-	mu sync.Mutex // guards attempt, secret, nextSeq, the speakers and others, and the queue (reply goroutine vs reader)
-	// queue holds the chunks relayed and not yet read, from qhead on, at
-	// most Config.ChunkBuffer of them: a slice that grows with what a slow
-	// reader leaves, not a channel of the bound's size per call. waiting
-	// tells that the reader found it empty and waits on ready, so a chunk
-	// wakes the reader only then: a reader busy writing takes the next
-	// chunk without a channel operation.
-	queue   []*wire.Chunk
-	qhead   int
-	waiting bool
-	attempt uint32
-	secret  uint64 // the current attempt's (see wire.Job.secret)
-	ack     pubAckState
-	nextSeq uint64
-	speaker string // the agent whose stream of this attempt is relayed
-	// prefillSpeaker is the agent whose prefill leg of this (PD) attempt
-	// is listened to; others is when each other agent found running the
-	// attempt was last told to stop (see stopOther).
-	prefillSpeaker string
-	others         map[string]time.Time
-	// failErr, once set, ends the call (see fail); broken is a gap found
-	// in an attempt's sequence, for the reader to repair. Both wake the
-	// reader through ready: its select waits on ready, the context and one
-	// timer, not on a channel per event.
-	failErr error
-	broken  *brokenAttempt
+	// mu guards inbox, attemptIdentity and publishState.ack: the reply
+	// goroutine against the reader (and the publish's ack handler).
+	mu sync.Mutex
+	inbox
+	attemptIdentity
 
 	ended    atomic.Bool  // a final or error chunk was handed out
 	recancel atomic.Int64 // unix nanos of the last cancelAgain
@@ -102,48 +87,114 @@ type Call struct {
 	arrived atomic.Int64
 	closed  atomic.Bool
 
-	// Owned by the reading goroutine.
-	held *wire.Chunk // the chunk Next returned last (see release)
-	// One timer stands for three (see Next): the request's deadline, the
-	// stall check and the watch. It fires at armed, the earliest of them.
-	timer           *time.Timer
-	armed           time.Time
-	stallAt         time.Time // when the stall check is due
-	watchAt         time.Time // when the watch is due
-	asked           time.Time // when the reader last asked for a chunk (see Next)
-	itl             prometheus.Observer
-	itlRoute        dispatch.Route
+	readerClock
+	attemptRun
+	publishState
+	clientTally
+}
+
+// inbox is the hand-off from the reply goroutine to the reader: the reply
+// goroutine appends relayed chunks (relay) and records a failure or a
+// gap; the reader takes them (next). Call.mu guards every field.
+type inbox struct {
+	// queue holds the chunks relayed and not yet read, from qhead on, at
+	// most Config.ChunkBuffer of them: a slice that grows with what a slow
+	// reader leaves, not a channel of the bound's size per call; past the
+	// bound the call fails with ErrSlowReader, so the reply goroutine
+	// never waits for a reader. waiting tells that the reader found it
+	// empty and waits on Call.ready, so a chunk wakes the reader only then:
+	// a reader busy writing takes the next chunk without a channel
+	// operation.
+	queue   []*wire.Chunk
+	qhead   int
+	waiting bool
+	// failErr, once set, ends the call (see fail); broken is a gap found
+	// in an attempt's sequence, for the reader to repair. Both wake the
+	// reader through ready: its select waits on ready, the context and one
+	// timer, not on a channel per event.
+	failErr error
+	broken  *brokenAttempt
+}
+
+// attemptIdentity tells the reply goroutine which chunks are the current
+// attempt's next: the reader writes it when it starts an attempt, the
+// reply goroutine checks every chunk against it and advances the
+// sequence and the speakers. Call.mu guards every field.
+type attemptIdentity struct {
+	attempt uint32
+	secret  uint64 // the current attempt's (see wire.Job.secret)
+	nextSeq uint64
+	speaker string // the agent whose stream of this attempt is relayed
+	// prefillSpeaker is the agent whose prefill leg of this (PD) attempt
+	// is listened to; others is when each other agent found running the
+	// attempt was last told to stop (see stopOther).
+	prefillSpeaker string
+	others         map[string]time.Time
+}
+
+// readerClock is the reader's timing of the call: one timer stands for
+// three (see Next), the request's deadline, the stall check and the watch;
+// it fires at armed, the earliest of them. The reader owns every field;
+// no lock.
+type readerClock struct {
+	held    *wire.Chunk // the chunk Next returned last (see release)
+	timer   *time.Timer
+	armed   time.Time
+	stallAt time.Time // when the stall check is due
+	watchAt time.Time // when the watch is due
+	asked   time.Time // when the reader last asked for a chunk (see Next)
+	watch   *time.Ticker
+}
+
+// attemptRun is what the reader knows of the current attempt and of the
+// attempts before it: who took it, where it stands, what it counts in
+// flight. The reader owns every field; no lock.
+type attemptRun struct {
 	attemptStart    time.Time
 	agent           string // the agent that accepted the current attempt
 	prefillAgent    string
 	pair            string      // the PD pairing of the current attempt
-	jobSeq          uint64      // the stream sequence of the current attempt's job
-	publishBy       time.Time   // the bound of the current attempt's publish; zero: PublishWait from when it starts
 	heard           time.Time   // when the current attempt last spoke (any chunk)
 	deliveryChecked time.Time   // when deliveredUnaccepted last asked
 	handedOff       time.Time   // when the current attempt's prefill leg handed off
 	load            attemptLoad // what the current attempt counts in flight
 	aff             callAffinity
-	watch           *time.Ticker
+	retries         int
 	migrations      int
-	repairs         int             // the migrations for chunks lost in transit (see transportRepairLimit)
-	sent            strings.Builder // the text handed to the client so far
-	// pub is the message of publishOnce, pubVal its header's value.
-	pub        nats.Msg
-	pubVal     [1]string
-	sentTokens int    // content chunks handed to the client before the current attempt
-	streamID   string // the engine's chunk id of the first attempt, kept across migrations
-	reasoned   bool   // reasoning text reached the client (see migrate)
-	retries    int
-	firstToken time.Time
-	lastToken  time.Time
-	tokens     int
-	outcome    string
+	repairs         int // the migrations for chunks lost in transit (see transportRepairLimit)
+}
 
+// publishState is the current attempt's job and its publish. The reader
+// owns every field but ack, which Call.mu guards (the publish's ack
+// handler writes it, see publish.go).
+type publishState struct {
+	ack       pubAckState
+	jobSeq    uint64    // the stream sequence of the current attempt's job
+	publishBy time.Time // the bound of the current attempt's publish; zero: PublishWait from when it starts
+	// pub is the message of publishOnce, pubVal its header's value.
+	pub    nats.Msg
+	pubVal [1]string
 	// job and deadlineTS are the current attempt's job while dispatch
 	// encodes it (see dispatch): no message of its own per attempt.
 	job        wire.Job
 	deadlineTS timestamppb.Timestamp
+}
+
+// clientTally is what reached the client, across attempts: the text a
+// migration continues from, the token timings and counts the metrics
+// and the request's log line report, and its outcome. The reader owns
+// every field; no lock.
+type clientTally struct {
+	sent       strings.Builder // the text handed to the client so far
+	sentTokens int             // content chunks handed to the client before the current attempt
+	streamID   string          // the engine's chunk id of the first attempt, kept across migrations
+	reasoned   bool            // reasoning text reached the client (see migrate)
+	firstToken time.Time
+	lastToken  time.Time
+	tokens     int
+	outcome    string
+	itl        prometheus.Observer
+	itlRoute   dispatch.Route
 }
 
 // Submit routes req, publishes its job and returns the Call that receives
@@ -208,9 +259,8 @@ func (b *Broker) submit(ctx context.Context, req Request) (*Call, error) {
 		req:      req,
 		body:     req.Body,
 		ready:    make(chan struct{}, 1),
-
-		publishBy: publishBy,
 	}
+	c.publishBy = publishBy
 	c.replyTo = b.replyChunks
 	// Register before publishing: an agent may answer before Publish returns.
 	b.calls.Store(c.ID, c)
@@ -572,6 +622,9 @@ func (c *Call) next() (*wire.Chunk, *brokenAttempt, error) {
 		c.waiting = true
 		return nil, nil, nil
 	}
+	// The reader takes a chunk: it does not wait (it may have woken for
+	// its timer or context with waiting still set).
+	c.waiting = false
 	ch := c.queue[c.qhead]
 	c.queue[c.qhead] = nil
 	if c.qhead++; c.qhead == len(c.queue) {
