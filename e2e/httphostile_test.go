@@ -200,39 +200,44 @@ func TestSilentConnectionClosed(t *testing.T) {
 // closed; once one closes, a new one is served again.
 func TestMaxConns(t *testing.T) {
 	b := startBroker(t, "--max-conns", "2")
-	// The harness's own client may hold a kept-alive connection.
+	// The harness's probe may hold a kept-alive connection; once it is
+	// closed the broker frees its slot, soon.
+	readyProbe.CloseIdleConnections()
 	http.DefaultClient.CloseIdleConnections()
-	first := dialBroker(t, b)
-	io.WriteString(first, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
-	if resp, _, _ := readAnswer(t, bufio.NewReader(first)); resp.StatusCode != http.StatusOK {
-		t.Fatalf("first connection: %d", resp.StatusCode)
-	}
-	healthz := func() (int, string) {
+	// hold opens a connection and has it answer /healthz; it stays open
+	// (kept alive) when the answer is 200.
+	hold := func() (net.Conn, int, string) {
 		c := dialBroker(t, b)
-		defer c.Close()
 		io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
 		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 		if err != nil {
-			return 0, err.Error()
+			c.Close()
+			return nil, 0, err.Error()
 		}
 		body, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(body)
+		if resp.StatusCode != http.StatusOK {
+			c.Close()
+		}
+		return c, resp.StatusCode, string(body)
 	}
-	second := dialBroker(t, b) // open and silent
-	var status int
-	var body string
+	var held []net.Conn
 	testwait.For(t, 10*time.Second, 20*time.Millisecond, func() error {
-		if status, body = healthz(); status != http.StatusServiceUnavailable {
-			return fmt.Errorf("third connection: %d %s, want 503", status, body)
+		c, status, body := hold()
+		if status != http.StatusOK {
+			return fmt.Errorf("connection %d of 2: %d %s", len(held)+1, status, body)
+		}
+		if held = append(held, c); len(held) < 2 {
+			return errors.New("one connection held")
 		}
 		return nil
 	})
-	if !strings.Contains(body, "too_many_connections") {
-		t.Fatalf("503 body %q", body)
+	// Both slots are held: a third connection is refused.
+	if _, status, body := hold(); status != http.StatusServiceUnavailable || !strings.Contains(body, "too_many_connections") {
+		t.Fatalf("third connection: %d %s, want 503 too_many_connections", status, body)
 	}
-	second.Close()
+	held[1].Close()
 	testwait.For(t, 10*time.Second, 20*time.Millisecond, func() error {
-		if status, body = healthz(); status != http.StatusOK {
+		if _, status, body := hold(); status != http.StatusOK {
 			return fmt.Errorf("after a close: %d %s, want 200", status, body)
 		}
 		return nil
@@ -334,6 +339,7 @@ func TestPipelinedAndLongBodies(t *testing.T) {
 	})
 	t.Run("5MB bodies", func(t *testing.T) {
 		c := dialBroker(t, b)
+		_ = c.SetDeadline(time.Now().Add(2 * time.Minute)) // three 5 MB bodies under the race detector
 		br := bufio.NewReader(c)
 		for i := range 3 {
 			body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"long %d %s"}],"max_tokens":4}`, model, i, strings.Repeat("words of a long prompt ", 5_000_000/23))

@@ -23,9 +23,9 @@ import (
 //     and never after it fired.
 //   - An HTTP/1 response to a request whose body was not read to its end
 //     (the 401 of a missing key, a 405, a 413, a GET with a body) closes
-//     its connection: net/http would otherwise read the rest of the body
-//     before answering, which a client trickling it could stretch to the
-//     body read timeout.
+//     its connection at once: net/http would otherwise read the rest of
+//     the body before answering or closing, which a client trickling it
+//     could stretch to the body read timeout.
 //
 // Nothing here reads a body: a request refused before its handler reads
 // it costs no more memory than net/http's buffers, and gets no
@@ -51,7 +51,17 @@ func (s *Server) Edge(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		next.ServeHTTP(&edgeWriter{ResponseWriter: w, body: b}, r)
+		ew := &edgeWriter{ResponseWriter: w, body: b}
+		next.ServeHTTP(ew, r)
+		if !b.eof {
+			if !ew.started {
+				w.Header().Set("Connection", "close")
+			}
+			// The connection closes after this answer; net/http would
+			// still read up to 256 KiB of the body first, which a client
+			// trickling it stretches to the body read timeout.
+			_ = rc.SetReadDeadline(time.Now())
+		}
 	})
 }
 

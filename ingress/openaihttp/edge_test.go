@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -102,5 +103,28 @@ func TestEdge(t *testing.T) {
 				t.Fatalf("body %q", body)
 			}
 		})
+	}
+}
+
+// BenchmarkEdgeRequest measures a completion request's head as net/http
+// reads it, through the edge, to a handler that reads its body.
+func BenchmarkEdgeRequest(b *testing.B) {
+	body := `{"model":"sim-model","messages":[{"role":"user","content":"hello"}],"max_tokens":16,"stream":true}`
+	raw := "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:8080\r\nUser-Agent: OpenAI/Go 3.0\r\nAuthorization: Bearer sk-test\r\nContent-Type: application/json\r\nAccept: application/json\r\n" +
+		"Content-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body
+	s := New(nil, Config{})
+	h := s.Edge(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.Copy(io.Discard, r.Body) }))
+	w := httptest.NewRecorder()
+	src := strings.NewReader(raw)
+	br := bufio.NewReader(src)
+	b.ReportAllocs()
+	for b.Loop() {
+		src.Reset(raw)
+		br.Reset(src)
+		req, err := http.ReadRequest(br)
+		if err != nil {
+			b.Fatal(err)
+		}
+		h.ServeHTTP(w, req)
 	}
 }
