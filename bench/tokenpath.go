@@ -249,7 +249,7 @@ func (e *env) tokenpath(d *doc) error {
 	gpReq := perReq("per-request", "Go proxy", "") / perReq("per-request", "nginx", "")
 	gpTok := perTok("Go proxy", "") / perTok("nginx", "")
 	fmt.Fprintf(&b, "The Go proxy in this run: %.2fx nginx's CPU per request and %.2fx per extra token. "+
-		"A goal below these ratios asks the front end to cost less than Go's net/http alone costs on this machine; the broker's own HTTP/1.1 loop can, net/http cannot.\n\n", gpReq, gpTok)
+		"A goal below these ratios asks the front end to cost less than Go's net/http alone costs on this machine, and the broker serves HTTP with net/http.\n\n", gpReq, gpTok)
 	d.add(b.String())
 	if err := sy.stop(); err != nil {
 		e.logf("tokenpath: stopping Switchyard: %v", err)
