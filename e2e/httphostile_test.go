@@ -244,18 +244,20 @@ func TestMaxConns(t *testing.T) {
 	})
 }
 
-// TestChunkedWithLengthRefused: a request with both Transfer-Encoding and
-// Content-Length is answered 400 and its connection closed: the request
-// pipelined behind it is never served.
-func TestChunkedWithLengthRefused(t *testing.T) {
+// TestChunkedWithLengthClosed: a request with both Transfer-Encoding and
+// Content-Length gets one answer, its body read by its chunks, and its
+// connection is closed (RFC 9112 section 6.1): the request pipelined
+// behind it is never served.
+func TestChunkedWithLengthClosed(t *testing.T) {
 	b := startBroker(t)
 	c := dialBroker(t, b)
-	io.WriteString(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n0\r\n\r\n"+
+	io.WriteString(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n2\r\n{}\r\n0\r\n\r\n"+
 		"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
 	br := bufio.NewReader(c)
 	resp, body, code := readAnswer(t, br)
-	if resp.StatusCode != http.StatusBadRequest || code != "chunked_body" {
-		t.Fatalf("status %d %s, want 400 chunked_body", resp.StatusCode, body)
+	// The chunked body, {}, names no message: a 400 of the request format.
+	if resp.StatusCode != http.StatusBadRequest || code == "" || !resp.Close {
+		t.Fatalf("status %d (close %v) %s, want a 400 of the body {} and the connection closed", resp.StatusCode, resp.Close, body)
 	}
 	closedAfter(t, c, br)
 }

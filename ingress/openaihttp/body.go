@@ -18,7 +18,10 @@ const DefaultBodyReadTimeout = 60 * time.Second
 // grows with the bytes that arrive, never sized from the declared
 // Content-Length: a client declares what it likes.
 func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiError) {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBody))
+	// http.MaxBytesReader tells net/http's own writer that the limit was
+	// hit, which then closes the connection only once the client had time
+	// to read the 413 (it may still be sending): not through a wrapper.
+	body, err := io.ReadAll(http.MaxBytesReader(innermost(w), r.Body, s.cfg.MaxBody))
 	if err == nil {
 		return body, nil
 	}
@@ -33,4 +36,16 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiE
 		return nil, &apiError{Status: http.StatusRequestTimeout, Message: fmt.Sprintf("request body not received within %s (read %d bytes); the broker's --read-body-timeout sets this bound", s.cfg.BodyReadTimeout, len(body)), Type: "invalid_request_error", Code: strp("body_timeout")}
 	}
 	return nil, invalid("reading request body: "+err.Error(), "", "bad_body")
+}
+
+// innermost unwraps w (see http.ResponseController) down to the writer
+// net/http made.
+func innermost(w http.ResponseWriter) http.ResponseWriter {
+	for {
+		u, ok := w.(interface{ Unwrap() http.ResponseWriter })
+		if !ok {
+			return w
+		}
+		w = u.Unwrap()
+	}
 }

@@ -9,12 +9,14 @@ import (
 // Edge wraps the broker's whole HTTP handler, the API key check included,
 // and bounds what a request may cost before and while its body is read:
 //
-//   - A request body in chunked transfer coding is refused (400) and its
-//     connection closed. net/http drops a Content-Length sent beside
-//     Transfer-Encoding before any handler sees the request, so a request
-//     that carries both (RFC 9112 section 6.1: a smuggling attempt, after
-//     which the connection must be closed) cannot be told from one that
-//     carries Transfer-Encoding alone; OpenAI clients send Content-Length.
+//   - An HTTP/1 response to a request whose body came in chunked transfer
+//     coding closes its connection. net/http reads such a body by its
+//     chunks and drops a Content-Length sent beside Transfer-Encoding
+//     before any handler sees the request, so a request that carries both
+//     (RFC 9112 section 6.1: a smuggling attempt, after which the
+//     connection must be closed) cannot be told from one that carries
+//     Transfer-Encoding alone; both are served by their chunks, and
+//     nothing more is read from their connection.
 //   - A request's body must arrive within the body read timeout from when
 //     its head was read, whether a handler reads it or net/http drains it.
 //     The deadline is the connection's read deadline, cleared once the body
@@ -32,11 +34,6 @@ import (
 // "100 Continue".
 func (s *Server) Edge(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if len(r.TransferEncoding) > 0 {
-			w.Header().Set("Connection", "close")
-			writeError(w, &apiError{Status: http.StatusBadRequest, Message: "request bodies in chunked transfer coding are not accepted; send the body with a Content-Length", Type: "invalid_request_error", Code: strp("chunked_body")})
-			return
-		}
 		if r.Body == nil || r.Body == http.NoBody {
 			next.ServeHTTP(w, r)
 			return
@@ -51,8 +48,11 @@ func (s *Server) Edge(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		ew := &edgeWriter{ResponseWriter: w, body: b}
+		ew := &edgeWriter{ResponseWriter: w, body: b, chunked: len(r.TransferEncoding) > 0}
 		next.ServeHTTP(ew, r)
+		if ew.chunked && !ew.started {
+			w.Header().Set("Connection", "close")
+		}
 		if !b.eof {
 			if !ew.started {
 				w.Header().Set("Connection", "close")
@@ -91,17 +91,19 @@ func (b *edgeBody) Read(p []byte) (int, error) {
 }
 
 // edgeWriter closes the connection after its response when the request's
-// body was not read to its end when the response started (see Edge).
+// body was not read to its end when the response started, or came in
+// chunks (see Edge).
 type edgeWriter struct {
 	http.ResponseWriter
 	body    *edgeBody
+	chunked bool
 	started bool
 }
 
 func (w *edgeWriter) WriteHeader(status int) {
 	if !w.started && status >= 200 {
 		w.started = true
-		if !w.body.eof {
+		if !w.body.eof || w.chunked {
 			w.Header().Set("Connection", "close")
 		}
 	}
