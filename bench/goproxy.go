@@ -23,7 +23,8 @@ import (
 // FlushInterval -1), and the runtime at Go's defaults as the environment
 // leaves it. It has no NATS, no validation and no JSON: whatever
 // Switchyard's front end costs beyond it is Switchyard's; what it costs
-// beyond nginx is Go's net/http and runtime on this machine.
+// beyond nginx is Go's net/http and runtime on this machine. The broker serves HTTP with the same
+// net/http.
 
 // goproxyArg is the re-executed form of this program that serves the Go
 // proxy: "__goproxy HOST:PORT[,HOST:PORT...]".

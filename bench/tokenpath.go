@@ -264,6 +264,10 @@ func (e *env) tokenpath(d *doc) error {
 	d.target("added TTFT p50 at 64 streams", "≤ 0.5 ms", fmtDelta(add50), add50 <= 0.5)
 	d.target("added TTFT p99 at 64 streams", "≤ 2 ms", fmtDelta(add99), add99 <= 2)
 	d.target("added TTFT p50 at 256 streams", "≤ 2x nginx's ("+fmtDelta(nAdd256)+")", fmtDelta(sAdd256), sAdd256 <= 2*max(nAdd256, 0.05))
+	gpReq := perReq("per-request", "Go proxy", "") / perReq("per-request", "nginx", "")
+	gpTok := perTok("Go proxy", "") / perTok("nginx", "")
+	fmt.Fprintf(&b, "The Go proxy in this run: %.2fx nginx's CPU per request and %.2fx per extra token. "+
+		"A goal below these ratios asks the front end to cost less than Go's net/http alone costs on this machine, and the broker serves HTTP with net/http.\n\n", gpReq, gpTok)
 	d.add(b.String())
 	if err := sy.stop(); err != nil {
 		e.logf("tokenpath: stopping Switchyard: %v", err)

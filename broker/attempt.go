@@ -136,9 +136,6 @@ func (c *Call) abandon() uint32 {
 	old := c.attempt
 	c.attempt++
 	c.nextSeq, c.speaker, c.prefillSpeaker, c.others = 0, "", "", nil
-	// A new attempt's chunks are checked by the reader (a migration's
-	// against the text already sent): none goes to a direct sink.
-	c.directOff = true
 	c.mu.Unlock()
 	c.cancelAttempt(old)
 	c.dropJob()

@@ -57,11 +57,6 @@ type Broker struct {
 	// chunkPool holds decoded chunks their readers gave back (*wire.Chunk):
 	// the reply goroutine decodes into them (see onChunk).
 	chunkPool sync.Pool
-	// unsent lists the calls whose direct sink took events the reply
-	// goroutine has not flushed yet (see flushDirect); only that goroutine
-	// uses it.
-	unsent    []*Call
-	unflushed int // messages since the last flushDirect
 	// orphans: requests no longer in flight whose chunks came, and when
 	// they were last cancelled for it (see cancelOrphan).
 	orphanMu sync.Mutex

@@ -54,31 +54,74 @@ type Request struct {
 // attempt that fails with a retryable error, whose agent dies, or that sits
 // in a queue no live agent serves, is abandoned (cancelled by attempt
 // number, so late chunks are dropped) and dispatched again.
+//
+// Two goroutines use a call: the broker's reply goroutine, which relays
+// chunks into its inbox, and the reader (the ingress's handler, through
+// Next and Close), which owns everything else. The embedded types group
+// the state by concern and say which goroutine owns it and which lock
+// guards it; broker/locksordering.txt gives the order of the locks.
 type Call struct {
 	ID       string
 	Model    string
-	Route    dispatch.Route
+	Route    dispatch.Route // written by the reader (each attempt's dispatch)
 	Deadline time.Time
 	Started  time.Time
 
 	b       *Broker
 	req     Request
-	body    []byte             // the body of the current attempt (a continuation after a migration)
-	cont    *wire.Continuation // set on migrated attempts
+	body    []byte             // the body of the current attempt (a continuation after a migration); the reader's
+	cont    *wire.Continuation // set on migrated attempts; the reader's
 	replyTo string
-	// ready wakes a reader that found no chunk queued (see queue).
+	// ready wakes a reader that found no chunk queued (see inbox).
 	ready chan struct{}
 
-	mu sync.Mutex // guards attempt, secret, nextSeq, the speakers and others, and the queue (reply goroutine vs reader)
+	// mu guards inbox and attemptIdentity: the reply goroutine against
+	// the reader.
+	mu sync.Mutex
+	inbox
+	attemptIdentity
+
+	ended    atomic.Bool  // a final or error chunk was handed out
+	recancel atomic.Int64 // unix nanos of the last cancelAgain
+	// arrived is when a chunk of the current attempt last arrived (unix
+	// nanos; 0: none yet), which may be well before the reader takes it.
+	arrived atomic.Int64
+	closed  atomic.Bool
+
+	readerClock
+	attemptRun
+	publishState
+	clientTally
+}
+
+// inbox is the hand-off from the reply goroutine to the reader: the reply
+// goroutine appends relayed chunks (relay) and records a failure or a
+// gap; the reader takes them (next). Call.mu guards every field.
+type inbox struct {
 	// queue holds the chunks relayed and not yet read, from qhead on, at
 	// most Config.ChunkBuffer of them: a slice that grows with what a slow
-	// reader leaves, not a channel of the bound's size per call. waiting
-	// tells that the reader found it empty and waits on ready, so a chunk
-	// wakes the reader only then: a reader busy writing takes the next
-	// chunk without a channel operation.
+	// reader leaves, not a channel of the bound's size per call; past the
+	// bound the call fails with ErrSlowReader, so the reply goroutine
+	// never waits for a reader. waiting tells that the reader found it
+	// empty and waits on Call.ready, so a chunk wakes the reader only then:
+	// a reader busy writing takes the next chunk without a channel
+	// operation.
 	queue   []*wire.Chunk
 	qhead   int
 	waiting bool
+	// failErr, once set, ends the call (see fail); broken is a gap found
+	// in an attempt's sequence, for the reader to repair. Both wake the
+	// reader through ready: its select waits on ready, the context and one
+	// timer, not on a channel per event.
+	failErr error
+	broken  *brokenAttempt
+}
+
+// attemptIdentity tells the reply goroutine which chunks are the current
+// attempt's next: the reader writes it when it starts an attempt, the
+// reply goroutine checks every chunk against it and advances the
+// sequence and the speakers. Call.mu guards every field.
+type attemptIdentity struct {
 	attempt uint32
 	secret  uint64 // the current attempt's (see wire.Job.secret)
 	nextSeq uint64
@@ -88,69 +131,67 @@ type Call struct {
 	// attempt was last told to stop (see stopOther).
 	prefillSpeaker string
 	others         map[string]time.Time
-	// failErr, once set, ends the call (see fail); broken is a gap found
-	// in an attempt's sequence, for the reader to repair. Both wake the
-	// reader through ready: its select waits on ready, the context and one
-	// timer, not on a channel per event.
-	failErr error
-	broken  *brokenAttempt
-	// direct is the reader's direct sink (see SetDirect); directOff is set
-	// for good by a new attempt, directStop while the reader has a sink's
-	// leftovers to flush, which flushAsk tells it (see ErrFlush).
-	direct     DirectSink
-	directOff  bool
-	directStop bool
-	flushAsk   bool
-	unsent     bool // the sink holds events not yet flushed (in Broker.unsent)
+}
 
-	ended    atomic.Bool  // a final or error chunk was handed out
-	recancel atomic.Int64 // unix nanos of the last cancelAgain
-	// arrived is when a chunk of the current attempt last arrived (unix
-	// nanos; 0: none yet), which may be well before the reader takes it.
-	arrived atomic.Int64
-	closed  atomic.Bool
+// readerClock is the reader's timing of the call: one timer stands for
+// three (see Next), the request's deadline, the stall check and the watch;
+// it fires at armed, the earliest of them. The reader owns every field;
+// no lock.
+type readerClock struct {
+	held    *wire.Chunk // the chunk Next returned last (see release)
+	timer   *time.Timer
+	armed   time.Time
+	stallAt time.Time // when the stall check is due
+	watchAt time.Time // when the watch is due
+	asked   time.Time // when the reader last asked for a chunk (see Next)
+	watch   *time.Ticker
+}
 
-	// Owned by the reading goroutine.
-	held *wire.Chunk // the chunk Next returned last (see release)
-	// One timer stands for three (see Next): the request's deadline, the
-	// stall check and the watch. It fires at armed, the earliest of them.
-	timer           *time.Timer
-	armed           time.Time
-	stallAt         time.Time // when the stall check is due
-	watchAt         time.Time // when the watch is due
-	asked           time.Time // when the reader last asked for a chunk (see Next)
-	itl             prometheus.Observer
-	itlRoute        dispatch.Route
+// attemptRun is what the reader knows of the current attempt and of the
+// attempts before it: who took it, where it stands, what it counts in
+// flight. The reader owns every field; no lock.
+type attemptRun struct {
 	attemptStart    time.Time
 	agent           string // the agent that accepted the current attempt
 	prefillAgent    string
 	ranOn           []string    // the agents of earlier attempts, in order, for the log line
 	pair            string      // the PD pairing of the current attempt
-	jobSeq          uint64      // the stream sequence of the current attempt's job
-	publishBy       time.Time   // the bound of the current attempt's publish; zero: PublishWait from when it starts
 	heard           time.Time   // when the current attempt last spoke (any chunk)
 	deliveryChecked time.Time   // when deliveredUnaccepted last asked
 	handedOff       time.Time   // when the current attempt's prefill leg handed off
 	load            attemptLoad // what the current attempt counts in flight
 	aff             callAffinity
-	watch           *time.Ticker
+	retries         int
 	migrations      int
-	repairs         int             // the migrations for chunks lost in transit (see transportRepairLimit)
-	sent            strings.Builder // the text handed to the client so far
+	repairs         int // the migrations for chunks lost in transit (see transportRepairLimit)
+}
 
-	sentTokens int    // content chunks handed to the client before the current attempt
-	streamID   string // the engine's chunk id of the first attempt, kept across migrations
-	reasoned   bool   // reasoning text reached the client (see migrate)
-	retries    int
-	firstToken time.Time
-	lastToken  time.Time
-	tokens     int
-	outcome    string
-
+// publishState is the current attempt's job and its publish, owned by the
+// reader.
+type publishState struct {
+	jobSeq    uint64    // the stream sequence of the current attempt's job
+	publishBy time.Time // the bound of the current attempt's publish; zero: PublishWait from when it starts
 	// job and deadlineTS are the current attempt's job while dispatch
 	// encodes it (see dispatch): no message of its own per attempt.
 	job        wire.Job
 	deadlineTS timestamppb.Timestamp
+}
+
+// clientTally is what reached the client, across attempts: the text a
+// migration continues from, the token timings and counts the metrics
+// and the request's log line report, and its outcome. The reader owns
+// every field; no lock.
+type clientTally struct {
+	sent       strings.Builder // the text handed to the client so far
+	sentTokens int             // content chunks handed to the client before the current attempt
+	streamID   string          // the engine's chunk id of the first attempt, kept across migrations
+	reasoned   bool            // reasoning text reached the client (see migrate)
+	firstToken time.Time
+	lastToken  time.Time
+	tokens     int
+	outcome    string
+	itl        prometheus.Observer
+	itlRoute   dispatch.Route
 }
 
 // Submit routes req, publishes its job and returns the Call that receives
@@ -215,9 +256,8 @@ func (b *Broker) submit(ctx context.Context, req Request) (*Call, error) {
 		req:      req,
 		body:     req.Body,
 		ready:    make(chan struct{}, 1),
-
-		publishBy: publishBy,
 	}
+	c.publishBy = publishBy
 	c.replyTo = b.replyChunks
 	// Register before publishing: an agent may answer before Publish returns.
 	b.calls.Store(c.ID, c)
@@ -408,6 +448,8 @@ func (b *Broker) cancelOrphan(id string) {
 	}
 }
 
+// publishError names a failed job publish: a full queue (429), NATS away
+// for now (503), or anything else.
 func publishError(subject string, err error) error {
 	if jserr.QueueFull(err) {
 		return fmt.Errorf("%w: %s: %w", ErrQueueFull, subject, err)
@@ -427,15 +469,6 @@ func (b *Broker) onReply(m *nats.Msg) {
 	if err := wire.Frames(m.Data, func(data []byte) error { return b.onChunk(data, now) }); err != nil {
 		b.metrics.droppedChunks.WithLabelValues("undecodable").Inc()
 		b.log.Debug("undecodable reply message", "subject", m.Subject, "err", err)
-	}
-	// Direct tokens go out once nothing more waits (a burst of messages
-	// costs a stream one write), or every flushEvery messages under a
-	// backlog that does not end.
-	if len(b.unsent) > 0 {
-		if b.unflushed++; b.unflushed >= flushEvery || !morePending(m) {
-			b.unflushed = 0
-			b.flushDirect()
-		}
 	}
 }
 
@@ -546,24 +579,6 @@ func (b *Broker) relay(c *Call, chunk *wire.Chunk, arrived int64) bool {
 		}
 		c.nextSeq++
 	}
-	if c.acceptOK(chunk) {
-		// The reader waits and nothing is queued: its accepted chunk is
-		// taken in here (see SetDirect).
-		c.acceptDirect(chunk)
-		c.mu.Unlock()
-		c.arrived.Store(arrived)
-		return false
-	}
-	if c.directOK(chunk) {
-		// The reader waits and nothing is queued: its writer takes the
-		// token from here (see SetDirect).
-		if c.deliverDirect(chunk) {
-			b.unsent = append(b.unsent, c)
-		}
-		c.mu.Unlock()
-		c.arrived.Store(arrived)
-		return false // in the writer now: the chunk goes back
-	}
 	if len(c.queue)-c.qhead >= c.b.cfg.ChunkBuffer {
 		c.mu.Unlock()
 		c.fail(fmt.Errorf("%w: request %s: client reads too slowly (%d chunks buffered)", ErrSlowReader, c.ID, c.b.cfg.ChunkBuffer))
@@ -590,11 +605,6 @@ func (b *Broker) relay(c *Call, chunk *wire.Chunk, arrived int64) bool {
 func (c *Call) next() (*wire.Chunk, *brokenAttempt, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.flushAsk {
-		// A direct sink's leftovers go before any chunk queued after them.
-		c.flushAsk = false
-		return nil, nil, ErrFlush
-	}
 	if c.qhead == len(c.queue) {
 		if c.failErr != nil {
 			return nil, nil, c.failErr
@@ -607,6 +617,9 @@ func (c *Call) next() (*wire.Chunk, *brokenAttempt, error) {
 		c.waiting = true
 		return nil, nil, nil
 	}
+	// The reader takes a chunk: it does not wait (it may have woken for
+	// its timer or context with waiting still set).
+	c.waiting = false
 	ch := c.queue[c.qhead]
 	c.queue[c.qhead] = nil
 	if c.qhead++; c.qhead == len(c.queue) {
@@ -729,10 +742,8 @@ func (c *Call) Next(ctx context.Context) (*wire.Chunk, error) {
 			case <-c.ready:
 				continue // (or a wake-up left from an earlier wait)
 			case <-ctx.Done():
-				c.claim()
 				return nil, ctx.Err()
 			case <-c.aff.move:
-				c.claim()
 				if err := c.moveOffer(ctx); err != nil {
 					if err := c.recover(ctx, err); err != nil {
 						return nil, err
@@ -741,7 +752,6 @@ func (c *Call) Next(ctx context.Context) (*wire.Chunk, error) {
 				}
 				continue
 			case <-c.timer.C:
-				c.claim()
 				c.armed = time.Time{}
 				now := time.Now()
 				if !now.Before(c.Deadline) {
@@ -812,8 +822,7 @@ func (c *Call) Next(ctx context.Context) (*wire.Chunk, error) {
 
 // onAccepted takes in an agent's accepted chunk: the attempt's agent (or
 // its prefill agent), what it counts in flight, affinity's settlement. It
-// is the reader's, or the reply goroutine's while the reader waits (see
-// acceptDirect).
+// is the reader's.
 func (c *Call) onAccepted(ch *wire.Chunk) {
 	c.restartStall()
 	// Copied: kept for the attempt, and by affinity for longer, where the

@@ -24,7 +24,8 @@ func hopCall(tb testing.TB, n int) (*Broker, *Call, *nats.Msg) {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	c := &Call{ID: "b-1x", b: b, ready: make(chan struct{}, 1), secret: 42, speaker: "a1"}
+	c := &Call{ID: "b-1x", b: b, ready: make(chan struct{}, 1)}
+	c.secret, c.speaker = 42, "a1"
 	b.calls.Store(c.ID, c)
 	data := []byte{wire.FrameMarker}
 	for i := range n {

@@ -42,12 +42,6 @@ type Metrics struct {
 	// secondRuns counts agents told to stop because another agent's run
 	// of the same attempt is the one relayed.
 	secondRuns *prometheus.CounterVec
-	// directChunks counts token chunks a direct sink wrote (see
-	// Call.SetDirect).
-	directChunks prometheus.Counter
-	// directAccepted counts accepted chunks the reply goroutine took in
-	// for a waiting reader (see Call.SetDirect).
-	directAccepted prometheus.Counter
 }
 
 // Latency buckets for LLM serving, in seconds: TTFT spans milliseconds
@@ -103,20 +97,12 @@ func NewMetrics() *Metrics {
 		rejections: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_rejections_total", Help: "Requests refused before dispatch, by reason.",
 		}, []string{"reason"}),
-		directChunks: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "switchyard_direct_token_chunks_total",
-			Help: "Token chunks handed to their client's writer on the reply goroutine, without waking the request's handler (streams on the broker's own HTTP/1.1 loop).",
-		}),
-		directAccepted: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "switchyard_direct_accepted_total",
-			Help: "Accepted chunks taken in on the reply goroutine, without waking the request's handler (streams on the broker's own HTTP/1.1 loop, first attempts on the regular route).",
-		}),
 	}
 }
 
 // Register adds every collector to r.
 func (m *Metrics) Register(r prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.requests, m.inflight, m.ttft, m.itl, m.e2e, m.outputTokens, m.rejections, m.retries, m.migrations, m.publishRetries, m.droppedChunks, m.affinity, m.secondRuns, m.directChunks, m.directAccepted} {
+	for _, c := range []prometheus.Collector{m.requests, m.inflight, m.ttft, m.itl, m.e2e, m.outputTokens, m.rejections, m.retries, m.migrations, m.publishRetries, m.droppedChunks, m.affinity, m.secondRuns} {
 		if err := r.Register(c); err != nil {
 			return err
 		}

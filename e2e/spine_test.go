@@ -39,16 +39,9 @@ func sdk(base string) openai.Client {
 
 // TestOpenAISDK drives chat and completions, streaming and not, through the
 // official SDK and checks every byte of content and the usage against the
-// simulator's deterministic output: on the broker's own HTTP/1.1 loop (the
-// default) and on net/http alone (--http-loop=false).
+// simulator's deterministic output.
 func TestOpenAISDK(t *testing.T) {
-	for _, loop := range []string{"true", "false"} {
-		t.Run("http-loop="+loop, func(t *testing.T) { testOpenAISDK(t, "--http-loop="+loop) })
-	}
-}
-
-func testOpenAISDK(t *testing.T, args ...string) {
-	b := cmdtest.StartBroker(t, args...)
+	b := cmdtest.StartBroker(t)
 	e1, e2 := fastEngine(t, 4), fastEngine(t, 4)
 	startAgent(t, b.NATS, "a1", e1, 4)
 	startAgent(t, b.NATS, "a2", e2, 4)

@@ -13,19 +13,15 @@ import (
 // 1 Mbit/s link takes about 32 s.
 const DefaultBodyReadTimeout = 60 * time.Second
 
-// readBody reads a request body within the body read timeout and the size
-// bound. The deadline is set per request through the ResponseController
-// rather than as the server's ReadTimeout: that one stays on the connection
-// while the handler runs, and net/http's background read, which notices a
-// client going away, would then cancel long SSE streams. Once the body is
-// in, the deadline is cleared for that same reason.
+// readBody reads a request body within the size bound; the body read
+// timeout is the connection's read deadline, which Edge sets. The buffer
+// grows with the bytes that arrive, never sized from the declared
+// Content-Length: a client declares what it likes.
 func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiError) {
-	rc := http.NewResponseController(w)
-	timed := rc.SetReadDeadline(time.Now().Add(s.cfg.BodyReadTimeout)) == nil
-	body, err := readAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBody), r.ContentLength, s.cfg.MaxBody)
-	if timed {
-		_ = rc.SetReadDeadline(time.Time{})
-	}
+	// http.MaxBytesReader tells net/http's own writer that the limit was
+	// hit, which then closes the connection only once the client had time
+	// to read the 413 (it may still be sending): not through a wrapper.
+	body, err := io.ReadAll(http.MaxBytesReader(innermost(w), r.Body, s.cfg.MaxBody))
 	if err == nil {
 		return body, nil
 	}
@@ -42,27 +38,14 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiE
 	return nil, invalid("reading request body: "+err.Error(), "", "bad_body")
 }
 
-// readAll is io.ReadAll with the buffer sized once from the declared
-// length (one byte more, to see the end), when there is one within max.
-func readAll(r io.Reader, declared, max int64) ([]byte, error) {
-	if declared <= 0 || declared > max {
-		return io.ReadAll(r)
-	}
-	b := make([]byte, 0, declared+1)
+// innermost unwraps w (see http.ResponseController) down to the writer
+// net/http made.
+func innermost(w http.ResponseWriter) http.ResponseWriter {
 	for {
-		n, err := r.Read(b[len(b):cap(b)])
-		b = b[:len(b)+n]
-		if err == io.EOF {
-			return b, nil
+		u, ok := w.(interface{ Unwrap() http.ResponseWriter })
+		if !ok {
+			return w
 		}
-		if err != nil {
-			return b, err
-		}
-		if len(b) == cap(b) {
-			// Longer than declared (net/http stops at Content-Length, so
-			// only a reader that does not): the rest as io.ReadAll would.
-			rest, err := io.ReadAll(r)
-			return append(b, rest...), err
-		}
+		w = u.Unwrap()
 	}
 }

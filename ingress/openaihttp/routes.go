@@ -24,15 +24,6 @@ func (s *Server) routes() {
 	})
 }
 
-// OnLoop reports whether a request is served by the broker's own HTTP/1.1
-// loop (internal/h1): GET and POST, on every route. Any other method
-// (HEAD's bodiless answers, OPTIONS) goes to net/http, and its connection
-// with it for good: a client that mixed them would lose the loop for its
-// completion posts, so the loop takes every route such a client uses.
-func OnLoop(method, _ string) bool {
-	return method == http.MethodPost || method == http.MethodGet
-}
-
 // handle registers h for exactly one method; others get 405 in OpenAI's shape.
 func (s *Server) handle(path, method string, h http.HandlerFunc) {
 	s.mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -12,7 +11,6 @@ import (
 
 	"github.com/switchyard-ai/switchyard/broker"
 	"github.com/switchyard-ai/switchyard/dispatch"
-	"github.com/switchyard-ai/switchyard/internal/h1"
 	"github.com/switchyard-ai/switchyard/oaiformat"
 	"github.com/switchyard-ai/switchyard/wire"
 )
@@ -213,14 +211,16 @@ func lineBreak(d []byte) int {
 
 // stream relays chunks as SSE. Headers are held back until the first token
 // so that a failure before any output is still a proper HTTP error.
+//
+// This goroutine alone writes the response: the broker's reply goroutine
+// only queues chunks on the call (bounded by its chunk buffer) and wakes
+// it. A client that stops reading blocks only this goroutine, until the
+// stream write timeout cuts it off.
 func (s *Server) stream(w http.ResponseWriter, r *http.Request, call *broker.Call, p *oaiformat.Request) {
 	rc := http.NewResponseController(w)
 	ctx := r.Context()
-	// The events' scratch is the sink's, which uses it only while this
-	// goroutine waits in Next: one allocation per stream for both, and
-	// for the stream's head.
-	sink := newDirectSink(w, call)
-	out := sink.head
+	out := &sseHead{w: w}
+	var buf []byte
 	// write sends the events as SSE in one write. Under load several
 	// chunks wait at once: they are all written before one flush, one
 	// write(2) per burst instead of per token.
@@ -232,11 +232,10 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, call *broker.Cal
 			_ = rc.SetWriteDeadline(now.Add(s.cfg.StreamWriteTimeout))
 			deadlineSet = now
 		}
-		buf := sink.buf[:0]
+		buf = buf[:0]
 		for _, d := range data {
 			buf = appendEvent(buf, d)
 		}
-		sink.buf = buf
 		_, err := w.Write(buf)
 		return err
 	}
@@ -252,17 +251,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, call *broker.Cal
 	// The stream's last events are not flushed: net/http sends them with
 	// the body's terminating chunk when the handler returns, one write(2)
 	// and one wake-up of the client instead of two.
-	events := sink.evStore[:0]
-	// A writer that can write without waiting (the broker's own HTTP/1.1
-	// loop) takes the tokens from the reply goroutine itself
-	// (broker.Call.SetDirect), the first one with the response's head: no
-	// wake-up of this goroutine per token, and none for the accepted
-	// chunk of a first attempt (the sink sets its route and agent
-	// headers).
-	if nw, ok := w.(nowWriter); ok && nw.WritesNow() {
-		sink.w = nw
-		call.SetDirect(sink)
-	}
+	var events [][]byte
 	fail := func(e *apiError) {
 		if !out.started {
 			writeError(w, e)
@@ -272,20 +261,6 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, call *broker.Cal
 	}
 	for {
 		c, err := call.Next(ctx)
-		if errors.Is(err, broker.ErrFlush) {
-			// The reply goroutine left bytes in the writer (a slow client,
-			// or this goroutine woke before it flushed) or its write
-			// failed: write them here, within the write timeout, then let
-			// it go on. When more chunks wait (the stream's final one
-			// came in the same message as its last tokens), they go out
-			// with those: one write(2) and one wake-up of the client.
-			if put() != nil || (call.Buffered() == 0 && rc.Flush() != nil) {
-				call.SetOutcome(broker.OutcomeCancelled)
-				return
-			}
-			call.ResumeDirect()
-			continue
-		}
 		if err != nil {
 			if ctx.Err() != nil {
 				call.SetOutcome(broker.OutcomeCancelled)
@@ -323,14 +298,6 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, call *broker.Cal
 	}
 }
 
-// nowWriter is a ResponseWriter that can write from another goroutine
-// without waiting (internal/h1's).
-type nowWriter interface {
-	AppendNow([]byte)
-	FlushNow() error
-	WritesNow() bool
-}
-
 // sseHead starts a stream's response: its head is held back until the
 // first token (or the end), so that a failure before any output is still
 // a proper HTTP error.
@@ -340,9 +307,8 @@ type sseHead struct {
 }
 
 // Values of the headers every stream sets, made once: http.Header.Set
-// makes a slice per value, and the five of a stream were a measurable
-// share of its allocations. A header's value slice is replaced, never
-// written into, by net/http and h1 alike. Keys are canonical.
+// makes a slice per value. A header's value slice is replaced, never
+// written into, by net/http. Keys are canonical.
 var (
 	sseContentType = []string{"text/event-stream"}
 	noCache        = []string{"no-cache"}
@@ -376,62 +342,11 @@ func (h *sseHead) start() {
 	h.started = true
 }
 
-// directSink is a stream's broker.DirectSink: the events as SSE, into the
-// response, which the first of them starts (its head goes out with them).
-// It runs on the broker's reply goroutine while the handler waits in
-// Next, so the handler's response and head are its own then.
-type directSink struct {
-	w    nowWriter
-	head *sseHead
-	call *broker.Call
-	// buf is the events' scratch (the handler's too, see stream), on
-	// scratch until an event outgrows it.
-	buf     []byte
-	scratch [512]byte
-	// The stream's head and the handler's list of a chunk's events live
-	// here too: a stream's one allocation.
-	headStore sseHead
-	evStore   [4][]byte
-}
-
-// newDirectSink returns the sink of a stream answered on w, its writer
-// not yet set, with its head and scratch ready for the stream's events.
-func newDirectSink(w http.ResponseWriter, call *broker.Call) *directSink {
-	s := &directSink{call: call}
-	s.headStore.w = w
-	s.head = &s.headStore
-	s.buf = s.scratch[:0]
-	return s
-}
-
-// Accepted sets the headers of the accepted chunk the reply goroutine
-// took in, as the handler does for one it reads.
-func (s *directSink) Accepted(c *wire.Chunk) { acceptedHeaders(s.head.w.Header(), s.call, c) }
-
 // acceptedHeaders sets the route and agent headers of an accepted chunk
 // (a retry may have moved the request to another route).
 func acceptedHeaders(h http.Header, call *broker.Call, c *wire.Chunk) {
 	setRoute(h, call.Route)
 	h.Set("X-Switchyard-Agent", agentHeader(c))
-}
-
-func (s *directSink) Add(evs []*wire.Event) {
-	s.head.start()
-	s.buf = s.buf[:0]
-	for _, ev := range evs {
-		s.buf = appendEvent(s.buf, ev.GetRaw())
-	}
-	s.w.AppendNow(s.buf)
-}
-
-func (s *directSink) Flush() broker.DirectResult {
-	switch err := s.w.FlushNow(); {
-	case err == nil:
-		return broker.DirectDone
-	case errors.Is(err, h1.ErrWouldBlock):
-		return broker.DirectPending
-	}
-	return broker.DirectFailed
 }
 
 type usage struct {
@@ -442,9 +357,14 @@ type usage struct {
 
 // assemble collects a whole stream into one OpenAI response (see
 // assembler).
+//
+// Nothing is written while the engine works, so the write deadline is set
+// only once the answer is ready, the 504 of a request that reached its
+// deadline included: the request's deadline bounds the wait, the write
+// timeout the write.
 func (s *Server) assemble(w http.ResponseWriter, r *http.Request, call *broker.Call, kind apiKind) {
 	if s.cfg.WriteTimeout > 0 {
-		_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
+		w = &deadlineWriter{ResponseWriter: w, timeout: s.cfg.WriteTimeout}
 	}
 	a := &assembler{chat: kind.api == wire.API_API_CHAT}
 	finish := ""
@@ -485,6 +405,32 @@ func (s *Server) assemble(w http.ResponseWriter, r *http.Request, call *broker.C
 		}
 	}
 }
+
+// deadlineWriter sets the connection's write deadline to timeout from
+// when its response starts.
+type deadlineWriter struct {
+	http.ResponseWriter
+	timeout time.Duration
+	started bool
+}
+
+func (w *deadlineWriter) WriteHeader(status int) {
+	if !w.started {
+		w.started = true
+		_ = http.NewResponseController(w.ResponseWriter).SetWriteDeadline(time.Now().Add(w.timeout))
+	}
+	w.ResponseWriter.WriteHeader(status)
+}
+
+func (w *deadlineWriter) Write(p []byte) (int, error) {
+	if !w.started {
+		w.WriteHeader(http.StatusOK)
+	}
+	return w.ResponseWriter.Write(p)
+}
+
+// Unwrap lets http.ResponseController reach the writer underneath.
+func (w *deadlineWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")

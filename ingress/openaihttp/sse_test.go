@@ -2,12 +2,10 @@ package openaihttp
 
 import (
 	"net/http"
-	"net/http/httptest"
 	"reflect"
 	"testing"
 
 	"github.com/switchyard-ai/switchyard/dispatch"
-	"github.com/switchyard-ai/switchyard/wire"
 )
 
 func TestAppendEvent(t *testing.T) {
@@ -35,37 +33,6 @@ func BenchmarkAppendEvent(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		buf = appendEvent(buf[:0], raw)
-	}
-}
-
-// appendNowWriter is a nowWriter that keeps what it is given in one
-// reused buffer.
-type appendNowWriter struct{ got []byte }
-
-func (w *appendNowWriter) AppendNow(p []byte) { w.got = append(w.got[:0], p...) }
-func (w *appendNowWriter) FlushNow() error    { return nil }
-func (w *appendNowWriter) WritesNow() bool    { return true }
-
-// TestDirectSinkAllocs: a stream's sink, with its first token event, is
-// one allocation: the stream's head and the events' scratch come with it
-// (the stream's handler writes its own events there too), not grown per
-// stream.
-func TestDirectSinkAllocs(t *testing.T) {
-	raw := []byte(`{"id":"chatcmpl-0123456789abcdef","object":"chat.completion.chunk","created":1764750000,"model":"sim-model","choices":[{"index":0,"delta":{"content":" word"},"logprobs":null,"finish_reason":null}]}`)
-	evs := []*wire.Event{{Raw: raw}}
-	rec := httptest.NewRecorder()
-	w := &appendNowWriter{got: make([]byte, 0, 1024)}
-	allocs := testing.AllocsPerRun(100, func() {
-		s := newDirectSink(rec, nil)
-		s.head.started = true
-		s.w = w
-		s.Add(evs)
-	})
-	if allocs > 1 {
-		t.Fatalf("a stream's sink and its first event: %.1f allocations, want 1", allocs)
-	}
-	if want := "data: " + string(raw) + "\n\n"; string(w.got) != want {
-		t.Fatalf("the sink wrote %q, want %q", w.got, want)
 	}
 }
 

@@ -16,7 +16,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -24,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
@@ -36,7 +36,6 @@ import (
 	"github.com/switchyard-ai/switchyard/ingress/openaihttp"
 	"github.com/switchyard-ai/switchyard/internal/agentcmd"
 	"github.com/switchyard-ai/switchyard/internal/cli"
-	"github.com/switchyard-ai/switchyard/internal/h1"
 	"github.com/switchyard-ai/switchyard/internal/natsauth"
 	"github.com/switchyard-ai/switchyard/subjects"
 )
@@ -46,6 +45,9 @@ import (
 // leaves room for the job envelope and, on migration, the text already
 // generated.
 const DefaultMaxPayload = 8 << 20
+
+// DefaultMaxConns bounds the HTTP connections open at once.
+const DefaultMaxConns = 8192
 
 type options struct {
 	httpAddr      string
@@ -95,7 +97,7 @@ type options struct {
 	readBody      time.Duration
 	shutdownDelay time.Duration
 	idleTimeout   time.Duration
-	httpLoop      bool
+	maxConns      int
 	writeTimeout  time.Duration
 	streamWrite   time.Duration
 	affinity      string
@@ -151,7 +153,7 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*o
 	fs.DurationVar(&o.readHeader, "read-header-timeout", 10*time.Second, "HTTP: time a client has to send its request headers")
 	fs.DurationVar(&o.readBody, "read-body-timeout", openaihttp.DefaultBodyReadTimeout, "HTTP: time a client has to send its request body (408 after); streams are not bound by it")
 	fs.DurationVar(&o.idleTimeout, "idle-timeout", 120*time.Second, "HTTP: keep-alive connections idle longer are closed")
-	fs.BoolVar(&o.httpLoop, "http-loop", true, "HTTP: serve the completion posts on the broker's own HTTP/1.1 loop (internal/h1) and the rest with net/http; false: net/http for all")
+	fs.IntVar(&o.maxConns, "max-conns", DefaultMaxConns, "HTTP: connections open at once; past it a new connection gets 503 and is closed (0: no bound)")
 	fs.DurationVar(&o.streamWrite, "stream-write-timeout", 30*time.Second, "HTTP: a streaming client that accepts no data for this long is cut off and its request cancelled")
 	fs.DurationVar(&o.writeTimeout, "write-timeout", 0, "HTTP: bound on writing a non-streaming response (0: the request timeout)")
 	fs.DurationVar(&o.queueTimeout, "queue-timeout", broker.DefaultQueueTimeout, "end a request (503) that no agent took this long; its job never starts")
@@ -179,7 +181,7 @@ Usage:
   broker [flags]                      embedded NATS on --nats-listen
   broker --nats-url nats://a,nats://b use an existing NATS server or cluster
   broker --demo                       also run simulated agents, ready for curl`, []cli.Section{
-		{Title: "Client API", Flags: []string{"http", "grpc", "max-body", "read-header-timeout", "read-body-timeout", "idle-timeout", "http-loop", "write-timeout", "stream-write-timeout", "grpc-max-recv-bytes", "grpc-max-send-bytes", "api-key", "api-keys-file", "tls-cert", "tls-key"}},
+		{Title: "Client API", Flags: []string{"http", "grpc", "max-body", "read-header-timeout", "read-body-timeout", "idle-timeout", "max-conns", "write-timeout", "stream-write-timeout", "grpc-max-recv-bytes", "grpc-max-send-bytes", "api-key", "api-keys-file", "tls-cert", "tls-key"}},
 		{Title: "Dispatch", Flags: []string{"dispatch-mode", "slow-start", "heartbeat-interval", "queue-max", "queue-timeout", "request-timeout", "stall-timeout", "retry-limit", "migration-limit", "publish-wait"}},
 		{Title: "NATS", Flags: []string{"nats-url", "nats-listen", "nats-config", "nats-monitor", "data-dir", "nats-max-payload", "replicas", "jobs-storage", "prefix", "id",
 			"nats-creds", "nats-nkey", "nats-user", "nats-password", "nats-token", "nats-tls-ca", "nats-tls-cert", "nats-tls-key", "nats-inbox-prefix"}},
@@ -233,6 +235,12 @@ func demoSpec(s string) (map[string]int, error) {
 
 // Run is the broker command: flags from args, environment through getenv.
 // It returns when ctx ends and everything it started has stopped.
+//
+// Its steps: the embedded NATS server (unless --nats-url), the broker,
+// the demo agents, and the HTTP and gRPC ingresses, the last two joined
+// by an errgroup. On the way out they stop in reverse: the ingresses
+// (streams in flight finish within --shutdown-grace) and the demo agents,
+// then the broker, whose pending publishes are flushed, then NATS.
 func Run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	o, err := parseFlags(args, getenv, stderr)
 	if errors.Is(err, flag.ErrHelp) {
@@ -245,18 +253,9 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err != nil {
 		return err
 	}
-	keys, err := auth.LoadKeys(o.apiKeys, o.apiKeysFile)
+	sec, err := loadSecurity(o)
 	if err != nil {
 		return err
-	}
-	var tlsConf, grpcTLS *tls.Config
-	if o.tlsCert != "" || o.tlsKey != "" {
-		if tlsConf, err = auth.TLSConfig(o.tlsCert, o.tlsKey); err != nil {
-			return err
-		}
-		// Each server gets its own copy: net/http adds its protocols to
-		// the config it serves with while gRPC clones its own.
-		grpcTLS = tlsConf.Clone()
 	}
 	natsClientOpts, err := o.natsAuth.Options()
 	if err != nil {
@@ -275,7 +274,14 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			return err
 		}
 	}
+	gcfg := grpcapi.Config{MaxRecvMsgSize: o.grpcRecv, MaxSendMsgSize: o.grpcSend}
+	if o.grpcAddr != "" {
+		if err := gcfg.Validate(); err != nil {
+			return err
+		}
+	}
 
+	// Embedded server.
 	var ns *server.Server
 	natsURL := o.natsURL
 	natsOpts := natsClientOpts
@@ -297,6 +303,8 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		natsURL = ns.ClientURL()
 		natsOpts = append(natsOpts, nats.InProcessServer(ns))
 	}
+
+	// Broker.
 	// The broker's connection is its own: it needs none of what it
 	// publishes back (its learn messages, which every peer reads), which
 	// would cost a delivery through its reply path per request.
@@ -307,12 +315,84 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	go link.Watch(ctx, nc, natsURL, natsOpts)
 	defer nc.Close()
+	b, reg, err := newBroker(o, log, dcfg, ns, nc, broker.WithConnStatus(func() error { return link.Err(nc) }))
+	if err != nil {
+		return err
+	}
+	brokerCtx, stopBroker := context.WithCancel(context.WithoutCancel(ctx))
+	brokerDone := make(chan error, 1)
+	go func() { brokerDone <- b.Run(brokerCtx) }()
+	// The broker stops after the ingresses and the demo agents, then
+	// pending publishes (cancels) are flushed.
+	defer func() {
+		stopBroker()
+		<-brokerDone
+		if err := nc.FlushTimeout(2 * time.Second); err != nil {
+			log.Warn("NATS flush at exit", "err", err)
+		}
+	}()
+	// Run creates the stream, retrying while NATS is unreachable; until it
+	// has, /readyz answers 503 and requests 503.
 
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	g, gctx := errgroup.WithContext(runCtx)
+	// Demo agents.
+	runDemoAgents(gctx, g, o, demo, natsURL, log, stderr)
+	// Ingresses.
+	in, err := listenIngresses(o, sec, b, reg, gcfg, log)
+	if err != nil {
+		// The demo agents started: stop them before returning.
+		stop()
+		_ = g.Wait()
+		return err
+	}
+	g.Go(in.serveHTTP)
+	if in.grpc != nil {
+		g.Go(in.serveGRPC)
+	}
+	g.Go(func() error {
+		<-gctx.Done()
+		in.shutdown(o, b, log)
+		return nil
+	})
+	log.Info("broker ready", "http", in.ln.Addr().String(), "grpc", o.grpcAddr, "nats", natsURL, "id", b.ID(), "demo_agents", o.demo)
+	fmt.Fprintf(stdout, "switchyard broker listening: http=%s://%s nats=%s%s\n", in.scheme(), in.ln.Addr(), natsURL, in.grpcLine())
+	return g.Wait()
+}
+
+// security is the client-facing security: API keys and TLS.
+type security struct {
+	keys    *auth.Keys
+	tls     *tls.Config // HTTP's; nil without TLS
+	grpcTLS *tls.Config
+}
+
+func loadSecurity(o *options) (security, error) {
+	keys, err := auth.LoadKeys(o.apiKeys, o.apiKeysFile)
+	if err != nil {
+		return security{}, err
+	}
+	sec := security{keys: keys}
+	if o.tlsCert != "" || o.tlsKey != "" {
+		if sec.tls, err = auth.TLSConfig(o.tlsCert, o.tlsKey); err != nil {
+			return security{}, err
+		}
+		// Each server gets its own copy: net/http adds its protocols to
+		// the config it serves with while gRPC clones its own.
+		sec.grpcTLS = sec.tls.Clone()
+	}
+	return sec, nil
+}
+
+// newBroker builds the broker on nc and the metrics registry that serves
+// its collectors.
+func newBroker(o *options, log *slog.Logger, dcfg dispatch.Config, ns *server.Server, nc *nats.Conn, opts ...broker.Option) (*broker.Broker, *prometheus.Registry, error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := broker.NewMetrics()
 	if err := metrics.Register(reg); err != nil {
-		return err
+		return nil, nil, err
 	}
 	b, err := broker.New(nc, broker.Config{
 		ID:                o.id,
@@ -336,32 +416,19 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			Guard: affinity.Guard{MinBlocks: o.affMinBlocks, BalanceAbs: o.affBalAbs, BalanceRel: o.affBalRel},
 		},
 		LearnListeners: accountInterest(ns, nc),
-	}, broker.WithLogger(log), broker.WithMetrics(metrics), broker.WithConnStatus(func() error { return link.Err(nc) }))
+	}, append([]broker.Option{broker.WithLogger(log), broker.WithMetrics(metrics)}, opts...)...)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	reg.MustRegister(b.Collector())
-	brokerCtx, stopBroker := context.WithCancel(context.WithoutCancel(ctx))
-	brokerDone := make(chan error, 1)
-	go func() { brokerDone <- b.Run(brokerCtx) }()
-	// The broker stops after the HTTP server and the demo agents (defers run
-	// last-in first-out), then pending publishes (cancels) are flushed.
-	defer func() {
-		stopBroker()
-		<-brokerDone
-		if err := nc.FlushTimeout(2 * time.Second); err != nil {
-			log.Warn("NATS flush at exit", "err", err)
-		}
-	}()
-	// Run creates the stream, retrying while NATS is unreachable; until it
-	// has, /readyz answers 503 and requests 503.
+	return b, reg, nil
+}
 
-	// Demo agents are the real worker-agent command with the in-process
-	// simulator; they drain when ctx ends, as real agents do on SIGTERM.
-	var agents sync.WaitGroup
-	defer agents.Wait()
-	agentsCtx, stopAgents := context.WithCancel(ctx)
-	defer stopAgents()
+// runDemoAgents starts the demo agents in g: the real worker-agent
+// command with the in-process simulator. They drain when ctx ends, as
+// real agents do on SIGTERM; one that fails is logged, and the broker
+// goes on without it.
+func runDemoAgents(ctx context.Context, g *errgroup.Group, o *options, demo map[string]int, natsURL string, log *slog.Logger, stderr io.Writer) {
 	for _, pool := range []string{subjects.PoolRegular, subjects.PoolPrefill, subjects.PoolDecode} {
 		for i := 0; i < demo[pool]; i++ {
 			args := []string{
@@ -371,21 +438,34 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 				"--prefix", o.prefix, "--sim-ttft", o.demoTTFT.String(), "--sim-itl", o.demoITL.String(),
 				"--log-format", o.logFormat, "--log-level", o.logLevel,
 			}
-			agents.Add(1)
-			go func() {
-				defer agents.Done()
-				if err := agentcmd.Run(agentsCtx, args, func(string) string { return "" }, io.Discard, stderr); err != nil {
+			g.Go(func() error {
+				if err := agentcmd.Run(ctx, args, func(string) string { return "" }, io.Discard, stderr); err != nil {
 					log.Error("demo agent", "args", args, "err", err)
 				}
-			}()
+				return nil
+			})
 		}
 	}
+}
 
+// ingresses are the broker's HTTP and gRPC servers and their listeners.
+type ingresses struct {
+	ln   net.Listener
+	http *http.Server
+	tls  bool
+	gln  net.Listener
+	grpc *grpc.Server // nil: no gRPC ingress
+	gapi *grpcapi.Server
+}
+
+// listenIngresses opens the HTTP and gRPC listeners and builds their
+// servers; nothing is served until serveHTTP and serveGRPC run.
+func listenIngresses(o *options, sec security, b *broker.Broker, reg *prometheus.Registry, gcfg grpcapi.Config, log *slog.Logger) (*ingresses, error) {
 	writeTimeout := o.writeTimeout
 	if writeTimeout == 0 {
 		writeTimeout = o.reqTimeout
 	}
-	ingress := openaihttp.New(b, openaihttp.Config{
+	api := openaihttp.New(b, openaihttp.Config{
 		MaxBody:            o.maxBody,
 		WriteTimeout:       writeTimeout,
 		StreamWriteTimeout: o.streamWrite,
@@ -393,122 +473,113 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		Metrics:            promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}),
 		Page:               fleetui.Handler(),
 	}, openaihttp.WithLogger(log))
-	if !keys.Enabled() && (tlsConf != nil || !loopback(o.httpAddr)) {
+	if !sec.keys.Enabled() && (sec.tls != nil || !loopback(o.httpAddr)) {
 		log.Warn("HTTP and gRPC ingress accept requests without an API key; set --api-key or --api-keys-file", "http", o.httpAddr)
 	}
 	ln, err := cli.Listen("HTTP API", o.httpAddr, "http")
 	if err != nil {
-		return err
+		return nil, err
+	}
+	if o.maxConns > 0 {
+		ln = newLimitListener(ln, o.maxConns, sec.tls == nil)
 	}
 	// The page and health answer without a key; the page asks for one
-	// when /v1/fleet answers 401.
-	handler := keys.HTTP(ingress, "/healthz", "/readyz", "/", fleetui.AssetPrefix, fleetui.AssetPrefix+"fleet.js", fleetui.AssetPrefix+"fleet.css")
-	netSrv := &http.Server{
+	// when /v1/fleet answers 401. The edge goes before the key check.
+	handler := api.Edge(sec.keys.HTTP(api, "/healthz", "/readyz", "/", fleetui.AssetPrefix, fleetui.AssetPrefix+"fleet.js", fleetui.AssetPrefix+"fleet.css"))
+	in := &ingresses{ln: ln, tls: sec.tls != nil, http: &http.Server{
 		Handler:           handler,
-		TLSConfig:         tlsConf,
+		TLSConfig:         sec.tls,
 		ReadHeaderTimeout: o.readHeader,
 		IdleTimeout:       o.idleTimeout,
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}}
+	if o.grpcAddr == "" {
+		return in, nil
 	}
-	var srv interface {
-		Shutdown(context.Context) error
-		Close() error
-	} = netSrv
-	serve := func() error {
-		if tlsConf != nil {
-			return netSrv.ServeTLS(ln, "", "")
-		}
-		return netSrv.Serve(ln)
+	gopts := append(grpcapi.ServerOptions(gcfg),
+		grpc.ChainUnaryInterceptor(sec.keys.UnaryInterceptor()),
+		grpc.ChainStreamInterceptor(sec.keys.StreamInterceptor()))
+	if sec.grpcTLS != nil {
+		gopts = append(gopts, grpc.Creds(credentials.NewTLS(sec.grpcTLS)))
 	}
-	if o.httpLoop {
-		loop := &h1.Server{
-			Handler:           handler,
-			Fast:              openaihttp.OnLoop,
-			Fallback:          netSrv,
-			MaxBody:           o.maxBody,
-			MaxHeaderBytes:    netSrv.MaxHeaderBytes,
-			ReadHeaderTimeout: o.readHeader,
-			BodyReadTimeout:   o.readBody,
-			IdleTimeout:       o.idleTimeout,
-			TLSConfig:         tlsConf,
-			Log:               log,
-		}
-		srv, serve = loop, func() error { return loop.Serve(ln) }
+	if in.gln, err = cli.Listen("gRPC API", o.grpcAddr, "grpc"); err != nil {
+		_ = ln.Close()
+		return nil, err
 	}
-	httpDone := make(chan error, 1)
-	scheme := "http"
-	go func() { httpDone <- serve() }()
-	if tlsConf != nil {
-		scheme = "https"
-	}
-	grpcLine := ""
-	var gs *grpc.Server
-	var gapi *grpcapi.Server
-	grpcDone := make(chan error, 1)
-	if o.grpcAddr != "" {
-		gcfg := grpcapi.Config{MaxRecvMsgSize: o.grpcRecv, MaxSendMsgSize: o.grpcSend}
-		if err := gcfg.Validate(); err != nil {
-			return err
-		}
-		gopts := append(grpcapi.ServerOptions(gcfg),
-			grpc.ChainUnaryInterceptor(keys.UnaryInterceptor()),
-			grpc.ChainStreamInterceptor(keys.StreamInterceptor()))
-		if tlsConf != nil {
-			gopts = append(gopts, grpc.Creds(credentials.NewTLS(grpcTLS)))
-		}
-		gln, err := cli.Listen("gRPC API", o.grpcAddr, "grpc")
-		if err != nil {
-			_ = srv.Close()
-			return err
-		}
-		gs = grpc.NewServer(gopts...)
-		gapi = grpcapi.New(b, gcfg, grpcapi.WithLogger(log))
-		gapi.Register(gs)
-		go func() { grpcDone <- gs.Serve(gln) }()
-		grpcLine = " grpc=" + gln.Addr().String()
-	}
-	log.Info("broker ready", "http", ln.Addr().String(), "grpc", o.grpcAddr, "nats", natsURL, "id", b.ID(), "demo_agents", o.demo)
-	fmt.Fprintf(stdout, "switchyard broker listening: http=%s://%s nats=%s%s\n", scheme, ln.Addr(), natsURL, grpcLine)
+	in.grpc = grpc.NewServer(gopts...)
+	in.gapi = grpcapi.New(b, gcfg, grpcapi.WithLogger(log))
+	in.gapi.Register(in.grpc)
+	return in, nil
+}
 
-	select {
-	case <-ctx.Done():
-	case err := <-httpDone:
-		return fmt.Errorf("http server: %w", err)
-	case err := <-grpcDone:
-		_ = srv.Close()
+// serveHTTP serves HTTP until shutdown; an error before is the server's.
+func (in *ingresses) serveHTTP() error {
+	var err error
+	if in.tls {
+		err = in.http.ServeTLS(in.ln, "", "")
+	} else {
+		err = in.http.Serve(in.ln)
+	}
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return fmt.Errorf("http server: %w", err)
+}
+
+// serveGRPC serves gRPC until shutdown; an error before is the server's.
+func (in *ingresses) serveGRPC() error {
+	if err := in.grpc.Serve(in.gln); err != nil {
 		return fmt.Errorf("grpc server: %w", err)
 	}
+	return nil
+}
+
+func (in *ingresses) scheme() string {
+	if in.tls {
+		return "https"
+	}
+	return "http"
+}
+
+func (in *ingresses) grpcLine() string {
+	if in.gln == nil {
+		return ""
+	}
+	return " grpc=" + in.gln.Addr().String()
+}
+
+// shutdown refuses new work first (readyz 503, requests 503) and keeps
+// listening for --shutdown-delay so load balancers see it, then stops
+// listening and lets the streams in flight finish within
+// --shutdown-grace.
+func (in *ingresses) shutdown(o *options, b *broker.Broker, log *slog.Logger) {
 	log.Info("shutting down", "grace", o.shutdownGrace, "delay", o.shutdownDelay)
-	// Refuse new work first (readyz 503, requests 503) and keep listening
-	// for --shutdown-delay so load balancers see it, then stop listening
-	// and let the streams in flight finish.
 	b.StopAccepting()
 	if o.shutdownDelay > 0 {
 		time.Sleep(o.shutdownDelay)
 	}
 	graceCtx, cancel := context.WithTimeout(context.Background(), o.shutdownGrace)
 	defer cancel()
-	if gs != nil {
-		gapi.Shutdown()
-		stopped := make(chan struct{})
-		go func() { gs.GracefulStop(); close(stopped) }()
+	stopped := make(chan struct{})
+	if in.grpc != nil {
+		in.gapi.Shutdown()
+		go func() { in.grpc.GracefulStop(); close(stopped) }()
 		go func() {
 			select {
 			case <-graceCtx.Done():
-				gs.Stop()
+				in.grpc.Stop()
 			case <-stopped:
 			}
 		}()
 	}
-	if err := srv.Shutdown(graceCtx); err != nil {
+	if err := in.http.Shutdown(graceCtx); err != nil {
 		log.Warn("streams cut at the end of the grace period", "err", err)
-		_ = srv.Close()
+		_ = in.http.Close()
 	}
-	if gs != nil {
-		<-grpcDone
+	if in.grpc != nil {
+		<-stopped
 	}
-	return nil
 }
 
 func startEmbedded(o *options, log *slog.Logger) (*server.Server, error) {

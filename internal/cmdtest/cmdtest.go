@@ -238,3 +238,7 @@ func WaitHealthy(t testing.TB, base string) {
 	t.Helper()
 	testwait.Status(t, nil, base+"/health", http.StatusOK)
 }
+
+// CloseIdleProbes closes the kept-alive connections of the readiness probe
+// (WaitBroker), for tests that count a broker's open connections.
+func CloseIdleProbes() { readyProbe.CloseIdleConnections() }
