@@ -386,6 +386,20 @@ func (b *Broker) repairStream(ctx context.Context, reconnected bool) error {
 	return nil
 }
 
+// EndCalls ends every call in flight with err (ErrShutdown, at the end of
+// a shutdown's grace): each reader returns it from Next, so its client gets
+// one clear error rather than a cut connection. It returns how many calls
+// it ended.
+func (b *Broker) EndCalls(err error) int {
+	n := 0
+	b.calls.Range(func(_, v any) bool {
+		v.(*Call).fail(err)
+		n++
+		return true
+	})
+	return n
+}
+
 // StopAccepting makes Submit refuse new requests (ErrClosed) and Ready
 // report not ready, while calls in flight go on: the first step of a
 // graceful shutdown, so load balancers stop sending before streams end.

@@ -1177,6 +1177,8 @@ const (
 	OutcomeOK        = "ok"
 	OutcomeError     = "error"
 	OutcomeCancelled = "cancelled"
+	// OutcomeShutdown: the broker's shutdown grace ended first (EndCalls).
+	OutcomeShutdown = "shutdown"
 )
 
 // SetOutcome overrides the outcome recorded at Close, for ends the ingress

@@ -31,4 +31,7 @@ var (
 	ErrSlowReader = errors.New("client too slow")
 	// ErrClosed: the broker is shutting down.
 	ErrClosed = errors.New("broker closed")
+	// ErrShutdown: the broker's shutdown grace ended before the request
+	// did (EndCalls); the client may retry it on another broker (503).
+	ErrShutdown = errors.New("broker shut down before the request ended")
 )

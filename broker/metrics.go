@@ -57,7 +57,7 @@ func NewMetrics() *Metrics {
 	return &Metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_requests_total",
-			Help: "Requests that ended, by model, route and outcome: ok, error (the broker, NATS, an agent or an engine failed), client_error (the engine refused the request as invalid), cancelled (the client went away).",
+			Help: "Requests that ended, by model, route and outcome: ok, error (the broker, NATS, an agent or an engine failed), client_error (the engine refused the request as invalid), cancelled (the client went away), shutdown (the broker stopped before it ended, past its shutdown grace).",
 		}, []string{"model", "route", "outcome"}),
 		inflight: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "switchyard_requests_in_flight", Help: "Requests submitted and not yet ended.",

@@ -13,9 +13,12 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/switchyard-ai/switchyard/agent"
 	"github.com/switchyard-ai/switchyard/agent/engine/openai"
+	switchyardv1 "github.com/switchyard-ai/switchyard/api/switchyard/v1"
 	"github.com/switchyard-ai/switchyard/internal/cmdtest"
 	"github.com/switchyard-ai/switchyard/internal/testwait"
 	"github.com/switchyard-ai/switchyard/simengine"
@@ -278,6 +281,56 @@ func TestBrokerGracefulShutdown(t *testing.T) {
 	}
 }
 
+// TestShutdownPastGrace: a broker stopped with streams still open at the
+// end of --shutdown-grace ends each with one clear error: an HTTP stream
+// gets an error event with code "shutdown" and [DONE], a gRPC stream
+// UNAVAILABLE, and the requests count as outcome shutdown, not as
+// cancelled by their clients.
+func TestShutdownPastGrace(t *testing.T) {
+	b := cmdtest.StartBroker(t, "--shutdown-grace", "500ms", "--log-level", "info")
+	// Slow enough that neither answer can end before the grace does.
+	e := startEngine(t, simengine.Config{Model: model, TTFT: time.Millisecond, ITL: 200 * time.Millisecond, Slots: 4})
+	startAgent(t, b.NATS, "a1", e, 4)
+	cmdtest.WaitEligible(t, b.HTTP, "a1")
+	_, httpRest := openStream(t, b.HTTP, "a long answer cut by shutdown", 5000)
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	gs, err := grpcClient(t, b.GRPC).Chat(ctx, &switchyardv1.ChatRequest{
+		Model: model, Messages: []*switchyardv1.Message{{Role: "user", Content: "another long answer"}}, MaxTokens: ptr(uint32(5000)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := gs.Recv(); err != nil { // the stream has started
+		t.Fatal(err)
+	}
+	grpcErr := make(chan error, 1)
+	go func() {
+		for {
+			if _, err := gs.Recv(); err != nil {
+				grpcErr <- err
+				return
+			}
+		}
+	}()
+
+	if err := b.Stop(t); err != nil {
+		t.Fatalf("broker returned %v", err)
+	}
+	r := <-httpRest
+	if !strings.Contains(r.errMsg, `"code":"shutdown"`) || !r.done {
+		t.Fatalf("HTTP stream: %+v, want an error event with code shutdown, then [DONE]", r)
+	}
+	if err := <-grpcErr; status.Code(err) != codes.Unavailable {
+		t.Fatalf("gRPC stream ended with %v, want UNAVAILABLE", err)
+	}
+	log := b.Err.String()
+	if n := strings.Count(log, "outcome=shutdown"); n != 2 {
+		t.Fatalf("%d requests logged with outcome=shutdown, want 2:\n%s", n, log)
+	}
+}
+
 // TestTwoBrokers: two brokers serve one fleet on one NATS; stopping one
 // hard affects only its own requests.
 func TestTwoBrokers(t *testing.T) {
@@ -295,8 +348,8 @@ func TestTwoBrokers(t *testing.T) {
 	if r := <-viaA; !r.done || r.errMsg != "" {
 		t.Fatalf("broker a's stream hurt by broker b's end: %+v", r)
 	}
-	if r := <-viaB; r.done {
-		t.Fatalf("broker b's stream survived its broker: %+v", r)
+	if r := <-viaB; !strings.Contains(r.errMsg, `"shutdown"`) {
+		t.Fatalf("broker b's stream did not end with its shutdown error: %+v", r)
 	}
 	r, err := rawStream(context.Background(), a.HTTP, "broker a still serves", 4)
 	if err != nil || !r.done {

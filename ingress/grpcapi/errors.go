@@ -52,7 +52,7 @@ func fromBroker(err error) error {
 		return status.Error(codes.NotFound, err.Error())
 	case errors.Is(err, broker.ErrQueueFull):
 		return retryable(codes.ResourceExhausted, err.Error(), time.Second)
-	case errors.Is(err, broker.ErrNoCapacity), errors.Is(err, broker.ErrNotConnected), errors.Is(err, broker.ErrClosed), errors.Is(err, broker.ErrQueueTimeout):
+	case errors.Is(err, broker.ErrNoCapacity), errors.Is(err, broker.ErrNotConnected), errors.Is(err, broker.ErrClosed), errors.Is(err, broker.ErrQueueTimeout), errors.Is(err, broker.ErrShutdown):
 		return retryable(codes.Unavailable, err.Error(), time.Second)
 	case errors.Is(err, broker.ErrUnsupported):
 		return retryable(codes.Unavailable, err.Error(), 5*time.Second)

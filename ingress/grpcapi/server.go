@@ -242,6 +242,8 @@ func (s *Server) serve(stream grpc.ServerStreamingServer[switchyardv1.StreamResp
 			case ctx.Err() != nil:
 				call.SetOutcome(broker.OutcomeError)
 				err = ctx.Err()
+			case errors.Is(err, broker.ErrShutdown):
+				call.SetOutcome(broker.OutcomeShutdown)
 			default:
 				call.SetOutcome(broker.OutcomeError)
 			}

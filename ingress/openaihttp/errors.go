@@ -83,6 +83,8 @@ func fromBroker(err error) *apiError {
 		return &apiError{Status: http.StatusServiceUnavailable, Message: err.Error(), Type: "server_error", Code: strp("no_capacity"), RetryAfter: 1}
 	case errors.Is(err, broker.ErrUnsupported):
 		return &apiError{Status: http.StatusServiceUnavailable, Message: err.Error(), Type: "server_error", Code: strp("unsupported"), RetryAfter: 5}
+	case errors.Is(err, broker.ErrShutdown):
+		return &apiError{Status: http.StatusServiceUnavailable, Message: err.Error(), Type: "server_error", Code: strp("shutdown"), RetryAfter: 1}
 	case errors.Is(err, broker.ErrNotConnected), errors.Is(err, broker.ErrClosed):
 		return &apiError{Status: http.StatusServiceUnavailable, Message: err.Error(), Type: "server_error", Code: strp("unavailable"), RetryAfter: 1}
 	case errors.Is(err, broker.ErrTimeout), errors.Is(err, context.DeadlineExceeded):

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -266,6 +267,16 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, call *broker.Cal
 				call.SetOutcome(broker.OutcomeCancelled)
 				return
 			}
+			if errors.Is(err, broker.ErrShutdown) {
+				// The stream ends for good here: say so, then end it
+				// as a stream ends, so the client does not wait.
+				call.SetOutcome(broker.OutcomeShutdown)
+				fail(fromBroker(err))
+				if out.started {
+					_ = put(sseDone)
+				}
+				return
+			}
 			call.SetOutcome(broker.OutcomeError)
 			fail(fromBroker(err))
 			return
@@ -376,6 +387,9 @@ func (s *Server) assemble(w http.ResponseWriter, r *http.Request, call *broker.C
 				return
 			}
 			call.SetOutcome(broker.OutcomeError)
+			if errors.Is(err, broker.ErrShutdown) {
+				call.SetOutcome(broker.OutcomeShutdown)
+			}
 			writeError(w, fromBroker(err))
 			return
 		}

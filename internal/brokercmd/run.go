@@ -561,26 +561,47 @@ func (in *ingresses) shutdown(o *options, b *broker.Broker, log *slog.Logger) {
 	}
 	graceCtx, cancel := context.WithTimeout(context.Background(), o.shutdownGrace)
 	defer cancel()
-	stopped := make(chan struct{})
+	httpDone := make(chan error, 1)
+	go func() { httpDone <- in.http.Shutdown(graceCtx) }()
+	grpcDone := make(chan struct{})
 	if in.grpc != nil {
 		in.gapi.Shutdown()
-		go func() { in.grpc.GracefulStop(); close(stopped) }()
-		go func() {
-			select {
-			case <-graceCtx.Done():
-				in.grpc.Stop()
-			case <-stopped:
-			}
-		}()
+		go func() { in.grpc.GracefulStop(); close(grpcDone) }()
+	} else {
+		close(grpcDone)
 	}
-	if err := in.http.Shutdown(graceCtx); err != nil {
-		log.Warn("streams cut at the end of the grace period", "err", err)
-		_ = in.http.Close()
+	httpErr := <-httpDone
+	select {
+	case <-grpcDone:
+	case <-graceCtx.Done():
 	}
-	if in.grpc != nil {
-		<-stopped
+	if graceCtx.Err() == nil {
+		return
+	}
+	// The grace is over with streams still open: end each with one error
+	// its client can read (an SSE error event and [DONE], a gRPC
+	// UNAVAILABLE), not a cut connection, then close what is left.
+	n := b.EndCalls(broker.ErrShutdown)
+	log.Warn("shutdown grace over: ending the open requests with an error", "requests", n, "grace", o.shutdownGrace)
+	endCtx, endCancel := context.WithTimeout(context.Background(), shutdownEndWait)
+	defer endCancel()
+	if httpErr != nil {
+		if err := in.http.Shutdown(endCtx); err != nil {
+			_ = in.http.Close()
+		}
+	}
+	select {
+	case <-grpcDone:
+	case <-endCtx.Done():
+		in.grpc.Stop()
+		<-grpcDone
 	}
 }
+
+// shutdownEndWait is how long the handlers of requests ended at the end
+// of the shutdown grace get to write their error before their connections
+// are closed.
+const shutdownEndWait = 2 * time.Second
 
 func startEmbedded(o *options, log *slog.Logger) (*server.Server, error) {
 	host, port, err := cli.HostPort(o.natsListen)
