@@ -43,11 +43,9 @@ const (
 	// waits at most half its stream's last inter-token time besides, so
 	// faster engines get less, and a stream's next token never catches up
 	// with one that waits; an attempt's first token and its end never
-	// wait, so neither TTFT nor the end of a request moves. On the bench
-	// host, at 64 streams of 5 ms tokens, 2 ms took the agents' messages
-	// from 3 chunks each (no linger) to 11 (6 at 0.5 ms), the broker's CPU
-	// per request 10% below 0.5 ms's and the agents' 7%, for an ITL p99
-	// 0.5 ms longer (docs/benchmarks.md, item 49).
+	// wait, so neither TTFT nor the end of a request moves. Lingering
+	// trades a bounded ITL delay for fewer, larger messages and less
+	// broker and agent CPU per request (measured in docs/benchmarks.md).
 	DefaultReplyLinger = 2 * time.Millisecond
 )
 

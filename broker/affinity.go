@@ -22,7 +22,7 @@ import (
 	"github.com/switchyard-ai/switchyard/wire"
 )
 
-// Prefix-cache affinity (issue 16, docs/affinity.md). After dispatch.Decide
+// Prefix-cache affinity (docs/affinity.md). After dispatch.Decide
 // chose the route, the broker looks up which agent of the route's first
 // pool (regular, or PD's prefill) holds the longest prefix of the prompt
 // and, if affinity.Choose lets it, offers the job on that agent's directed

@@ -164,8 +164,8 @@ func TestWeights(t *testing.T) {
 			wantR:  8, wantPD: 0,
 		},
 		{
-			// Issue 13: a loading PD pair beside a busy regular agent took
-			// 34 of 40 requests into a queue nobody pulled.
+			// A loading PD pair beside a busy regular agent must not draw
+			// requests into a queue nobody pulls.
 			name: "warming PD pair beside a full regular agent counts zero", mode: capacity,
 			agents: []dispatch.Agent{ready("r", R, 4, 4), warming(ready("p", P, 8, 0)), warming(ready("d", D, 8, 0))},
 			wantR:  4, wantPD: 0, saturated: true,
@@ -604,7 +604,7 @@ func TestSplit(t *testing.T) {
 		{name: "6R 10P 1D paired", mode: dispatch.ModePaired, agents: pools(6, 10, 1, 8), want: map[string]float64{"pd vllm": 2.0 / 8}},
 		{name: "6R 10P 1D capacity", mode: dispatch.ModeCapacity, agents: pools(6, 10, 1, 8), want: map[string]float64{"pd vllm": 8.0 / 56}},
 		{
-			// Issue 13's demo fleet: PD holds one decode slot per request,
+			// The rollout's fleet: PD holds one decode slot per request,
 			// so it gets 8 of 24 concurrent requests, not 16 of 32.
 			name: "concurrency unit 2R 1P 1D capacity", agents: pools(2, 1, 1, 8),
 			want: map[string]float64{"pd vllm": 8.0 / 24},

@@ -325,8 +325,8 @@ func TestAffinityMoveRacePD(t *testing.T) {
 		t.Fatalf("decode agent ended %d legs ok and %d cancelled, its engine answered %d to their end (%d started), for %d requests",
 			ok, cancelled, f, dec.served.Load(), n)
 	}
-	// A hand-off no decode read is freed only when its hold expires (with
-	// the agents before the fix, a second prefill leg's decode job was
+	// A hand-off no decode read is freed only when its hold expires: none
+	// may expire here (a second prefill leg's decode job must never be
 	// taken for the first's and dropped).
 	for i, e := range pre {
 		if x := e.HandoffsExpired(); x != 0 {

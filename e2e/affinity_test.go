@@ -22,7 +22,7 @@ import (
 	"github.com/switchyard-ai/switchyard/wire"
 )
 
-// Prefix-cache affinity end to end (issue 16): directed jobs that outlive
+// Prefix-cache affinity end to end: directed jobs that outlive
 // their agent, the slot bound with both queues full, and two brokers
 // sharing what they learnt.
 

@@ -41,9 +41,10 @@ func longPrompt(tag int) string {
 	return fmt.Sprintf("rq-%d long context:%s", tag, strings.Repeat(" the", 1000))
 }
 
-// TestRealisticRollout is issue 13's rollout, through the real broker and
-// worker-agent run functions, each agent in front of its own sim-engine
-// over HTTP with the openai, vllm and sglang adapters. Windows:
+// TestRealisticRollout is the rollout of a fleet from regular serving to
+// PD, through the real broker and worker-agent run functions, each agent
+// in front of its own sim-engine over HTTP with the openai, vllm and
+// sglang adapters. Windows:
 //
 //   - "regular 90%": a regular pool (2 agents x 4 slots) under open-loop
 //     Poisson streaming traffic (seeded) at 90% of the throughput it
@@ -59,7 +60,7 @@ func longPrompt(tag int) string {
 //     engine, as in a busy decode queue);
 //   - the regular pool drains ("PD only"), comes back, PD drains.
 //
-// It asserts what the issue lists: no failed request but the ones clients
+// It asserts: no failed request but the ones clients
 // cancelled; nothing routed to PD while its engines load and TTFT p99 then
 // no worse than twice the regular-only windows'; no serving agent above
 // its effective slots in any /v1/fleet sample; regular and decode

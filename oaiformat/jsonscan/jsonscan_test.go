@@ -11,8 +11,9 @@ import (
 	"testing"
 )
 
-// engineChunk is the struct the agent used to decode chunks into with
-// encoding/json; Scan must agree with decoding into it.
+// engineChunk is the struct an engine chunk decodes into with
+// encoding/json, the reference Scan is checked against: Scan must agree
+// with decoding into it.
 type engineChunk struct {
 	Choices []struct {
 		Text  string `json:"text"`
