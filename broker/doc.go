@@ -5,6 +5,7 @@
 // subjects, and publishes cancels. It knows nothing of HTTP or gRPC; the
 // ingress packages turn a Call into SSE or gRPC stream messages.
 //
-// Lock order: Broker.mu (capacity table) and Broker.calls (in-flight map) are
-// never held together; Call.mu is a leaf.
+// The locks a request takes, their order and the hand-off of chunks from
+// the reply goroutine to a call's reader are written down in
+// locksordering.txt beside this file.
 package broker

@@ -5,10 +5,14 @@
 //
 // The layout, with the default prefix "sy":
 //
-//	sy.jobs.<model>.<pool>          jobs (JetStream work queue)
-//	sy.hb.<model>.<pool>.<agent>    heartbeats (core NATS, JSON)
-//	sy.reply.<broker>.<request>     chunks of one attempt (core NATS)
-//	sy.cancel.<request>             cancel of one request (core NATS)
+//	sy.jobs.<model>.regular                  regular jobs (JetStream work queue)
+//	sy.jobs.<model>.<pool>.<pairing>         prefill and decode jobs of one PD pairing
+//	sy.jobs.<model>.<pool>[.<pairing>].to.<agent>  jobs offered to one agent (affinity)
+//	sy.hb.<model>.<pool>.<agent>             heartbeats (core NATS, JSON)
+//	sy.reply.<broker>.chunks                 framed chunks for one broker (core NATS)
+//	sy.cancel.<request>                      cancel of one request (core NATS)
+//	sy.kv.<model>.<pool>.<agent>             an agent's engine KV events (affinity)
+//	sy.learn.<model>.<pool>.<broker>         what a broker offered where (affinity)
 //
 // Escaping keeps ASCII letters, digits and '-' as they are and writes every
 // other byte as '_' followed by two upper-case hex digits, so "a.b" becomes
