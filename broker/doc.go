@@ -6,5 +6,7 @@
 // ingress packages turn a Call into SSE or gRPC stream messages.
 //
 // Lock order: Broker.mu (capacity table) and Broker.calls (in-flight map) are
-// never held together; Call.mu is a leaf.
+// never held together; Call.mu is a leaf but for timings.mu (the learned
+// latency), which the reply goroutine takes under it and rebuild under
+// Broker.mu; timings.mu is taken last.
 package broker

@@ -33,6 +33,9 @@ type Metrics struct {
 	// directAccepted counts accepted chunks the reply goroutine took in
 	// for a waiting reader (see Call.SetDirect).
 	directAccepted prometheus.Counter
+	// slo counts the requests with latency targets that ended well, by
+	// whether they met them.
+	slo *prometheus.CounterVec
 }
 
 // Latency buckets for LLM serving, in seconds: TTFT spans milliseconds
@@ -95,12 +98,16 @@ func NewMetrics() *Metrics {
 			Name: "switchyard_direct_accepted_total",
 			Help: "Accepted chunks taken in on the reply goroutine, without waking the request's handler (streams on the broker's own HTTP/1.1 loop, first attempts on the regular route).",
 		}),
+		slo: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_slo_requests_total",
+			Help: "Requests with latency targets that ended well, by model, route and whether they met their targets (result met or missed): time to first token, and mean time per output token after the first.",
+		}, []string{"model", "route", "result"}),
 	}
 }
 
 // Register adds every collector to r.
 func (m *Metrics) Register(r prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.requests, m.inflight, m.ttft, m.itl, m.e2e, m.outputTokens, m.rejections, m.retries, m.migrations, m.publishRetries, m.droppedChunks, m.affinity, m.secondRuns, m.directChunks, m.directAccepted} {
+	for _, c := range []prometheus.Collector{m.requests, m.inflight, m.ttft, m.itl, m.e2e, m.outputTokens, m.rejections, m.retries, m.migrations, m.publishRetries, m.droppedChunks, m.affinity, m.secondRuns, m.directChunks, m.directAccepted, m.slo} {
 		if err := r.Register(c); err != nil {
 			return err
 		}
