@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -99,7 +100,8 @@ func (t *timings) observe(model, id string, now time.Time, sample bool, f func(*
 			t.agents = make(map[agentKey]*agentTiming)
 		}
 		a = new(agentTiming)
-		t.agents[agentKey{model, id}] = a
+		// Cloned: id may be a chunk's, aliasing its whole message.
+		t.agents[agentKey{model, strings.Clone(id)}] = a
 	}
 	f(a)
 	if sample {
