@@ -39,10 +39,10 @@ func (f goodputFleet) String() string {
 func (e *env) goodput(d *doc) error {
 	fleets := []goodputFleet{{8, 0, 0}, {6, 1, 1}, {4, 2, 2}, {2, 3, 3}, {0, 4, 4}}
 	modes := []string{"count", "capacity", "threshold", "slo"}
-	rates := []float64{0.5, 1, 2, 3, 4, 6, 8}
+	rates := []float64{1, 2, 4, 6, 8, 12, 16}
 	window := 30 * time.Second
 	if e.quick {
-		rates = []float64{0.5, 2}
+		rates = []float64{1, 4}
 		window = 6 * time.Second
 	}
 	var b strings.Builder

@@ -18,11 +18,13 @@ import (
 // The SLO scenario's sizes. A long prompt's prefill is one engine step of
 // about sloLongWords x the per-token cost (hundreds of milliseconds), which
 // every stream decoding beside it on a regular engine waits through; a PD
-// route prefills it on the prefill engine, beside no stream.
+// route prefills it on the prefill engine, beside no stream. The target
+// sits well above a step (tens of milliseconds) and well below such a
+// stall, so a loaded machine's pauses do not decide the count.
 const (
-	sloITLTarget   = 100 * time.Millisecond
+	sloITLTarget   = 250 * time.Millisecond
 	sloShort       = 16   // short streams running when the burst comes
-	sloShortTokens = 200  // their length: running through the burst
+	sloShortTokens = 80   // their length at least: running through the burst
 	sloLongs       = 10   // long prompts in the burst
 	sloLongWords   = 3000 // their length
 )
@@ -31,7 +33,7 @@ func sloBatchEngine(role simengine.Role) simengine.Config {
 	return simengine.Config{Model: model, Slots: 32, Role: role, PDProtocol: simengine.PDVLLM, BootstrapTimeout: 5 * time.Second,
 		Batch: simengine.BatchModel{
 			Enabled: true, MaxBatchedTokens: 8192,
-			StepTime: 8 * time.Millisecond, StepPerSeq: 50 * time.Microsecond,
+			StepTime: 15 * time.Millisecond, StepPerSeq: 50 * time.Microsecond,
 			StepPerPrefillToken: 100 * time.Microsecond, KVTransferPerToken: time.Microsecond,
 		}}
 }
@@ -86,6 +88,23 @@ func sloBurst(t *testing.T, mode string) (stalled, regular, longsPD int) {
 	startAgent(t, b.NATS, "dec", d, 16, "--engine", "vllm", "--role", "decode")
 	waitEligible(t, b.HTTP, "r1", "r2", "pre", "dec")
 
+	// A target that is not a positive number of milliseconds is refused,
+	// naming its header.
+	req, err := http.NewRequest(http.MethodPost, b.HTTP+"/v1/chat/completions",
+		strings.NewReader(fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"x"}]}`, model)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("x-slo-ttft-ms", "-1")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if text := readAll(resp); resp.StatusCode != http.StatusBadRequest || !strings.Contains(text, `"param":"x-slo-ttft-ms"`) {
+		t.Fatalf("bad x-slo-ttft-ms: status %d, body %s", resp.StatusCode, text)
+	}
+	resp.Body.Close()
+
 	// The broker learns every pool's latency from the chunks it relays:
 	// short requests (no targets, weighed by capacity) until the fleet
 	// view shows figures for regular, prefill and decode.
@@ -107,12 +126,26 @@ func sloBurst(t *testing.T, mode string) (stalled, regular, longsPD int) {
 		maxGap   time.Duration
 		firstErr error
 	}
+	// The simulator ends sequences early (finish_reason "stop"): the short
+	// streams' prompts are ones it answers at length, so that every one is
+	// still running when the burst comes.
+	var prompts []string
+	for seed := 0; len(prompts) < sloShort; seed++ {
+		if seed > 100*sloShort {
+			t.Fatalf("only %d prompts the simulator answers with %d tokens or more", len(prompts), sloShortTokens)
+		}
+		p := sloPrompt("short", seed, 30)
+		body := fmt.Sprintf(`{"messages":[{"role":"user","content":%q}],"max_tokens":%d}`, p, 4*sloShortTokens)
+		if expect(t, simengine.APIChat, body).CompletionTokens >= sloShortTokens {
+			prompts = append(prompts, p)
+		}
+	}
 	shorts := make([]short, sloShort)
 	started := make(chan struct{}, sloShort)
 	var wg sync.WaitGroup
 	for i := range sloShort {
 		wg.Go(func() {
-			r, err := sloStream(ctx, b.HTTP, sloPrompt("short", i, 30), sloShortTokens, 0, started)
+			r, err := sloStream(ctx, b.HTTP, prompts[i], 4*sloShortTokens, 0, started)
 			shorts[i] = short{route: r.route, maxGap: r.maxGap, firstErr: err}
 		})
 	}
@@ -152,6 +185,16 @@ func sloBurst(t *testing.T, mode string) (stalled, regular, longsPD int) {
 		if r == "pd" {
 			longsPD++
 		}
+	}
+	// The long prompts carried targets: the broker counted how they fared,
+	// per route in /metrics and per pool in the fleet view.
+	metrics := sloGet(t, b.HTTP+"/metrics")
+	if !strings.Contains(metrics, `switchyard_slo_requests_total{model="`+model+`",result=`) {
+		t.Errorf("no switchyard_slo_requests_total in /metrics")
+	}
+	fleet := sloGet(t, b.HTTP+"/v1/fleet")
+	if !strings.Contains(fleet, `"slo":{"met":`) {
+		t.Errorf("no attainment in the fleet view: %s", fleet)
 	}
 	if regular < 3 {
 		t.Fatalf("only %d of %d short streams went to regular", regular, sloShort)
@@ -276,4 +319,14 @@ func sloLearned(base string) error {
 		}
 	}
 	return nil
+}
+
+func sloGet(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	return readAll(resp)
 }
