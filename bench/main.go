@@ -79,7 +79,7 @@ func main() {
 	}
 }
 
-var scenarios = []string{"overhead", "tokenpath", "scheduling", "transition", "dispatch", "rollout", "affinity"}
+var scenarios = []string{"overhead", "tokenpath", "scheduling", "transition", "dispatch", "rollout", "affinity", "goodput"}
 
 func run(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
@@ -156,6 +156,7 @@ func run(ctx context.Context, args []string) error {
 		}},
 		{"rollout", e.rollout},
 		{"affinity", e.affinityScenario},
+		{"goodput", e.goodput},
 	}
 	for _, s := range steps {
 		if !want[s.name] {

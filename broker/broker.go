@@ -73,6 +73,7 @@ type Broker struct {
 	stream   atomic.Pointer[jetstream.Stream] // the jobs stream, once EnsureStream made it
 	flight   inFlight                         // jobs dispatched and not yet ended, per queue
 	aff      affinityState                    // prefix-cache affinity (affinity.go)
+	timing   timings                          // latency learned per agent (timing.go)
 	// jobDeletes tracks deletions of abandoned jobs in the background.
 	jobDeletes sync.WaitGroup
 
@@ -579,9 +580,12 @@ func (b *Broker) rebuild() {
 	for k, e := range b.agents {
 		if now.Sub(e.agent.LastSeen) > forgetAfter {
 			delete(b.agents, k)
+			b.timing.drop(k)
 			continue
 		}
-		byModel[k.model] = append(byModel[k.model], e.agent)
+		a := e.agent
+		a.Timing = b.timing.of(k.model, k.id)
+		byModel[k.model] = append(byModel[k.model], a)
 	}
 	for m, t := range b.known {
 		if now.Sub(t) > forgetAfter {

@@ -44,6 +44,9 @@ type Request struct {
 	// Format is Body as oaiformat.Read read it, or nil: what the broker
 	// needs of the body (the prompt's block keys) is then decoded again.
 	Format *oaiformat.Request
+	// Targets are the request's latency targets (dispatch.ModeSLO and the
+	// attainment metric); a zero field takes Config.Targets'.
+	Targets Targets
 }
 
 // Call is one request in flight. The ingress reads its chunks with Next and
@@ -162,6 +165,7 @@ type attemptRun struct {
 	load            attemptLoad // what the current attempt counts in flight
 	aff             callAffinity
 	retries         int
+	tm              callTiming // what this call teaches the broker's timing (timing.go)
 	migrations      int
 	repairs         int // the migrations for chunks lost in transit (see transportRepairLimit)
 }
@@ -277,7 +281,7 @@ func (c *Call) dispatch(ctx context.Context) error {
 		return fmt.Errorf("%w %q", ErrNoCapacity, c.Model)
 	}
 	flight := b.flight.model(c.Model)
-	d, err := m.Decide(dispatch.Need{NoPD: c.req.NoPD, Reason: c.req.NoPDReason}, flight, b.rand())
+	d, err := m.Decide(c.need(m), flight, b.rand())
 	switch {
 	case errors.Is(err, dispatch.ErrUnsupported):
 		return fmt.Errorf("%w: %v", ErrUnsupported, err)
@@ -793,6 +797,7 @@ func (c *Call) Next(ctx context.Context) (*wire.Chunk, error) {
 			if ch.GetStage() == wire.Chunk_STAGE_PREFILL {
 				// The prefill leg handed off: its decode job is queued.
 				c.handedOff = c.b.now()
+				c.timeHandOff()
 				c.restartStall()
 				continue
 			}
@@ -824,6 +829,7 @@ func (c *Call) Next(ctx context.Context) (*wire.Chunk, error) {
 // its prefill agent), what it counts in flight, affinity's settlement. It
 // is the reader's.
 func (c *Call) onAccepted(ch *wire.Chunk) {
+	c.timeAccepted(ch)
 	c.restartStall()
 	// Copied: kept for the attempt, and by affinity for longer, where the
 	// chunk's strings are its message's.
@@ -1145,6 +1151,7 @@ func (c *Call) deliver(ch *wire.Chunk) *wire.Chunk {
 			c.itl.Observe(0)
 		}
 		c.lastToken = now
+		c.timeToken(now, len(events))
 		for _, ev := range events {
 			if t := ev.GetDeltaText(); t != "" {
 				if c.sent.Cap() == 0 {
@@ -1205,6 +1212,7 @@ func (c *Call) Close() {
 		outcome = OutcomeCancelled
 	}
 	c.logEnd(outcome)
+	c.timeDone(outcome)
 	m := c.b.metrics
 	m.inflight.Dec()
 	o := c.b.obs(c.Model, c.Route)

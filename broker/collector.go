@@ -13,6 +13,8 @@ type fleetCollector struct {
 	weight, agents, slots, eff, free *prometheus.Desc
 	active, eligibleActive, queue    *prometheus.Desc
 	hitRate, treeBlocks              *prometheus.Desc
+	// The latency learned per pool (timing.go).
+	ttft, itl, wait, prefillRate *prometheus.Desc
 }
 
 // Collector returns a Prometheus collector of the broker's fleet: route
@@ -35,11 +37,17 @@ func (b *Broker) Collector() prometheus.Collector {
 		hitRate: prometheus.NewDesc("switchyard_pool_prefix_cache_hit_ratio",
 			"Prompt tokens found in the engines' prefix caches over those looked up, as the pool's agents report their engines' counters (since the engines started).", mp, nil),
 		treeBlocks: prometheus.NewDesc("switchyard_affinity_tree_blocks", "(block, agent) entries in the pool's prefix-affinity tree.", mp, nil),
+		ttft: prometheus.NewDesc("switchyard_pool_learned_ttft_seconds",
+			"Time to first token the broker learned of the pool's agents from the chunks it relayed, a moving average (regular: publish to first token; prefill: publish to hand-off; decode: hand-off to first token).", mp, nil),
+		itl:  prometheus.NewDesc("switchyard_pool_learned_itl_seconds", "Inter-token latency the broker learned of the pool's agents, a moving average.", mp, nil),
+		wait: prometheus.NewDesc("switchyard_pool_learned_queue_wait_seconds", "Time from a job's publish to its agent's accept the broker learned of the pool, a moving average.", mp, nil),
+		prefillRate: prometheus.NewDesc("switchyard_pool_learned_prefill_tokens_per_second",
+			"Prefill throughput the broker learned of the pool's agents: uncached prompt tokens (estimated) over the time from accept to first token or hand-off.", mp, nil),
 	}
 }
 
 func (c *fleetCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.weight, c.agents, c.slots, c.eff, c.free, c.active, c.eligibleActive, c.queue, c.hitRate, c.treeBlocks} {
+	for _, d := range []*prometheus.Desc{c.weight, c.agents, c.slots, c.eff, c.free, c.active, c.eligibleActive, c.queue, c.hitRate, c.treeBlocks, c.ttft, c.itl, c.wait, c.prefillRate} {
 		ch <- d
 	}
 }
@@ -70,6 +78,22 @@ func (c *fleetCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		for k, n := range counts {
 			ch <- prometheus.MustNewConstMetric(c.agents, g, float64(n), name, k[0], k[1])
+		}
+		for _, t := range PoolTimings(m) {
+			if t.Agents == 0 {
+				continue
+			}
+			pool := t.Pool.String()
+			ch <- prometheus.MustNewConstMetric(c.ttft, g, t.TTFT.Seconds(), name, pool)
+			if t.ITL > 0 {
+				ch <- prometheus.MustNewConstMetric(c.itl, g, t.ITL.Seconds(), name, pool)
+			}
+			if t.QueueWait > 0 {
+				ch <- prometheus.MustNewConstMetric(c.wait, g, t.QueueWait.Seconds(), name, pool)
+			}
+			if t.PrefillRate > 0 {
+				ch <- prometheus.MustNewConstMetric(c.prefillRate, g, t.PrefillRate, name, pool)
+			}
 		}
 	}
 	for _, k := range c.b.affinityPools() {

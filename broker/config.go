@@ -93,6 +93,9 @@ type Config struct {
 	PublishWait time.Duration
 	// Dispatch configures the routing decision.
 	Dispatch dispatch.Config
+	// Targets are the latency targets of every request, field by field
+	// where the request sets none (Request.Targets); zero: none.
+	Targets Targets
 	// Affinity configures prefix-cache affinity within a pool (see
 	// affinity.go); its zero value is DefaultAffinity with defaults.
 	Affinity AffinityConfig
@@ -175,6 +178,9 @@ func (c Config) Validate() error {
 	}
 	if c.HeartbeatInterval < 0 || c.RequestTimeout < 0 || c.StallTimeout < 0 || c.KVHold < 0 || c.CapacityWait < 0 || c.PublishWait < 0 {
 		errs = append(errs, errors.New("durations must not be negative"))
+	}
+	if c.Targets.TTFT < 0 || c.Targets.ITL < 0 {
+		errs = append(errs, errors.New("latency targets must not be negative"))
 	}
 	if c.ChunkBuffer < 1 {
 		errs = append(errs, fmt.Errorf("chunk buffer %d: want at least 1", c.ChunkBuffer))

@@ -42,6 +42,9 @@ type Metrics struct {
 	// secondRuns counts agents told to stop because another agent's run
 	// of the same attempt is the one relayed.
 	secondRuns *prometheus.CounterVec
+	// slo counts the requests with latency targets that ended well, by
+	// whether they met them.
+	slo *prometheus.CounterVec
 }
 
 // Latency buckets for LLM serving, in seconds: TTFT spans milliseconds
@@ -97,12 +100,16 @@ func NewMetrics() *Metrics {
 		rejections: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_rejections_total", Help: "Requests refused before dispatch, by reason.",
 		}, []string{"reason"}),
+		slo: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_slo_requests_total",
+			Help: "Requests with latency targets that ended well, by model, route and whether they met their targets (result met or missed): time to first token, and mean time per output token after the first.",
+		}, []string{"model", "route", "result"}),
 	}
 }
 
 // Register adds every collector to r.
 func (m *Metrics) Register(r prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.requests, m.inflight, m.ttft, m.itl, m.e2e, m.outputTokens, m.rejections, m.retries, m.migrations, m.publishRetries, m.droppedChunks, m.affinity, m.secondRuns} {
+	for _, c := range []prometheus.Collector{m.requests, m.inflight, m.ttft, m.itl, m.e2e, m.outputTokens, m.rejections, m.retries, m.migrations, m.publishRetries, m.droppedChunks, m.affinity, m.secondRuns, m.slo} {
 		if err := r.Register(c); err != nil {
 			return err
 		}

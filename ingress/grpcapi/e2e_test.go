@@ -289,6 +289,32 @@ func TestStream(t *testing.T) {
 		}
 	})
 
+	t.Run("slo metadata", func(t *testing.T) {
+		for _, tt := range []struct {
+			name, key, value string
+			code             codes.Code
+		}{
+			{"targets", MetadataSLOTTFT, "1500", codes.OK},
+			{"bad ttft", MetadataSLOTTFT, "soon", codes.InvalidArgument},
+			{"bad itl", MetadataSLOITL, "-5", codes.InvalidArgument},
+		} {
+			t.Run(tt.name, func(t *testing.T) {
+				ctx := metadata.AppendToOutgoingContext(t.Context(), tt.key, tt.value)
+				stream, err := e.client.Chat(ctx, &switchyardv1.ChatRequest{Model: model, Messages: user("x")})
+				if err != nil {
+					t.Fatal(err)
+				}
+				r := readAll(stream)
+				if status.Code(r.err) != tt.code {
+					t.Fatalf("got %v, want %s", r.err, tt.code)
+				}
+				if tt.code != codes.OK && !strings.Contains(status.Convert(r.err).Message(), tt.key) {
+					t.Fatalf("error %v does not name %s", r.err, tt.key)
+				}
+			})
+		}
+	})
+
 	t.Run("health", func(t *testing.T) {
 		hc := healthpb.NewHealthClient(e.conn)
 		for _, svc := range []string{"", "switchyard.v1.Switchyard"} {

@@ -184,6 +184,10 @@ func (s *Server) serve(stream grpc.ServerStreamingServer[switchyardv1.StreamResp
 	if err != nil {
 		return s.failed(ctx, rid, fromFormat(err))
 	}
+	targets, err := sloTargets(ctx)
+	if err != nil {
+		return s.failed(ctx, rid, err)
+	}
 	req := broker.Request{
 		Model:           model,
 		API:             api,
@@ -195,6 +199,7 @@ func (s *Server) serve(stream grpc.ServerStreamingServer[switchyardv1.StreamResp
 		NoPDReason:      p.NoPD,
 		NoMigration:     p.NoMigration,
 		Format:          p,
+		Targets:         targets,
 	}
 	if d, ok := ctx.Deadline(); ok {
 		req.Deadline = d

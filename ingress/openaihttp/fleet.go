@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/switchyard-ai/switchyard/broker"
+	"github.com/switchyard-ai/switchyard/dispatch"
 )
 
 type fleetAgent struct {
@@ -44,6 +45,57 @@ type fleetPool struct {
 	Active         int     `json:"active"`
 	EligibleActive int     `json:"eligible_active"`
 	Free           float64 `json:"free"`
+	// Learned is the latency the broker learned of the pool's agents from
+	// the chunks it relayed (absent until it has); SLO is how the requests
+	// with latency targets on the pool's route fared (regular for the
+	// regular pool, PD for prefill and decode).
+	Learned *fleetTiming       `json:"learned,omitempty"`
+	SLO     *broker.Attainment `json:"slo,omitempty"`
+}
+
+// fleetTiming is a pool's learned latency, the mean over its agents with
+// figures (see dispatch.Timing for what each measures per pool).
+type fleetTiming struct {
+	Agents                 int     `json:"agents"`
+	Samples                int     `json:"samples"`
+	TTFTSeconds            float64 `json:"ttft_seconds"`
+	ITLSeconds             float64 `json:"itl_seconds"`
+	QueueWaitSeconds       float64 `json:"queue_wait_seconds"`
+	PrefillTokensPerSecond float64 `json:"prefill_tokens_per_second"`
+}
+
+// sloBackend is what a backend that counts latency-target attainment
+// adds (the broker does).
+type sloBackend interface {
+	SLOAttainment(model string, route dispatch.Route) broker.Attainment
+}
+
+// addTiming sets the learned figures and the attainment of the model's
+// pools in fm.
+func (s *Server) addTiming(fm *fleetModel, m *dispatch.Model) {
+	learned := broker.PoolTimings(m)
+	sb, _ := s.backend.(sloBackend)
+	for i := range fm.Pools {
+		p := &fm.Pools[i]
+		pool, err := dispatch.ParsePool(p.Pool)
+		if err != nil {
+			continue
+		}
+		if t := learned[pool]; t.Agents > 0 {
+			p.Learned = &fleetTiming{Agents: t.Agents, Samples: t.Samples, TTFTSeconds: t.TTFT.Seconds(), ITLSeconds: t.ITL.Seconds(),
+				QueueWaitSeconds: t.QueueWait.Seconds(), PrefillTokensPerSecond: t.PrefillRate}
+		}
+		if sb == nil {
+			continue
+		}
+		route := dispatch.RoutePD
+		if pool == dispatch.PoolRegular {
+			route = dispatch.RouteRegular
+		}
+		if a := sb.SLOAttainment(fm.Model, route); a.Met+a.Missed > 0 {
+			p.SLO = &a
+		}
+	}
 }
 
 type fleetModel struct {
@@ -142,6 +194,7 @@ func (s *Server) fleet(w http.ResponseWriter, r *http.Request) {
 				fm.Affinity[p] = s.backend.Affinity(name, p)
 			}
 		}
+		s.addTiming(&fm, m)
 		view.Models = append(view.Models, fm)
 		for _, a := range m.Agents() {
 			e := engines[[2]string{name, a.ID}]

@@ -4,8 +4,8 @@ import "net/http"
 
 // routes lists every HTTP route of the broker in one place.
 func (s *Server) routes() {
-	s.handle("/v1/chat/completions", http.MethodPost, s.completions(chatAPI))
-	s.handle("/v1/completions", http.MethodPost, s.completions(completionAPI))
+	s.handle("/v1/chat/completions", http.MethodPost, withSLO(s.completions(chatAPI)))
+	s.handle("/v1/completions", http.MethodPost, withSLO(s.completions(completionAPI)))
 	s.handle("/v1/models", http.MethodGet, s.models)
 	s.handle("/v1/models/{id...}", http.MethodGet, s.model)
 	s.handle("/v1/embeddings", http.MethodPost, s.embeddings)

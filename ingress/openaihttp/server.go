@@ -138,6 +138,7 @@ func (s *Server) completions(kind apiKind) http.HandlerFunc {
 			NoMigration:     p.NoMigration,
 			Trace:           traceContext(r),
 			Format:          p,
+			Targets:         sloTargets(r),
 		})
 		if err != nil {
 			writeError(w, fromBroker(err))

@@ -68,6 +68,9 @@ type options struct {
 	shutdownGrace time.Duration
 	mode          string
 	slowStart     time.Duration
+	sloTTFT       time.Duration
+	sloITL        time.Duration
+	pdThreshold   int
 	demo          bool
 	demoAgents    string
 	demoTTFT      time.Duration
@@ -131,7 +134,10 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*o
 	fs.DurationVar(&o.stallTimeout, "stall-timeout", broker.DefaultStallTimeout, "end a request whose agent sends nothing for this long")
 	fs.DurationVar(&o.shutdownGrace, "shutdown-grace", 30*time.Second, "on SIGTERM, time for in-flight streams to finish")
 	fs.DurationVar(&o.shutdownDelay, "shutdown-delay", 0, "on SIGTERM, keep answering 503 on /readyz and new requests this long before closing the listeners (set it above your load balancer's probe interval)")
-	fs.StringVar(&o.mode, "dispatch-mode", "capacity", "route weights: capacity, paired or count")
+	fs.StringVar(&o.mode, "dispatch-mode", "capacity", "route choice: capacity (by free slots), paired, count (by agents), slo (per request, the route predicted to meet its latency targets) or threshold (PD for prompts longer than --pd-threshold)")
+	fs.DurationVar(&o.sloTTFT, "slo-ttft", 0, "time-to-first-token target of every request that sets none (header x-slo-ttft-ms); 0: none")
+	fs.DurationVar(&o.sloITL, "slo-itl", 0, "inter-token latency target of every request that sets none (header x-slo-itl-ms); 0: none")
+	fs.IntVar(&o.pdThreshold, "pd-threshold", dispatch.DefaultPDThreshold, "--dispatch-mode threshold: prompts with more tokens than this not cached on the regular pool go to PD")
 	fs.DurationVar(&o.slowStart, "slow-start", dispatch.DefaultSlowStart, "ramp of a new agent's slots from the floor to full (0 disables)")
 	fs.BoolVar(&o.demo, "demo", false, "also run simulated agents in-process")
 	fs.StringVar(&o.demoAgents, "demo-agents", "regular=2", "demo agents per pool, e.g. regular=2,prefill=1,decode=1")
@@ -182,7 +188,7 @@ Usage:
   broker --nats-url nats://a,nats://b use an existing NATS server or cluster
   broker --demo                       also run simulated agents, ready for curl`, []cli.Section{
 		{Title: "Client API", Flags: []string{"http", "grpc", "max-body", "read-header-timeout", "read-body-timeout", "idle-timeout", "max-conns", "write-timeout", "stream-write-timeout", "grpc-max-recv-bytes", "grpc-max-send-bytes", "api-key", "api-keys-file", "tls-cert", "tls-key"}},
-		{Title: "Dispatch", Flags: []string{"dispatch-mode", "slow-start", "heartbeat-interval", "queue-max", "queue-timeout", "request-timeout", "stall-timeout", "retry-limit", "migration-limit", "publish-wait"}},
+		{Title: "Dispatch", Flags: []string{"dispatch-mode", "slo-ttft", "slo-itl", "pd-threshold", "slow-start", "heartbeat-interval", "queue-max", "queue-timeout", "request-timeout", "stall-timeout", "retry-limit", "migration-limit", "publish-wait"}},
 		{Title: "NATS", Flags: []string{"nats-url", "nats-listen", "nats-config", "nats-monitor", "data-dir", "nats-max-payload", "replicas", "jobs-storage", "prefix", "id",
 			"nats-creds", "nats-nkey", "nats-user", "nats-password", "nats-token", "nats-tls-ca", "nats-tls-cert", "nats-tls-key", "nats-inbox-prefix"}},
 		{Title: "Lifecycle and logs", Flags: []string{"shutdown-grace", "shutdown-delay", "log-format", "log-level"}},
@@ -200,6 +206,9 @@ Usage:
 	fs.Visit(func(f *flag.Flag) { o.natsListenSet = o.natsListenSet || f.Name == "nats-listen" })
 	if o.jobsStorage != "memory" && o.jobsStorage != "file" {
 		return nil, fmt.Errorf("--jobs-storage %q: want memory or file", o.jobsStorage)
+	}
+	if o.sloTTFT < 0 || o.sloITL < 0 || o.pdThreshold < 0 {
+		return nil, fmt.Errorf("--slo-ttft, --slo-itl and --pd-threshold must not be negative")
 	}
 	m, err := broker.ParseAffinityMode(o.affinity)
 	if err != nil {
@@ -268,6 +277,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	dcfg := dispatch.DefaultConfig()
 	dcfg.Mode = mode
 	dcfg.SlowStart = o.slowStart
+	dcfg.PDThreshold = o.pdThreshold
 	demo := map[string]int{}
 	if o.demo {
 		if demo, err = demoSpec(o.demoAgents); err != nil {
@@ -410,6 +420,7 @@ func newBroker(o *options, log *slog.Logger, dcfg dispatch.Config, ns *server.Se
 		CapacityWait:      o.capacityWait,
 		PublishWait:       o.publishWait,
 		Dispatch:          dcfg,
+		Targets:           broker.Targets{TTFT: o.sloTTFT, ITL: o.sloITL},
 		Affinity: broker.AffinityConfig{
 			Mode: o.affMode, Wait: o.affWait, BlockSize: o.affBlockSize, MaxBlocks: o.affMaxBlocks,
 			Queue: cmp.Or(o.affQueue, -1), // flag 0: none

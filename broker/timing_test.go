@@ -1,0 +1,169 @@
+package broker
+
+import (
+	"math"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/switchyard-ai/switchyard/dispatch"
+	"github.com/switchyard-ai/switchyard/wire"
+)
+
+// timingCall is a call of a broker whose clock the test sets, for feeding
+// the timing hooks synthetic chunk times.
+func timingCall(t *testing.T, now *time.Time, route dispatch.Route, targets Targets) *Call {
+	t.Helper()
+	b := &Broker{now: func() time.Time { return *now }, metrics: NewMetrics()}
+	b.cfg.Targets = targets
+	c := &Call{b: b, Model: "m", Route: route, Started: *now}
+	c.attemptStart = *now
+	return c
+}
+
+func accepted(agent string, stage wire.Chunk_Stage) *wire.Chunk {
+	return &wire.Chunk{Kind: wire.Chunk_KIND_ACCEPTED, AgentId: agent, Stage: stage}
+}
+
+func near(got, want time.Duration) bool {
+	return math.Abs(float64(got-want)) <= float64(time.Microsecond)
+}
+
+func TestTimingRegular(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	now := t0
+	c := timingCall(t, &now, dispatch.RouteRegular, Targets{})
+	ms := time.Millisecond
+	// Two requests on agent a: the first waits 10ms in the queue and
+	// prefills 1000 tokens in 100ms, the second waits 30ms and prefills
+	// 2000 tokens in 300ms. Tokens come every 20ms, then every 40ms.
+	for i, r := range []struct {
+		wait, prefill time.Duration
+		tokens        int
+		gap           time.Duration
+	}{{10 * ms, 100 * ms, 1000, 20 * ms}, {30 * ms, 300 * ms, 2000, 40 * ms}} {
+		now = t0.Add(time.Duration(i) * time.Minute)
+		c.Started, c.attemptStart = now, now
+		c.tm = callTiming{tokens: r.tokens}
+		c.firstToken, c.lastToken, c.tokens = time.Time{}, time.Time{}, 0
+		now = now.Add(r.wait)
+		c.timeAccepted(accepted("a", wire.Chunk_STAGE_MAIN))
+		c.agent = "a"
+		now = now.Add(r.prefill)
+		for range itlFoldEvery + 1 {
+			c.timeToken(now, 1)
+			now = now.Add(r.gap)
+		}
+	}
+	got := c.b.timing.of("m", "a")
+	if got.Samples != 2 {
+		t.Fatalf("samples %d, want 2", got.Samples)
+	}
+	// The first figure is taken as it is, the second weighs timingAlpha.
+	ewma := func(a, b time.Duration) time.Duration { return a + time.Duration(timingAlpha*float64(b-a)) }
+	if want := ewma(10*ms, 30*ms); !near(got.QueueWait, want) {
+		t.Errorf("queue wait %v, want %v", got.QueueWait, want)
+	}
+	if want := ewma(110*ms, 330*ms); !near(got.TTFT, want) {
+		t.Errorf("TTFT %v, want %v", got.TTFT, want)
+	}
+	if want := ewma(20*ms, 40*ms); !near(got.ITL, want) {
+		t.Errorf("ITL %v, want %v", got.ITL, want)
+	}
+	toks := 1000 + timingAlpha*(2000-1000)
+	secs := 0.1 + timingAlpha*(0.3-0.1)
+	if want := toks / secs; math.Abs(got.PrefillRate-want) > 1e-6 {
+		t.Errorf("prefill rate %v, want %v", got.PrefillRate, want)
+	}
+	if got.Updated.IsZero() {
+		t.Error("Updated not set")
+	}
+	if o := c.b.timing.of("m", "b"); o.Samples != 0 {
+		t.Errorf("agent b has %+v, want nothing", o)
+	}
+}
+
+func TestTimingPD(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	now := t0
+	ms := time.Millisecond
+	c := timingCall(t, &now, dispatch.RoutePD, Targets{})
+	c.tm = callTiming{tokens: 4000}
+	now = t0.Add(5 * ms)
+	c.timeAccepted(accepted("p", wire.Chunk_STAGE_PREFILL))
+	c.prefillAgent = "p"
+	now = now.Add(200 * ms)
+	c.handedOff = now
+	c.timeHandOff()
+	now = now.Add(15 * ms)
+	c.timeAccepted(accepted("d", wire.Chunk_STAGE_MAIN)) // the decode leg's: no figure
+	c.agent = "d"
+	now = now.Add(25 * ms)
+	c.timeToken(now, 1)
+	for range itlFoldEvery / 2 {
+		now = now.Add(10 * ms)
+		c.timeToken(now, 2) // two tokens per message: 5ms each
+	}
+	p, d := c.b.timing.of("m", "p"), c.b.timing.of("m", "d")
+	if p.Samples != 1 || !near(p.QueueWait, 5*ms) || !near(p.TTFT, 205*ms) || math.Abs(p.PrefillRate-4000/0.2) > 1e-6 || p.ITL != 0 {
+		t.Errorf("prefill agent %+v; want wait 5ms, TTFT 205ms, 20000 tokens/s", p)
+	}
+	if d.Samples != 1 || !near(d.TTFT, 40*ms) || !near(d.ITL, 5*ms) || d.QueueWait != 0 || d.PrefillRate != 0 {
+		t.Errorf("decode agent %+v; want TTFT 40ms (hand-off to first token), ITL 5ms", d)
+	}
+}
+
+func TestTimingAttainment(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	now := t0
+	ms := time.Millisecond
+	for _, tt := range []struct {
+		name      string
+		targets   Targets
+		ttft, gap time.Duration
+		outcome   string
+		result    string // "" when not counted
+	}{
+		{"met", Targets{TTFT: 100 * ms, ITL: 20 * ms}, 50 * ms, 10 * ms, OutcomeOK, "met"},
+		{"ttft missed", Targets{TTFT: 100 * ms, ITL: 20 * ms}, 150 * ms, 10 * ms, OutcomeOK, "missed"},
+		{"itl missed", Targets{ITL: 20 * ms}, 50 * ms, 30 * ms, OutcomeOK, "missed"},
+		{"no targets", Targets{}, 50 * ms, 30 * ms, OutcomeOK, ""},
+		{"failed", Targets{TTFT: time.Second}, 50 * ms, 10 * ms, OutcomeError, ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c := timingCall(t, &now, dispatch.RouteRegular, tt.targets)
+			c.firstToken = t0.Add(tt.ttft)
+			c.tokens = 11
+			c.lastToken = c.firstToken.Add(10 * tt.gap)
+			c.timeDone(tt.outcome)
+			a := c.b.SLOAttainment("m", dispatch.RouteRegular)
+			want := Attainment{}
+			switch tt.result {
+			case "met":
+				want.Met = 1
+			case "missed":
+				want.Missed = 1
+			}
+			if a != want {
+				t.Fatalf("attainment %+v, want %+v", a, want)
+			}
+			if tt.result != "" {
+				var m dto.Metric
+				if err := c.b.metrics.slo.WithLabelValues("m", "regular", tt.result).Write(&m); err != nil || m.GetCounter().GetValue() != 1 {
+					t.Fatalf("switchyard_slo_requests_total{result=%q} = %v (%v), want 1", tt.result, m.GetCounter().GetValue(), err)
+				}
+			}
+		})
+	}
+}
+
+// A request's own targets win over the broker's defaults, field by field.
+func TestTargetsDefaults(t *testing.T) {
+	now := time.Unix(1000, 0)
+	c := timingCall(t, &now, dispatch.RouteRegular, Targets{TTFT: time.Second, ITL: 50 * time.Millisecond})
+	c.req.Targets = Targets{ITL: 20 * time.Millisecond}
+	if got, want := c.targets(), (Targets{TTFT: time.Second, ITL: 20 * time.Millisecond}); got != want {
+		t.Fatalf("targets %+v, want %+v", got, want)
+	}
+}

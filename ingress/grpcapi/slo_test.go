@@ -1,0 +1,43 @@
+package grpcapi
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/switchyard-ai/switchyard/broker"
+)
+
+func TestSLOMetadata(t *testing.T) {
+	tests := []struct {
+		name string
+		md   metadata.MD
+		want broker.Targets
+		bad  string
+	}{
+		{name: "none", md: metadata.MD{}},
+		{name: "both", md: metadata.Pairs(MetadataSLOTTFT, "800", MetadataSLOITL, "20"), want: broker.Targets{TTFT: 800 * time.Millisecond, ITL: 20 * time.Millisecond}},
+		{name: "zero", md: metadata.Pairs(MetadataSLOITL, "0"), bad: MetadataSLOITL},
+		{name: "word", md: metadata.Pairs(MetadataSLOTTFT, "soon"), bad: MetadataSLOTTFT},
+		{name: "twice", md: metadata.Pairs(MetadataSLOTTFT, "5", MetadataSLOTTFT, "6"), bad: MetadataSLOTTFT},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := sloTargets(metadata.NewIncomingContext(context.Background(), tt.md))
+			if tt.bad == "" {
+				if err != nil || got != tt.want {
+					t.Fatalf("got %+v, %v; want %+v", got, err, tt.want)
+				}
+				return
+			}
+			if st, _ := status.FromError(err); st.Code() != codes.InvalidArgument || !strings.Contains(st.Message(), tt.bad) {
+				t.Fatalf("err %v; want INVALID_ARGUMENT naming %s", err, tt.bad)
+			}
+		})
+	}
+}
