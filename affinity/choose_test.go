@@ -153,17 +153,6 @@ func TestChoose(t *testing.T) {
 	}
 }
 
-func TestChooseAllocs(t *testing.T) {
-	cands := make([]Candidate, 16)
-	for i := range cands {
-		cands[i] = Candidate{FreeSlots: i % 3, Load: i, Matched: i % 5}
-	}
-	g := DefaultGuard()
-	if n := testing.AllocsPerRun(100, func() { _ = Choose(cands, g) }); n != 0 {
-		t.Errorf("Choose allocates %v times", n)
-	}
-}
-
 func TestGuardValidate(t *testing.T) {
 	if err := DefaultGuard().Validate(); err != nil {
 		t.Fatal(err)

@@ -132,14 +132,6 @@ func TestPieceIDs(t *testing.T) {
 	}
 }
 
-func TestAppendKeysAllocs(t *testing.T) {
-	text := words(500, "z")
-	dst := make([]uint64, 0, 64)
-	if n := testing.AllocsPerRun(100, func() { dst = AppendKeys(dst[:0], 16, text) }); n != 0 {
-		t.Errorf("AppendKeys allocates %v times", n)
-	}
-}
-
 func TestChatBlockEnds(t *testing.T) {
 	msgs := []Message{
 		{Role: "system", Content: strings.Repeat("you are a careful assistant ", 9)},

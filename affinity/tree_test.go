@@ -184,24 +184,6 @@ func TestTreePreciseOverApproximate(t *testing.T) {
 	}
 }
 
-func TestTreeMatchAllocs(t *testing.T) {
-	tr := NewTree(TreeConfig{})
-	p := prompt("s", 8, 24, "c")
-	for i := range 8 {
-		tr.Insert(fmt.Sprintf("agent-%d", i), p[:4*(i+1)])
-	}
-	dst := make([]Match, 0, 16)
-	if n := testing.AllocsPerRun(100, func() { dst = tr.Match(p, dst) }); n != 0 {
-		t.Errorf("Match allocates %v times", n)
-	}
-	if m := matches(dst); m["agent-7"] != 32 || m["agent-0"] != 4 {
-		t.Errorf("Match = %v", m)
-	}
-	if n := testing.AllocsPerRun(100, func() { tr.Insert("agent-3", p) }); n != 0 {
-		t.Errorf("Insert of known blocks allocates %v times", n)
-	}
-}
-
 func TestTreeConcurrent(t *testing.T) {
 	tr := NewTree(TreeConfig{MaxBlocks: 300})
 	var wg sync.WaitGroup

@@ -45,7 +45,7 @@ const (
 	// with one that waits; an attempt's first token and its end never
 	// wait, so neither TTFT nor the end of a request moves. Lingering
 	// trades a bounded ITL delay for fewer, larger messages and less
-	// broker and agent CPU per request (measured in docs/benchmarks.md).
+	// broker and agent CPU per request (figures in docs/performance.md).
 	DefaultReplyLinger = 2 * time.Millisecond
 )
 

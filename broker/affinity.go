@@ -49,7 +49,7 @@ const (
 )
 
 // DefaultAffinity is the mode of a Config that names none; see
-// docs/benchmarks.md for the measurement that chose it.
+// docs/performance.md for the measurement that chose it.
 const DefaultAffinity = AffinityPrecise
 
 // DefaultAffinityWait is how long a directed job waits for its agent
@@ -113,7 +113,7 @@ type AffinityConfig struct {
 // DefaultAffinityQueue is AffinityConfig.Queue's default: with 4-slot
 // agents at 80% load, preferring only agents with a free slot sent 40% of
 // the benchmark's turns elsewhere to prefill their conversation again
-// (docs/benchmarks.md).
+// (docs/performance.md).
 const DefaultAffinityQueue = 3
 
 func (c *AffinityConfig) setDefaults() {

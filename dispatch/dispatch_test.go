@@ -955,60 +955,6 @@ func TestRamp(t *testing.T) {
 	}
 }
 
-func TestDecideAllocs(t *testing.T) {
-	R, D := dispatch.PoolRegular, dispatch.PoolDecode
-	both := dispatch.NewModel("m", pools(6, 2, 2, 8), t0, dispatch.DefaultConfig())
-	pdOnly := dispatch.NewModel("m", pools(0, 2, 2, 8), t0, dispatch.DefaultConfig())
-	none := dispatch.NewModel("m", nil, t0, dispatch.DefaultConfig())
-	two := dispatch.NewModel("m", twoPairings(), t0, dispatch.DefaultConfig())
-	busy := inflight{{R, ""}: {pending: 3, active: 20}, {D, "vllm"}: {active: 2}}
-	full := inflight{{R, ""}: {pending: 48}, {D, "vllm"}: {pending: 16}}
-	slo := dispatch.NewModel("m", sloFleet(), t0, sloConfig())
-	threshold := dispatch.NewModel("m", pools(6, 2, 2, 8), t0, cfg(dispatch.ModeThreshold))
-	long := dispatch.Need{PromptTokens: 8000, Targets: sloTargets, Cache: cache{{R, ""}: 100}}
-	short := dispatch.Need{PromptTokens: 100, Targets: sloTargets}
-	tests := []struct {
-		name  string
-		m     *dispatch.Model
-		need  dispatch.Need
-		seen  dispatch.InFlight
-		r     uint64
-		limit float64
-	}{
-		{name: "pd", m: both, r: 0},
-		{name: "regular", m: both, r: math.MaxUint64},
-		{name: "pd, seen", m: both, seen: busy, r: 0},
-		{name: "regular, seen", m: both, seen: busy, r: math.MaxUint64},
-		{name: "saturated by seen", m: both, seen: full, r: 1 << 62},
-		{name: "two pairings, seen", m: two, seen: busy, r: 1 << 62},
-		{name: "NoPD regular", m: both, need: dispatch.Need{NoPD: true, Reason: "n > 1"}},
-		{name: "ErrNoCapacity", m: none},
-		{name: "ErrNoCapacity, seen", m: none, seen: busy},
-		{name: "ErrNoCapacity NoPD", m: none, need: dispatch.Need{NoPD: true, Reason: "n > 1"}},
-		{name: "ErrUnsupported without reason", m: pdOnly, need: dispatch.Need{NoPD: true}},
-		// The reason is the caller's string: carrying it costs one struct.
-		{name: "ErrUnsupported with reason", m: pdOnly, need: dispatch.Need{NoPD: true, Reason: "n > 1"}, limit: 1},
-		{name: "slo pd", m: slo, need: long},
-		{name: "slo regular, seen", m: slo, need: short, seen: busy},
-		{name: "slo all full", m: slo, need: long, seen: full},
-		{name: "slo without targets", m: slo, need: dispatch.Need{PromptTokens: 100}},
-		{name: "threshold pd, seen", m: threshold, need: long, seen: busy},
-		{name: "threshold all full", m: threshold, need: short, seen: full},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			var sink error
-			allocs := testing.AllocsPerRun(1000, func() {
-				_, sink = tt.m.Decide(tt.need, tt.seen, tt.r)
-			})
-			_ = sink
-			if allocs > tt.limit {
-				t.Errorf("Decide allocates %v times, want at most %v", allocs, tt.limit)
-			}
-		})
-	}
-}
-
 func TestPoolsAndAgents(t *testing.T) {
 	R, P, D := dispatch.PoolRegular, dispatch.PoolPrefill, dispatch.PoolDecode
 	agents := []dispatch.Agent{

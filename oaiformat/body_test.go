@@ -122,17 +122,6 @@ func FuzzRewrite(f *testing.F) {
 	})
 }
 
-func TestRewriteAllocs(t *testing.T) {
-	body := []byte(benchBody)
-	if n := testing.AllocsPerRun(100, func() {
-		if _, err := StreamingBody(body); err != nil {
-			t.Fatal(err)
-		}
-	}); n > 1 {
-		t.Errorf("StreamingBody: %v allocations, want at most 1", n)
-	}
-}
-
 var benchBody = `{"model":"meta-llama/Llama-3.1-8B-Instruct","messages":[{"role":"system","content":"You are a helpful assistant."},` +
 	`{"role":"user","content":"` + strings.Repeat("Tell me about the history of rail yards. ", 12) + `"}],` +
 	`"max_tokens":256,"temperature":0.7,"top_p":0.95,"stream":true,"stream_options":{"include_usage":true}}`

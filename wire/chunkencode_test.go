@@ -112,16 +112,3 @@ func BenchmarkEncodeChunk(b *testing.B) {
 		}
 	})
 }
-
-// TestAppendChunkGrowsOnce: into an empty buffer (an agent's first chunk of
-// a job) the encoding takes one allocation, not one per growth.
-func TestAppendChunkGrowsOnce(t *testing.T) {
-	for i, c := range encodeChunks() {
-		if c.Error != nil {
-			continue // proto's
-		}
-		if allocs := testing.AllocsPerRun(100, func() { _, _ = AppendChunk(nil, c) }); allocs > 1 {
-			t.Fatalf("chunk %d: %.0f allocations, want at most 1", i, allocs)
-		}
-	}
-}

@@ -77,28 +77,6 @@ func TestFramesBroken(t *testing.T) {
 	}
 }
 
-// Framing a token chunk into a reused buffer allocates nothing: it runs
-// for every token an agent relays.
-func TestAppendFrameAllocs(t *testing.T) {
-	c := frameChunks()[1]
-	buf := make([]byte, 0, 4096)
-	allocs := testing.AllocsPerRun(100, func() {
-		var err error
-		if buf, err = AppendFrame(append(buf[:0], FrameMarker), c); err != nil {
-			t.Fatal(err)
-		}
-	})
-	if allocs != 0 {
-		t.Fatalf("AppendFrame: %.0f allocations per chunk, want 0", allocs)
-	}
-	allocs = testing.AllocsPerRun(100, func() {
-		_ = Frames(buf, func([]byte) error { return nil })
-	})
-	if allocs != 0 {
-		t.Fatalf("Frames: %.0f allocations per message, want 0", allocs)
-	}
-}
-
 func FuzzFrames(f *testing.F) {
 	buf := []byte{FrameMarker}
 	for _, c := range frameChunks() {

@@ -1,6 +1,0 @@
-//go:build !race
-
-package alloctest
-
-// Race: built with the race detector (see race_on.go).
-const Race = false
