@@ -31,6 +31,8 @@ type env struct {
 	// profiles, when set, receives copies of the tokenpath profiles.
 	profiles string
 	logf     func(format string, args ...any)
+	// goDefaults runs brokers and agents at the Go runtime's defaults.
+	goDefaults bool
 }
 
 func (e *env) path(name string) string { return filepath.Join(e.bin, name) }
@@ -88,7 +90,7 @@ func (e *env) startBroker(name, profile string, args ...string) (*brokerProc, er
 		base = append([]string{"__broker", profile}, base...)
 		bin = e.self
 	}
-	p, err := e.sup.start(name, bin, append(base, args...)...)
+	p, err := e.sup.startEnv(e.runtimeEnv("broker"), name, bin, append(base, args...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -99,6 +101,19 @@ func (e *env) startBroker(name, profile string, args ...string) (*brokerProc, er
 	return &brokerProc{proc: p, HTTP: m[1], NATS: m[2]}, nil
 }
 
+// runtimeEnv is the Go runtime's settings for a broker or an agent: those
+// the Dockerfile and compose.yaml deploy them with, or none with
+// --go-defaults.
+func (e *env) runtimeEnv(who string) []string {
+	if e.goDefaults {
+		return nil
+	}
+	if who == "agent" {
+		return []string{"GOGC=400", "GOMAXPROCS=2"}
+	}
+	return []string{"GOGC=400"}
+}
+
 // startAgent starts a worker-agent; args follow the common ones.
 func (e *env) startAgent(id, natsURL, profile string, args ...string) (*proc, error) {
 	base := []string{"--nats-url", natsURL, "--id", id, "--model", model, "--heartbeat", "100ms", "--log-level", "warn"}
@@ -107,7 +122,7 @@ func (e *env) startAgent(id, natsURL, profile string, args ...string) (*proc, er
 		base = append([]string{"__agent", profile}, base...)
 		bin = e.self
 	}
-	p, err := e.sup.start("agent-"+id, bin, append(base, args...)...)
+	p, err := e.sup.startEnv(e.runtimeEnv("agent"), "agent-"+id, bin, append(base, args...)...)
 	if err != nil {
 		return nil, err
 	}

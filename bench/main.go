@@ -86,6 +86,7 @@ func run(ctx context.Context, args []string) error {
 	out := fs.String("out", "docs", "directory of benchmarks-peers.md (plots go to its img/)")
 	quick := fs.Bool("quick", false, "shorter measurement windows (a smoke run; figures are noisier)")
 	only := fs.String("only", strings.Join(scenarios, ","), "comma-separated scenarios: "+strings.Join(scenarios, ","))
+	goDefaults := fs.Bool("go-defaults", false, "run the broker and agents at the Go runtime's defaults instead of the settings the Dockerfile deploys them with (GOGC=400; agents GOMAXPROCS=2)")
 	keep := fs.Bool("keep", false, "keep the scratch directory (process logs, configs, profiles)")
 	profiles := fs.String("profiles", "", "directory to copy the tokenpath scenario's profiles to: CPU (broker-<n>tok.pprof, agent-<n>tok.pprof) and heap (broker-<n>tok.allocs.pprof, agent-<n>tok.allocs.pprof)")
 	if err := fs.Parse(args); err != nil {
@@ -124,7 +125,7 @@ func run(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	e := &env{ctx: ctx, bin: filepath.Join(tmp, "bin"), self: self, tmp: tmp, sup: &supervisor{dir: tmp}, quick: *quick, logf: logf, profiles: *profiles}
+	e := &env{ctx: ctx, bin: filepath.Join(tmp, "bin"), self: self, tmp: tmp, sup: &supervisor{dir: tmp}, quick: *quick, logf: logf, profiles: *profiles, goDefaults: *goDefaults}
 	defer e.sup.stopAll()
 
 	logf("building broker, worker-agent and sim-engine into %s", e.bin)

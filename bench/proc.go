@@ -42,6 +42,11 @@ type proc struct {
 // start runs bin with args; its stdout and stderr go to <dir>/<name>.log
 // and are kept for waitFor.
 func (s *supervisor) start(name, bin string, args ...string) (*proc, error) {
+	return s.startEnv(nil, name, bin, args...)
+}
+
+// startEnv is start with env added to the runner's environment.
+func (s *supervisor) startEnv(env []string, name, bin string, args ...string) (*proc, error) {
 	s.mu.Lock()
 	s.seq++
 	logPath := filepath.Join(s.dir, fmt.Sprintf("%02d-%s.log", s.seq, name))
@@ -51,6 +56,9 @@ func (s *supervisor) start(name, bin string, args ...string) (*proc, error) {
 		return nil, err
 	}
 	cmd := exec.Command(bin, args...)
+	if len(env) > 0 {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
