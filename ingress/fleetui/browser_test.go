@@ -225,7 +225,10 @@ func TestFleetPageShowsDrain(t *testing.T) {
 	demo := []string{"demo-regular-1", "demo-regular-2"}
 	testwait.For(t, 20*time.Second, 50*time.Millisecond, func() error { return wantState(ctx, demo, "ready") })
 
-	agent := cmdtest.Start(t, agentcmd.Run, "--nats-url", natsURL, "--engine", "sim", "--id", "drain-me", "--heartbeat", "100ms")
+	// Its engine is slow to answer, so the traffic below keeps it busy:
+	// stopped with jobs in hand it drains for seconds (an idle agent
+	// drains at once and leaves the table before a poll could show it).
+	agent := cmdtest.Start(t, agentcmd.Run, "--nats-url", natsURL, "--engine", "sim", "--id", "drain-me", "--heartbeat", "100ms", "--sim-ttft", "3s")
 	testwait.For(t, 20*time.Second, 50*time.Millisecond, func() error {
 		if err := agent.Exited(); err != nil {
 			return fmt.Errorf("agent exited early: %v\n%s", err, agent.Err.String())
@@ -337,9 +340,11 @@ func pdFleet(now time.Time) map[string]any {
 			"recent":  map[string]any{"window_seconds": 60, "regular": 412, "pd": 268},
 			"queue":   map[string]any{"regular": 0, "prefill": 3, "decode": 1},
 			"pools": []any{
-				map[string]any{"pool": "regular", "agents": 3, "eligible": 2, "slots": 32, "effective_slots": 32, "active": 23, "eligible_active": 23, "free": 9},
+				map[string]any{"pool": "regular", "agents": 3, "eligible": 2, "slots": 32, "effective_slots": 32, "active": 23, "eligible_active": 23, "free": 9,
+					"learned": map[string]any{"agents": 2, "samples": 40, "ttft_seconds": 0.35, "itl_seconds": 0.031}, "slo": map[string]any{"met": 87, "missed": 13}},
 				map[string]any{"pool": "prefill", "agents": 1, "eligible": 1, "slots": 16, "effective_slots": 6.5, "active": 3, "eligible_active": 3, "free": 3.5},
-				map[string]any{"pool": "decode", "agents": 1, "eligible": 1, "slots": 16, "effective_slots": 16, "active": 12, "eligible_active": 12, "free": 4},
+				map[string]any{"pool": "decode", "agents": 1, "eligible": 1, "slots": 16, "effective_slots": 16, "active": 12, "eligible_active": 12, "free": 4,
+					"slo": map[string]any{"met": 50, "missed": 0}},
 			},
 		}},
 		"agents": []any{
@@ -411,6 +416,7 @@ func TestFleetPageAPIKey(t *testing.T) {
 		Stale      string            `json:"stale"`
 		Draining   string            `json:"draining"`
 		Pools      []string          `json:"pools"`
+		SLO        map[string]string `json:"slo"`
 	}
 	got, err := chromedp.Run(ctx, chromedp.Evaluate[probe](`(() => {
 		const q = {};
@@ -424,6 +430,10 @@ func TestFleetPageAPIKey(t *testing.T) {
 			stale: row('gpu-node-04').dataset.status,
 			draining: row('gpu-node-03').dataset.status,
 			pools: Array.from(document.querySelectorAll('.model[data-model] tr[data-pool]')).map(e => e.dataset.pool),
+			slo: Object.fromEntries(Array.from(document.querySelectorAll('.model[data-model] tr[data-pool]')).map(e => {
+				const c = e.querySelector('[data-slo]');
+				return [e.dataset.pool, c ? c.dataset.slo : ''];
+			})),
 		};
 	})()`))
 	if err != nil {
@@ -436,6 +446,7 @@ func TestFleetPageAPIKey(t *testing.T) {
 		Stale:      "stale",
 		Draining:   "draining",
 		Pools:      []string{"regular", "prefill", "decode"},
+		SLO:        map[string]string{"regular": "87", "prefill": "", "decode": "100"},
 	}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("page shows %+v\nwant %+v", got, want)

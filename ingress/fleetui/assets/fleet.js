@@ -309,19 +309,31 @@
       const eff = num(p.effective_slots), act = num(p.active), eact = num(p.eligible_active);
       const util = eff > 0 ? Math.min(1, eact / eff) : 0;
       const dim = p.agents === 0 ? ' class="muted"' : '';
+      // Requests with latency targets that met them, and what the broker
+      // learned of the pool's latency (absent until it has).
+      let slo = '<td class="num muted">–</td>';
+      if (p.slo && num(p.slo.met) + num(p.slo.missed) > 0) {
+        const met = num(p.slo.met), all = met + num(p.slo.missed);
+        const pct = Math.round(100 * met / all);
+        let tip = `${met} of ${all} requests with targets met them`;
+        if (p.learned) {
+          tip += `; learned TTFT ${(num(p.learned.ttft_seconds) * 1000).toFixed(0)} ms, inter-token ${(num(p.learned.itl_seconds) * 1000).toFixed(1)} ms`;
+        }
+        slo = `<td class="num${pct < 90 ? ' hot' : ''}" data-slo="${pct}" title="${esc(tip)}">${pct}%</td>`;
+      }
       return `<tr data-pool="${esc(p.pool)}"${dim}>` +
         `<td><span class="pool-tag ${esc(p.pool)}">${esc(p.pool)}</span></td>` +
         `<td class="num">${p.agents}</td><td class="num">${p.eligible}</td>` +
         `<td class="num">${p.slots}</td><td class="num">${fmtSlots(eff)}</td>` +
         `<td class="num" data-active="${act}" title="${eact} on eligible agents">${act}</td><td class="num">${fmtSlots(num(p.free))}</td>` +
         `<td><span class="bar"><span class="track"><span class="fill util${util > 0.85 ? ' hot' : ''}" style="width:${(util * 100).toFixed(1)}%"></span></span>` +
-        `<span class="txt">${(util * 100).toFixed(0)}%</span></span></td></tr>`;
+        `<span class="txt">${(util * 100).toFixed(0)}%</span></span></td>${slo}</tr>`;
     }).join('');
     return `<div class="model-head"><span class="model-name">${esc(m.model)}</span>` +
       `<span class="mode" title="dispatch weight mode">${esc(m.mode)}</span>${queue}</div>` +
       `<div class="split">${split}</div>` + affinityHTML(m.affinity) +
       `<table class="pools"><thead><tr><th>Pool</th><th class="num">Agents</th><th class="num">Eligible</th>` +
-      `<th class="num">Slots</th><th class="num">Effective</th><th class="num" title="jobs held by all the pool's agents, draining ones included">Active</th><th class="num">Free</th><th title="eligible agents' active over effective slots">Utilisation</th></tr></thead>` +
+      `<th class="num">Slots</th><th class="num">Effective</th><th class="num" title="jobs held by all the pool's agents, draining ones included">Active</th><th class="num">Free</th><th title="eligible agents' active over effective slots">Utilisation</th><th class="num" title="requests with latency targets (x-slo-ttft-ms, x-slo-itl-ms, --slo-ttft, --slo-itl) that met them">Targets met</th></tr></thead>` +
       `<tbody>${rows}</tbody></table>`;
   }
 
