@@ -5,8 +5,11 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -121,7 +124,8 @@ func TestNATSLinkNamesAuthFailureAndRecovers(t *testing.T) {
 	s := natstest.RunServer(t, opts)
 	buf, link := jsonLogger(t)
 	creds := []nats.Option{nats.UserInfo("u", "wrong")}
-	nc, err := nats.Connect(s.ClientURL(), append(link.Options(), creds...)...)
+	dials := &countingDialer{}
+	nc, err := nats.Connect(s.ClientURL(), append(link.Options(), append(creds, nats.SetCustomDialer(dials))...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -170,10 +174,18 @@ func TestNATSLinkNamesAuthFailureAndRecovers(t *testing.T) {
 		}
 		return nil
 	})
-	time.Sleep(2 * time.Second) // several refused reconnects
-	if nc.IsClosed() {
-		t.Fatal("connection closed after refused reconnects")
-	}
+	// nats.go gives up by default after the second refusal: several more
+	// dials show the connection still trying.
+	from := dials.n.Load()
+	testwait.For(t, 20*time.Second, 10*time.Millisecond, func() error {
+		if nc.IsClosed() {
+			t.Fatal("connection closed after refused reconnects")
+		}
+		if n := dials.n.Load() - from; n < 4 {
+			return fmt.Errorf("%d dials since the refusal began", n)
+		}
+		return nil
+	})
 	if err := s.ReloadOptions(fixed); err != nil {
 		t.Fatal(err)
 	}
@@ -183,6 +195,18 @@ func TestNATSLinkNamesAuthFailureAndRecovers(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// countingDialer counts the connection's dials: each reconnect attempt
+// is one.
+type countingDialer struct {
+	n atomic.Int64
+	d net.Dialer
+}
+
+func (c *countingDialer) Dial(network, address string) (net.Conn, error) {
+	c.n.Add(1)
+	return c.d.Dial(network, address)
 }
 
 func errString(err error) string {
