@@ -292,12 +292,26 @@ func TestShutdownPastGrace(t *testing.T) {
 	e := startEngine(t, simengine.Config{Model: model, TTFT: time.Millisecond, ITL: 200 * time.Millisecond, Slots: 4})
 	startAgent(t, b.NATS, "a1", e, 4)
 	cmdtest.WaitEligible(t, b.HTTP, "a1")
-	_, httpRest := openStream(t, b.HTTP, "a long answer cut by shutdown", 5000)
+	// The simulator ends some answers early: these prompts are ones it
+	// answers at length, so both streams are still running when the
+	// grace ends.
+	long := func(kind string) string {
+		for seed := 0; seed < 1000; seed++ {
+			p := sloPrompt(kind, seed, 12)
+			body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":%q}],"max_tokens":5000}`, model, p)
+			if expect(t, simengine.APIChat, body).CompletionTokens >= 60 {
+				return p
+			}
+		}
+		t.Fatal("no prompt the simulator answers at length")
+		return ""
+	}
+	_, httpRest := openStream(t, b.HTTP, long("http"), 5000)
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	gs, err := grpcClient(t, b.GRPC).Chat(ctx, &switchyardv1.ChatRequest{
-		Model: model, Messages: []*switchyardv1.Message{{Role: "user", Content: "another long answer"}}, MaxTokens: ptr(uint32(5000)),
+		Model: model, Messages: []*switchyardv1.Message{{Role: "user", Content: long("grpc")}}, MaxTokens: ptr(uint32(5000)),
 	})
 	if err != nil {
 		t.Fatal(err)

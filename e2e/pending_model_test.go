@@ -19,7 +19,7 @@ import (
 // model the agent serves it and the placeholder entry is gone.
 func TestAgentWithoutModelShowsWarming(t *testing.T) {
 	cfg := simengineConfig(model)
-	cfg.LoadTime = 3 * time.Second
+	cfg.LoadTime = 10 * time.Second // long enough for a busy machine to show the warming entry first
 	e, err := simengine.New(cfg)
 	if err != nil {
 		t.Fatal(err)
