@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -26,6 +27,7 @@ import (
 	"github.com/switchyard-ai/switchyard/agent/engine/sim"
 	switchyardv1 "github.com/switchyard-ai/switchyard/api/switchyard/v1"
 	"github.com/switchyard-ai/switchyard/broker"
+	"github.com/switchyard-ai/switchyard/dispatch"
 	"github.com/switchyard-ai/switchyard/internal/natstest"
 	"github.com/switchyard-ai/switchyard/internal/testwait"
 	"github.com/switchyard-ai/switchyard/simengine"
@@ -289,18 +291,28 @@ func TestStream(t *testing.T) {
 		}
 	})
 
-	t.Run("slo metadata", func(t *testing.T) {
+	t.Run("slo targets", func(t *testing.T) {
 		for _, tt := range []struct {
-			name, key, value string
-			code             codes.Code
+			name       string
+			md         []string
+			ttft, itl  *float64
+			code       codes.Code
+			names      string // what the error names
+			wantCounts bool   // the broker counts the request against its targets
 		}{
-			{"targets", MetadataSLOTTFT, "1500", codes.OK},
-			{"bad ttft", MetadataSLOTTFT, "soon", codes.InvalidArgument},
-			{"bad itl", MetadataSLOITL, "-5", codes.InvalidArgument},
+			{name: "none", code: codes.OK},
+			{name: "metadata", md: []string{MetadataSLOTTFT, "60000"}, code: codes.OK, wantCounts: true},
+			{name: "fields", ttft: proto.Float64(60000), itl: proto.Float64(1000), code: codes.OK, wantCounts: true},
+			{name: "field over metadata", md: []string{MetadataSLOTTFT, "soon"}, ttft: proto.Float64(60000), code: codes.OK, wantCounts: true},
+			{name: "bad ttft metadata", md: []string{MetadataSLOTTFT, "soon"}, code: codes.InvalidArgument, names: MetadataSLOTTFT},
+			{name: "bad itl metadata", md: []string{MetadataSLOITL, "-5"}, code: codes.InvalidArgument, names: MetadataSLOITL},
+			{name: "bad ttft field", ttft: proto.Float64(0), code: codes.InvalidArgument, names: "slo_ttft_ms"},
+			{name: "bad itl field", itl: proto.Float64(math.Inf(1)), code: codes.InvalidArgument, names: "slo_itl_ms"},
 		} {
 			t.Run(tt.name, func(t *testing.T) {
-				ctx := metadata.AppendToOutgoingContext(t.Context(), tt.key, tt.value)
-				stream, err := e.client.Chat(ctx, &switchyardv1.ChatRequest{Model: model, Messages: user("x")})
+				before := e.b.SLOAttainment(model, dispatch.RouteRegular)
+				ctx := metadata.AppendToOutgoingContext(t.Context(), tt.md...)
+				stream, err := e.client.Chat(ctx, &switchyardv1.ChatRequest{Model: model, Messages: user("x"), SloTtftMs: tt.ttft, SloItlMs: tt.itl})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -308,8 +320,12 @@ func TestStream(t *testing.T) {
 				if status.Code(r.err) != tt.code {
 					t.Fatalf("got %v, want %s", r.err, tt.code)
 				}
-				if tt.code != codes.OK && !strings.Contains(status.Convert(r.err).Message(), tt.key) {
-					t.Fatalf("error %v does not name %s", r.err, tt.key)
+				if tt.code != codes.OK && !strings.Contains(status.Convert(r.err).Message(), tt.names) {
+					t.Fatalf("error %v does not name %s", r.err, tt.names)
+				}
+				after := e.b.SLOAttainment(model, dispatch.RouteRegular)
+				if counted := after.Met+after.Missed > before.Met+before.Missed; counted != tt.wantCounts {
+					t.Fatalf("attainment %+v -> %+v: counted %v, want %v", before, after, counted, tt.wantCounts)
 				}
 			})
 		}

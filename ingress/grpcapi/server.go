@@ -148,12 +148,12 @@ func (s *Server) Shutdown() { s.health.Shutdown() }
 
 // Chat streams a chat completion.
 func (s *Server) Chat(req *switchyardv1.ChatRequest, stream grpc.ServerStreamingServer[switchyardv1.StreamResponse]) error {
-	return s.serve(stream, wire.API_API_CHAT, req.GetModel(), req.GetIncludeUsage(), func() ([]byte, error) { return chatBody(req) })
+	return s.serve(stream, wire.API_API_CHAT, req.GetModel(), req.GetIncludeUsage(), req.SloTtftMs, req.SloItlMs, func() ([]byte, error) { return chatBody(req) })
 }
 
 // Complete streams a text completion.
 func (s *Server) Complete(req *switchyardv1.CompletionRequest, stream grpc.ServerStreamingServer[switchyardv1.StreamResponse]) error {
-	return s.serve(stream, wire.API_API_COMPLETION, req.GetModel(), req.GetIncludeUsage(), func() ([]byte, error) { return completionBody(req) })
+	return s.serve(stream, wire.API_API_COMPLETION, req.GetModel(), req.GetIncludeUsage(), req.SloTtftMs, req.SloItlMs, func() ([]byte, error) { return completionBody(req) })
 }
 
 // ListModels returns the models with a live agent.
@@ -166,10 +166,10 @@ func (s *Server) ListModels(context.Context, *switchyardv1.ListModelsRequest) (*
 	return out, nil
 }
 
-// serve validates and renders one request with render, submits it and
-// relays its chunks. The stream is always requested from the broker; the
+// serve validates and renders one request with render, reads its latency
+// targets (sloTargets), submits it and relays its chunks. The stream is always requested from the broker; the
 // client's deadline becomes the job's.
-func (s *Server) serve(stream grpc.ServerStreamingServer[switchyardv1.StreamResponse], api wire.API, model string, includeUsage bool, render func() ([]byte, error)) error {
+func (s *Server) serve(stream grpc.ServerStreamingServer[switchyardv1.StreamResponse], api wire.API, model string, includeUsage bool, sloTTFT, sloITL *float64, render func() ([]byte, error)) error {
 	ctx := stream.Context()
 	rid := requestID(ctx)
 	// Set before anything can fail, so that an error status carries it too.
@@ -184,7 +184,7 @@ func (s *Server) serve(stream grpc.ServerStreamingServer[switchyardv1.StreamResp
 	if err != nil {
 		return s.failed(ctx, rid, fromFormat(err))
 	}
-	targets, err := sloTargets(ctx)
+	targets, err := sloTargets(ctx, sloTTFT, sloITL)
 	if err != nil {
 		return s.failed(ctx, rid, err)
 	}

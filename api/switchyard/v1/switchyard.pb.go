@@ -103,7 +103,14 @@ type ChatRequest struct {
 	// fields (e.g. {"top_k": 20, "repetition_penalty": 1.1}). The typed fields
 	// above win over the same keys here; model, messages, prompt, stream,
 	// stream_options and n are the ingress's own and rejected here.
-	ExtraJson     string `protobuf:"bytes,9,opt,name=extra_json,json=extraJson,proto3" json:"extra_json,omitempty"`
+	ExtraJson string `protobuf:"bytes,9,opt,name=extra_json,json=extraJson,proto3" json:"extra_json,omitempty"`
+	// Latency targets in milliseconds (positive), as the HTTP ingress's
+	// x-slo-ttft-ms and x-slo-itl-ms headers: time to first token and time
+	// between tokens. Unset: the same keys in the request metadata, else the
+	// broker's --slo-ttft and --slo-itl. Dispatch mode slo picks the route
+	// predicted to meet them.
+	SloTtftMs     *float64 `protobuf:"fixed64,10,opt,name=slo_ttft_ms,json=sloTtftMs,proto3,oneof" json:"slo_ttft_ms,omitempty"`
+	SloItlMs      *float64 `protobuf:"fixed64,11,opt,name=slo_itl_ms,json=sloItlMs,proto3,oneof" json:"slo_itl_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -201,18 +208,35 @@ func (x *ChatRequest) GetExtraJson() string {
 	return ""
 }
 
+func (x *ChatRequest) GetSloTtftMs() float64 {
+	if x != nil && x.SloTtftMs != nil {
+		return *x.SloTtftMs
+	}
+	return 0
+}
+
+func (x *ChatRequest) GetSloItlMs() float64 {
+	if x != nil && x.SloItlMs != nil {
+		return *x.SloItlMs
+	}
+	return 0
+}
+
 type CompletionRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Model string                 `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
 	// Required.
-	Prompt        string   `protobuf:"bytes,2,opt,name=prompt,proto3" json:"prompt,omitempty"`
-	MaxTokens     *uint32  `protobuf:"varint,3,opt,name=max_tokens,json=maxTokens,proto3,oneof" json:"max_tokens,omitempty"`
-	Temperature   *float64 `protobuf:"fixed64,4,opt,name=temperature,proto3,oneof" json:"temperature,omitempty"`
-	TopP          *float64 `protobuf:"fixed64,5,opt,name=top_p,json=topP,proto3,oneof" json:"top_p,omitempty"`
-	Seed          *int64   `protobuf:"varint,6,opt,name=seed,proto3,oneof" json:"seed,omitempty"`
-	Stop          []string `protobuf:"bytes,7,rep,name=stop,proto3" json:"stop,omitempty"`
-	IncludeUsage  bool     `protobuf:"varint,8,opt,name=include_usage,json=includeUsage,proto3" json:"include_usage,omitempty"`
-	ExtraJson     string   `protobuf:"bytes,9,opt,name=extra_json,json=extraJson,proto3" json:"extra_json,omitempty"`
+	Prompt       string   `protobuf:"bytes,2,opt,name=prompt,proto3" json:"prompt,omitempty"`
+	MaxTokens    *uint32  `protobuf:"varint,3,opt,name=max_tokens,json=maxTokens,proto3,oneof" json:"max_tokens,omitempty"`
+	Temperature  *float64 `protobuf:"fixed64,4,opt,name=temperature,proto3,oneof" json:"temperature,omitempty"`
+	TopP         *float64 `protobuf:"fixed64,5,opt,name=top_p,json=topP,proto3,oneof" json:"top_p,omitempty"`
+	Seed         *int64   `protobuf:"varint,6,opt,name=seed,proto3,oneof" json:"seed,omitempty"`
+	Stop         []string `protobuf:"bytes,7,rep,name=stop,proto3" json:"stop,omitempty"`
+	IncludeUsage bool     `protobuf:"varint,8,opt,name=include_usage,json=includeUsage,proto3" json:"include_usage,omitempty"`
+	ExtraJson    string   `protobuf:"bytes,9,opt,name=extra_json,json=extraJson,proto3" json:"extra_json,omitempty"`
+	// As ChatRequest's.
+	SloTtftMs     *float64 `protobuf:"fixed64,10,opt,name=slo_ttft_ms,json=sloTtftMs,proto3,oneof" json:"slo_ttft_ms,omitempty"`
+	SloItlMs      *float64 `protobuf:"fixed64,11,opt,name=slo_itl_ms,json=sloItlMs,proto3,oneof" json:"slo_itl_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -308,6 +332,20 @@ func (x *CompletionRequest) GetExtraJson() string {
 		return x.ExtraJson
 	}
 	return ""
+}
+
+func (x *CompletionRequest) GetSloTtftMs() float64 {
+	if x != nil && x.SloTtftMs != nil {
+		return *x.SloTtftMs
+	}
+	return 0
+}
+
+func (x *CompletionRequest) GetSloItlMs() float64 {
+	if x != nil && x.SloItlMs != nil {
+		return *x.SloItlMs
+	}
+	return 0
 }
 
 type StreamResponse struct {
@@ -809,7 +847,7 @@ const file_switchyard_proto_rawDesc = "" +
 	"\x10switchyard.proto\x12\rswitchyard.v1\"7\n" +
 	"\aMessage\x12\x12\n" +
 	"\x04role\x18\x01 \x01(\tR\x04role\x12\x18\n" +
-	"\acontent\x18\x02 \x01(\tR\acontent\"\xdf\x02\n" +
+	"\acontent\x18\x02 \x01(\tR\acontent\"\xc6\x03\n" +
 	"\vChatRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x122\n" +
 	"\bmessages\x18\x02 \x03(\v2\x16.switchyard.v1.MessageR\bmessages\x12\"\n" +
@@ -821,11 +859,17 @@ const file_switchyard_proto_rawDesc = "" +
 	"\x04stop\x18\a \x03(\tR\x04stop\x12#\n" +
 	"\rinclude_usage\x18\b \x01(\bR\fincludeUsage\x12\x1d\n" +
 	"\n" +
-	"extra_json\x18\t \x01(\tR\textraJsonB\r\n" +
+	"extra_json\x18\t \x01(\tR\textraJson\x12#\n" +
+	"\vslo_ttft_ms\x18\n" +
+	" \x01(\x01H\x04R\tsloTtftMs\x88\x01\x01\x12!\n" +
+	"\n" +
+	"slo_itl_ms\x18\v \x01(\x01H\x05R\bsloItlMs\x88\x01\x01B\r\n" +
 	"\v_max_tokensB\x0e\n" +
 	"\f_temperatureB\b\n" +
 	"\x06_top_pB\a\n" +
-	"\x05_seed\"\xc9\x02\n" +
+	"\x05_seedB\x0e\n" +
+	"\f_slo_ttft_msB\r\n" +
+	"\v_slo_itl_ms\"\xb0\x03\n" +
 	"\x11CompletionRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x16\n" +
 	"\x06prompt\x18\x02 \x01(\tR\x06prompt\x12\"\n" +
@@ -837,11 +881,17 @@ const file_switchyard_proto_rawDesc = "" +
 	"\x04stop\x18\a \x03(\tR\x04stop\x12#\n" +
 	"\rinclude_usage\x18\b \x01(\bR\fincludeUsage\x12\x1d\n" +
 	"\n" +
-	"extra_json\x18\t \x01(\tR\textraJsonB\r\n" +
+	"extra_json\x18\t \x01(\tR\textraJson\x12#\n" +
+	"\vslo_ttft_ms\x18\n" +
+	" \x01(\x01H\x04R\tsloTtftMs\x88\x01\x01\x12!\n" +
+	"\n" +
+	"slo_itl_ms\x18\v \x01(\x01H\x05R\bsloItlMs\x88\x01\x01B\r\n" +
 	"\v_max_tokensB\x0e\n" +
 	"\f_temperatureB\b\n" +
 	"\x06_top_pB\a\n" +
-	"\x05_seed\"\xb2\x01\n" +
+	"\x05_seedB\x0e\n" +
+	"\f_slo_ttft_msB\r\n" +
+	"\v_slo_itl_ms\"\xb2\x01\n" +
 	"\x0eStreamResponse\x122\n" +
 	"\x05start\x18\x01 \x01(\v2\x1a.switchyard.v1.StreamStartH\x00R\x05start\x122\n" +
 	"\x05delta\x18\x02 \x01(\v2\x1a.switchyard.v1.StreamDeltaH\x00R\x05delta\x12/\n" +
