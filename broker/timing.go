@@ -53,6 +53,7 @@ type agentTiming struct {
 	wait        ewma
 	prefillToks ewma
 	prefillSecs ewma
+	output      ewma // tokens per request streamed
 }
 
 func (t *agentTiming) timing() dispatch.Timing {
@@ -66,6 +67,7 @@ func (t *agentTiming) timing() dispatch.Timing {
 	if t.prefillSecs.v > 0 {
 		out.PrefillRate = t.prefillToks.v / t.prefillSecs.v
 	}
+	out.OutputTokens = t.output.v
 	return out
 }
 
@@ -328,11 +330,17 @@ func (c *Call) foldGaps(now time.Time) {
 	c.b.timing.observe(c.Model, c.agent, now, false, func(a *agentTiming) { a.itl.add(mean) })
 }
 
-// timeDone folds the stream's last gaps and counts a request with
-// targets that ended well as meeting them or not: its TTFT (submission to
-// first token) and its mean time per output token after the first.
+// timeDone folds the stream's last gaps, learns the output length of a
+// request that ended well, and counts one with targets as meeting them or
+// not: its TTFT (submission to first token) and its mean time per output
+// token after the first.
 func (c *Call) timeDone(outcome string) {
-	c.foldGaps(c.b.now())
+	now := c.b.now()
+	c.foldGaps(now)
+	if outcome == OutcomeOK && c.tokens > 0 {
+		n := float64(c.tokens)
+		c.b.timing.observe(c.Model, c.agent, now, false, func(a *agentTiming) { a.output.add(n) })
+	}
 	t := c.targets()
 	if outcome != OutcomeOK || (t.TTFT <= 0 && t.ITL <= 0) || c.firstToken.IsZero() {
 		return
@@ -394,13 +402,15 @@ type PoolTiming struct {
 	ITL         time.Duration
 	QueueWait   time.Duration
 	PrefillRate float64 // prompt tokens per second
+	// OutputTokens is the mean of tokens streamed per request.
+	OutputTokens float64
 }
 
 // PoolTimings returns the learned figures of m's pools, regular, prefill
 // and decode, as m's snapshot holds them.
 func PoolTimings(m *dispatch.Model) [3]PoolTiming {
 	var out [3]PoolTiming
-	var rates [3]int
+	var rates, outs [3]int
 	for _, v := range m.Agents() {
 		t := &v.Timing
 		if t.Samples <= 0 || int(v.Pool) >= len(out) {
@@ -416,6 +426,10 @@ func PoolTimings(m *dispatch.Model) [3]PoolTiming {
 			p.PrefillRate += t.PrefillRate
 			rates[v.Pool]++
 		}
+		if t.OutputTokens > 0 {
+			p.OutputTokens += t.OutputTokens
+			outs[v.Pool]++
+		}
 	}
 	for i := range out {
 		p := &out[i]
@@ -426,6 +440,9 @@ func PoolTimings(m *dispatch.Model) [3]PoolTiming {
 		}
 		if rates[i] > 0 {
 			p.PrefillRate /= float64(rates[i])
+		}
+		if outs[i] > 0 {
+			p.OutputTokens /= float64(outs[i])
 		}
 	}
 	return out

@@ -55,6 +55,12 @@ func TestTimingRegular(t *testing.T) {
 			c.timeToken(now, 1)
 			now = now.Add(r.gap)
 		}
+		// The first streams 20 tokens, the second 40; a failed
+		// request's length is not learned.
+		c.tokens = 20 * (i + 1)
+		c.timeDone(OutcomeOK)
+		c.tokens = 5
+		c.timeDone(OutcomeError)
 	}
 	got := c.b.timing.of("m", "a")
 	if got.Samples != 2 {
@@ -75,6 +81,9 @@ func TestTimingRegular(t *testing.T) {
 	secs := 0.1 + timingAlpha*(0.3-0.1)
 	if want := toks / secs; math.Abs(got.PrefillRate-want) > 1e-6 {
 		t.Errorf("prefill rate %v, want %v", got.PrefillRate, want)
+	}
+	if want := 20 + timingAlpha*(40-20); math.Abs(got.OutputTokens-want) > 1e-9 {
+		t.Errorf("output tokens %v, want %v", got.OutputTokens, want)
 	}
 	if got.Updated.IsZero() {
 		t.Error("Updated not set")

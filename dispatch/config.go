@@ -12,7 +12,6 @@ const (
 	DefaultSlowStartFloor   = 0.1
 	DefaultMissedHeartbeats = 3
 	DefaultPDThreshold      = 512
-	DefaultPrefillChunk     = 2048
 	DefaultTimingMaxAge     = time.Minute
 )
 
@@ -48,13 +47,6 @@ type Config struct {
 	// DefaultConfig sets 512.
 	PDThreshold int
 
-	// PrefillChunk is the engines' prefill token budget per batch step
-	// (vLLM's max_num_batched_tokens with chunked prefill, SGLang's
-	// chunked_prefill_size): ModeSLO's bound on how much of a new prompt
-	// one step of the running decodes carries. Zero means unchunked: a
-	// prompt is prefilled in one step. DefaultConfig sets 2048.
-	PrefillChunk int
-
 	// TimingMaxAge is how old an agent's Timing may be (since its Updated)
 	// and still count in ModeSLO. A route no request went to for that long
 	// has no history, so the decision weighs by capacity until the route's
@@ -65,8 +57,8 @@ type Config struct {
 
 // DefaultConfig returns the broker's defaults: capacity mode, a 30s slow
 // start from a floor of 10% of slots, gone after 3 missed heartbeats; for
-// the other modes a PD threshold of 512 tokens, a prefill chunk of 2048
-// tokens and timing that ages out after a minute.
+// the other modes a PD threshold of 512 tokens and timing that ages out
+// after a minute.
 func DefaultConfig() Config {
 	return Config{
 		Mode:             ModeCapacity,
@@ -74,7 +66,6 @@ func DefaultConfig() Config {
 		SlowStartFloor:   DefaultSlowStartFloor,
 		MissedHeartbeats: DefaultMissedHeartbeats,
 		PDThreshold:      DefaultPDThreshold,
-		PrefillChunk:     DefaultPrefillChunk,
 		TimingMaxAge:     DefaultTimingMaxAge,
 	}
 }
@@ -93,8 +84,6 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: config missed heartbeats %d is negative", ErrInvalid, c.MissedHeartbeats)
 	case c.PDThreshold < 0:
 		return fmt.Errorf("%w: config PD threshold %d is negative", ErrInvalid, c.PDThreshold)
-	case c.PrefillChunk < 0:
-		return fmt.Errorf("%w: config prefill chunk %d is negative", ErrInvalid, c.PrefillChunk)
 	case c.TimingMaxAge < 0:
 		return fmt.Errorf("%w: config timing max age %v is negative", ErrInvalid, c.TimingMaxAge)
 	}
@@ -119,7 +108,6 @@ func (c Config) normalized() Config {
 		c.MissedHeartbeats = DefaultMissedHeartbeats
 	}
 	c.PDThreshold = max(c.PDThreshold, 0)
-	c.PrefillChunk = max(c.PrefillChunk, 0)
 	c.TimingMaxAge = max(c.TimingMaxAge, 0)
 	return c
 }

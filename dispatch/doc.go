@@ -71,20 +71,24 @@
 // (Need.Cache), how long each queue is and how fast each pool works
 // (Agent.Timing, learned by the broker from the chunks it relays), and
 // that a long prefill on a regular engine stalls every decode running
-// beside it. With P the prompt tokens not cached on a route and a pool's
-// figures averaged over its eligible agents by effective slots:
+// beside it. With P the prompt tokens not cached on a route, N the
+// regular pool's output tokens per request, and a pool's figures averaged
+// over its eligible agents by effective slots:
 //
 //	regular  TTFT = QueueWait + P / PrefillRate
-//	         ITL  = ITL + min(P, PrefillChunk) / PrefillRate   (if the pool holds requests)
+//	         ITL  = ITL + (P / PrefillRate) / N   (if the pool holds requests)
 //	PD       TTFT = prefill QueueWait + P / prefill PrefillRate + decode TTFT
 //	         ITL  = decode ITL
 //
-// An engine's batch step costs about base + perSeq × running + perToken ×
-// prefill tokens in the step, and its prefill is chunked at PrefillChunk
-// tokens a step: the learned ITL is the step as it is, 1/PrefillRate is
-// perToken, so the request's prefill lengthens each step of the decodes
-// beside it by one chunk's prefill time. A decode agent's TTFT is the PD
-// hop: its queue, the KV transfer and the first step.
+// ITL is the mean time per output token after the first, the figure a
+// target bounds. An engine's batch step costs about base + perSeq ×
+// running + perToken × prefill tokens in the step: the learned ITL is the
+// mean time per token as it is, 1/PrefillRate is perToken, so the
+// request's prefill delays each decode running beside it by P /
+// PrefillRate in all, however it is chunked, which spread over a
+// stream's N tokens is what it adds to their time per output token. A
+// decode agent's TTFT is the PD hop: its queue, the KV transfer and the
+// first step.
 //
 // A route's headroom is the smallest (target − predicted) / target over
 // the request's targets (Need.Targets). Among the routes with free

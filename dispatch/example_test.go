@@ -122,18 +122,18 @@ func ExampleModel_Decide_slo() {
 	}
 	ms := time.Millisecond
 	cfg := dispatch.DefaultConfig()
-	cfg.Mode = dispatch.ModeSLO // prefill chunks of 2048 tokens
+	cfg.Mode = dispatch.ModeSLO
 	m := dispatch.NewModel("llama", []dispatch.Agent{
-		// A regular engine with 4 streams running: 15ms steps, 40k prompt
-		// tokens/s of prefill between them.
-		agent("r1", dispatch.PoolRegular, 4, dispatch.Timing{ITL: 15 * ms, PrefillRate: 40_000}),
+		// A regular engine with 4 streams running: 15ms a token, 40k
+		// prompt tokens/s of prefill between them, 32-token answers.
+		agent("r1", dispatch.PoolRegular, 4, dispatch.Timing{ITL: 15 * ms, PrefillRate: 40_000, OutputTokens: 32}),
 		// A prefill engine with a short queue, and a decode engine whose
-		// first token comes 120ms after the hand-off.
+		// first token comes 120ms after the hand-off, 16ms a token.
 		agent("p1", dispatch.PoolPrefill, 0, dispatch.Timing{QueueWait: 30 * ms, PrefillRate: 100_000}),
-		agent("d1", dispatch.PoolDecode, 2, dispatch.Timing{TTFT: 120 * ms, ITL: 15 * ms}),
+		agent("d1", dispatch.PoolDecode, 2, dispatch.Timing{TTFT: 120 * ms, ITL: 16 * ms}),
 	}, now, cfg)
 
-	targets := dispatch.Targets{TTFT: 250 * ms, ITL: 50 * ms}
+	targets := dispatch.Targets{TTFT: 250 * ms, ITL: 20 * ms}
 	for _, req := range []struct {
 		name   string
 		prompt int
@@ -152,8 +152,8 @@ func ExampleModel_Decide_slo() {
 	d, _ := m.Decide(dispatch.Need{PromptTokens: 8000}, nil, 0)
 	fmt.Println("no targets:", d.Route, d.Predicted)
 	// Output:
-	// long prompt: pd, predicted TTFT 230ms, ITL 15ms, headroom 0.08
-	// short prompt: regular, predicted TTFT 6.4ms, ITL 21.4ms, headroom 0.57
-	// long prompt, cached on regular: regular, predicted TTFT 2.5ms, ITL 17.5ms, headroom 0.65
+	// long prompt: pd, predicted TTFT 230ms, ITL 16ms, headroom 0.08
+	// short prompt: regular, predicted TTFT 6.4ms, ITL 15.2ms, headroom 0.24
+	// long prompt, cached on regular: regular, predicted TTFT 2.5ms, ITL 15.1ms, headroom 0.25
 	// no targets: pd false
 }

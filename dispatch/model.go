@@ -166,9 +166,8 @@ type Model struct {
 	// timed is set when every candidate has the learned timing ModeSLO
 	// predicts from.
 	timed bool
-	// threshold is ModeThreshold's bound, chunk the prefill budget per
-	// step (Config.PDThreshold, Config.PrefillChunk).
-	threshold, chunk int
+	// threshold is ModeThreshold's bound (Config.PDThreshold).
+	threshold int
 
 	errNoCapacity  error
 	errUnsupported error
@@ -243,7 +242,6 @@ func NewModel(name string, agents []Agent, now time.Time, cfg Config) *Model {
 		at:        now,
 		agents:    make([]AgentView, len(agents)),
 		threshold: cfg.PDThreshold,
-		chunk:     cfg.PrefillChunk,
 	}
 	for p := range m.pools {
 		m.pools[p].Pool = Pool(p)

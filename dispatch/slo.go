@@ -13,15 +13,15 @@ import (
 //
 // What each figure measures depends on the agent's pool:
 //
-//	            TTFT                               ITL                 QueueWait        PrefillRate
-//	regular     job published to first token       between tokens      published→taken  prompt tokens / prefill time
-//	prefill     job published to hand-off          -                   published→taken  prompt tokens / prefill time
-//	decode      hand-off to first token            between tokens      -                -
+//	            TTFT                               ITL                 QueueWait        PrefillRate                    OutputTokens
+//	regular     job published to first token       between tokens      published→taken  prompt tokens / prefill time   tokens per request
+//	prefill     job published to hand-off          -                   published→taken  prompt tokens / prefill time   -
+//	decode      hand-off to first token            between tokens      -                -                              tokens per request
 //
 // where prefill time is TTFT less QueueWait, and the prompt tokens are the
 // ones the engine had to prefill (not cached). A decode agent's TTFT is the
 // cost of the PD hop: the decode queue, the KV transfer and the first
-// step. ModeSLO uses QueueWait, PrefillRate and ITL of regular agents,
+// step. ModeSLO uses QueueWait, PrefillRate, ITL and OutputTokens of regular agents,
 // QueueWait and PrefillRate of prefill agents, and TTFT and ITL of decode
 // agents; a regular agent's TTFT is for views.
 type Timing struct {
@@ -38,12 +38,16 @@ type Timing struct {
 	// PrefillRate is prefill throughput in prompt tokens per second; 0
 	// means not known.
 	PrefillRate float64
+	// OutputTokens is how many tokens a request streams from the agent,
+	// on average; 0 means not known.
+	OutputTokens float64
 }
 
 // Targets are a request's latency targets; a zero field is no target.
 type Targets struct {
 	TTFT time.Duration // time to first token
-	ITL  time.Duration // inter-token latency
+	// ITL is the mean time per output token after the first (TPOT).
+	ITL time.Duration
 }
 
 // PrefixCache says how much of one request's prompt is already cached
@@ -73,7 +77,7 @@ type Prediction struct {
 type figures struct {
 	samples         int
 	ttft, itl, wait float64
-	rate            float64
+	rate, out       float64
 }
 
 // timingSum accumulates the fresh Timing of a leg's eligible agents,
@@ -83,6 +87,7 @@ type timingSum struct {
 	samples            int
 	w, ttft, itl, wait float64
 	wRate, rate        float64
+	wOut, out          float64
 }
 
 func (s *timingSum) add(v *AgentView, now time.Time, maxAge time.Duration) {
@@ -100,6 +105,10 @@ func (s *timingSum) add(v *AgentView, now time.Time, maxAge time.Duration) {
 		s.wRate += w
 		s.rate += w * t.PrefillRate
 	}
+	if t.OutputTokens > 0 && !math.IsInf(t.OutputTokens, 1) {
+		s.wOut += w
+		s.out += w * t.OutputTokens
+	}
 }
 
 func (s *timingSum) figures() figures {
@@ -110,14 +119,19 @@ func (s *timingSum) figures() figures {
 	if s.wRate > 0 {
 		f.rate = s.rate / s.wRate
 	}
+	if s.wOut > 0 {
+		f.out = s.out / s.wOut
+	}
 	return f
 }
 
 // timed reports whether c's legs have the figures its prediction needs:
-// history everywhere, and a prefill rate where the prompt is prefilled.
+// history everywhere, a prefill rate where the prompt is prefilled, and
+// the regular pool's output length.
 func (c *candidate) timed() bool {
 	if c.route == RouteRegular {
-		return c.legs[0].fig.samples > 0 && c.legs[0].fig.rate > 0
+		f := &c.legs[0].fig
+		return f.samples > 0 && f.rate > 0 && f.out > 0
 	}
 	return c.legs[0].fig.samples > 0 && c.legs[1].fig.samples > 0 && c.legs[1].fig.rate > 0
 }
@@ -139,35 +153,31 @@ func (need *Need) uncached(pool Pool, pair string) float64 {
 //
 //	base + perSeq × running sequences + perToken × prefill tokens in it
 //
-// and prefill is chunked: a step carries at most chunk prompt tokens
-// (Config.PrefillChunk). The broker cannot see base or perSeq, but the
-// learned ITL is the step time as it is, and 1 / PrefillRate is perToken
-// (the time a prompt token adds to a step). So, with P the request's
-// uncached prompt tokens on the route:
+// The broker cannot see base or perSeq, but the learned ITL is the mean
+// time per output token as it is (the stalls of the prefills already
+// running included), and 1 / PrefillRate is perToken. So, with P the
+// request's uncached prompt tokens on the route and N the regular pool's
+// output tokens per request:
 //
 //	regular  TTFT = QueueWait + P / PrefillRate
-//	         ITL  = ITL + min(P, chunk) / PrefillRate   when the pool is busy
+//	         ITL  = ITL + (P / PrefillRate) / N   when the pool is busy
 //	PD       TTFT = prefill QueueWait + P / prefill PrefillRate + decode TTFT
 //	         ITL  = decode ITL
 //
 // On regular, the request's prefill rides in the steps of the decodes
-// running beside it for about P / PrefillRate seconds, and each of those
-// steps grows by its chunk's share: the ITL the running decodes (and the
-// streams that follow) see is the learned ITL plus one chunk's prefill. An
+// running beside it and delays each of them by P / PrefillRate in all,
+// however it is chunked: spread over a stream's N tokens, that is what it
+// adds to their time per output token, the figure the target bounds. An
 // idle regular pool has no decodes to stall. A decode pool runs no
 // prefills, and its TTFT is the PD hop (queue, KV transfer, first step).
-func (c *candidate) predict(need *Need, busy int, chunk int) (ttft, itl float64) {
+func (c *candidate) predict(need *Need, busy int) (ttft, itl float64) {
 	if c.route == RouteRegular {
 		f := &c.legs[0].fig
 		p := need.uncached(PoolRegular, "")
 		ttft = f.wait + p/f.rate
 		itl = f.itl
 		if busy > 0 {
-			step := p
-			if chunk > 0 {
-				step = min(p, float64(chunk))
-			}
-			itl += step / f.rate
+			itl += p / f.rate / f.out
 		}
 		return ttft, itl
 	}
@@ -212,7 +222,7 @@ func (m *Model) decideSLO(need *Need, seen InFlight, u float64) (int, Prediction
 		if !(w > 0) {
 			continue
 		}
-		ttft, itl := c.predict(need, busy, m.chunk)
+		ttft, itl := c.predict(need, busy)
 		h := headroom(t, ttft, itl)
 		if math.IsNaN(h) || h < best {
 			continue

@@ -1,6 +1,7 @@
 package dispatch_test
 
 import (
+	"fmt"
 	"math"
 	"testing"
 	"time"
@@ -21,12 +22,14 @@ func timed(a dispatch.Agent, t dispatch.Timing) dispatch.Agent {
 }
 
 // The learned figures of sloFleet: a regular engine whose prefill shares
-// its steps with running decodes, a dedicated prefill engine 2.5 times as
-// fast, and a PD hop (decode queue, KV transfer, first step) of 120ms.
+// its steps with running decodes, streaming 32 tokens a request; a
+// dedicated prefill engine 2.5 times as fast; a PD hop (decode queue, KV
+// transfer, first step) of 120ms and a decode engine whose bigger batches
+// take 16ms a token.
 var (
-	regularTiming = dispatch.Timing{ITL: 15 * time.Millisecond, TTFT: 40 * time.Millisecond, PrefillRate: 40_000}
+	regularTiming = dispatch.Timing{ITL: 15 * time.Millisecond, TTFT: 40 * time.Millisecond, PrefillRate: 40_000, OutputTokens: 32}
 	prefillTiming = dispatch.Timing{QueueWait: 30 * time.Millisecond, TTFT: 60 * time.Millisecond, PrefillRate: 100_000}
-	decodeTiming  = dispatch.Timing{TTFT: 120 * time.Millisecond, ITL: 15 * time.Millisecond}
+	decodeTiming  = dispatch.Timing{TTFT: 120 * time.Millisecond, ITL: 16 * time.Millisecond, OutputTokens: 32}
 )
 
 // sloFleet: one regular agent running 4 requests, one prefill agent and
@@ -47,12 +50,12 @@ func (c cache) Cached(pool dispatch.Pool, pair string) int { return c[poolPair{p
 
 var _ dispatch.PrefixCache = cache(nil)
 
-// sloTargets are interactive targets: 250ms to the first token, 50ms
-// between tokens.
-var sloTargets = dispatch.Targets{TTFT: 250 * time.Millisecond, ITL: 50 * time.Millisecond}
+// sloTargets are interactive targets: 250ms to the first token, 20ms per
+// output token.
+var sloTargets = dispatch.Targets{TTFT: 250 * time.Millisecond, ITL: 20 * time.Millisecond}
 
 func sloConfig() dispatch.Config {
-	c := dispatch.DefaultConfig() // prefill chunk 2048
+	c := dispatch.DefaultConfig()
 	c.Mode = dispatch.ModeSLO
 	return c
 }
@@ -75,24 +78,24 @@ func TestSLO(t *testing.T) {
 		pred *dispatch.Prediction
 	}{
 		{
-			// Regular: TTFT 200ms meets its target, but a 2048-token
-			// chunk per step adds 51.2ms to the 15ms steps of the running
-			// decodes (headroom -0.324). PD: 30ms queue + 80ms prefill +
-			// 120ms hop = 230ms, decode ITL 15ms (headroom 0.08).
+			// Regular: TTFT 200ms meets its target, but the 200ms prefill
+			// delays each running decode's 32 tokens by 6.25ms a token,
+			// past the 20ms target (headroom -0.0625). PD: 30ms queue +
+			// 80ms prefill + 120ms hop = 230ms, decode ITL 16ms (headroom
+			// 0.08).
 			name: "long uncached prompt goes PD when regular decodes would miss their ITL target",
 			need: long, want: "pd vllm",
-			pred: &dispatch.Prediction{TTFT: 230 * time.Millisecond, ITL: 15 * time.Millisecond, Headroom: 0.08},
+			pred: &dispatch.Prediction{TTFT: 230 * time.Millisecond, ITL: 16 * time.Millisecond, Headroom: 0.08},
 		},
 		{
-			// Regular: TTFT 6.4ms, ITL 21.4ms (headroom 0.572). PD: TTFT
-			// 152.56ms (headroom 0.39): the hop costs more of the TTFT
-			// target than the prefill costs the decodes of theirs.
+			// Regular: TTFT 6.4ms, ITL 15.2ms (headroom 0.24). PD: TTFT
+			// 152.56ms, ITL 16ms (headroom 0.2).
 			name: "short prompt stays regular", need: short, want: "regular",
-			pred: &dispatch.Prediction{TTFT: 6400 * time.Microsecond, ITL: 21_400 * time.Microsecond, Headroom: 0.572},
+			pred: &dispatch.Prediction{TTFT: 6400 * time.Microsecond, ITL: 15_200 * time.Microsecond, Headroom: 0.24},
 		},
 		{
 			name: "long prompt cached on regular stays regular", need: cachedOnRegular, want: "regular",
-			pred: &dispatch.Prediction{TTFT: 2500 * time.Microsecond, ITL: 17_500 * time.Microsecond, Headroom: 0.65},
+			pred: &dispatch.Prediction{TTFT: 2500 * time.Microsecond, ITL: 15_078_125 * time.Nanosecond, Headroom: 0.24609375},
 		},
 		{
 			name: "long prompt cached on prefill goes PD", want: "pd vllm",
@@ -100,7 +103,7 @@ func TestSLO(t *testing.T) {
 		},
 		{
 			// PD misses by 2s of queue (headroom -7.8), regular by its ITL
-			// (-0.324): regular misses least.
+			// (-0.0625): regular misses least.
 			name: "congested prefill pool sends work to regular", agents: congested, need: long, want: "regular",
 		},
 		{
@@ -111,7 +114,7 @@ func TestSLO(t *testing.T) {
 				timed(ready("d1", D, 8, 2), decodeTiming),
 			},
 			want: "regular",
-			pred: &dispatch.Prediction{TTFT: 50 * time.Millisecond, ITL: 15 * time.Millisecond, Headroom: 0.7},
+			pred: &dispatch.Prediction{TTFT: 50 * time.Millisecond, ITL: 15 * time.Millisecond, Headroom: 0.25},
 		},
 		{
 			name: "running decodes seen between heartbeats stall like reported ones", need: dispatch.Need{PromptTokens: 2000, Targets: sloTargets},
@@ -124,7 +127,7 @@ func TestSLO(t *testing.T) {
 			want: "pd vllm",
 		},
 		{
-			name: "ITL target only", need: dispatch.Need{PromptTokens: 8000, Targets: dispatch.Targets{ITL: 50 * time.Millisecond}},
+			name: "ITL target only", need: dispatch.Need{PromptTokens: 8000, Targets: dispatch.Targets{ITL: 20 * time.Millisecond}},
 			want: "pd vllm",
 		},
 		{
@@ -185,16 +188,16 @@ func TestSLO(t *testing.T) {
 				timed(ready("r1", R, 8, 4), regularTiming),
 				// A congested prefill agent with 1 slot beside an idle one
 				// with 15: the pool waits 1/16 of its queue.
-				timed(ready("p1", P, 1, 0), dispatch.Timing{QueueWait: 1600 * time.Millisecond, PrefillRate: 100_000}),
+				timed(ready("p1", P, 1, 0), dispatch.Timing{QueueWait: 640 * time.Millisecond, PrefillRate: 100_000}),
 				timed(ready("p2", P, 15, 0), dispatch.Timing{PrefillRate: 100_000}),
 				timed(ready("d1", D, 8, 2), decodeTiming),
 			},
-			pred: &dispatch.Prediction{TTFT: 300 * time.Millisecond, ITL: 15 * time.Millisecond, Headroom: -0.2},
+			pred: &dispatch.Prediction{TTFT: 240 * time.Millisecond, ITL: 16 * time.Millisecond, Headroom: 0.04},
 		},
 		{
 			name: "agents without figures do not dilute their pool's", need: long, want: "pd vllm",
 			agents: append(sloFleet(), ready("p2", P, 8, 0), ready("d2", D, 8, 0)),
-			pred:   &dispatch.Prediction{TTFT: 230 * time.Millisecond, ITL: 15 * time.Millisecond, Headroom: 0.08},
+			pred:   &dispatch.Prediction{TTFT: 230 * time.Millisecond, ITL: 16 * time.Millisecond, Headroom: 0.08},
 		},
 	}
 	for _, tt := range tests {
@@ -236,26 +239,24 @@ func near(a, b dispatch.Prediction) bool {
 		math.Abs(a.Headroom-b.Headroom) < 1e-6
 }
 
-// The prefill chunk bounds how much of a prompt one step of the running
-// decodes carries; unchunked, the whole prefill lands in one step.
-func TestSLOPrefillChunk(t *testing.T) {
+// A prompt's prefill delays the regular pool's running streams by its
+// prefill time in all, spread over the tokens they stream: the shorter
+// their answers, the more it adds to their time per output token.
+func TestSLOStallSpreadOverOutput(t *testing.T) {
 	R := dispatch.PoolRegular
 	need := dispatch.Need{PromptTokens: 8000, Targets: sloTargets}
-	tests := []struct {
-		name  string
-		chunk int
-		want  time.Duration // predicted ITL: 15ms + chunk / 40k tokens/s
+	for _, tt := range []struct {
+		out  float64
+		want time.Duration // predicted ITL: 15ms + 200ms / out
 	}{
-		{name: "default chunk", chunk: dispatch.DefaultPrefillChunk, want: 66_200 * time.Microsecond},
-		{name: "small chunk", chunk: 512, want: 27_800 * time.Microsecond},
-		{name: "unchunked", chunk: 0, want: 215 * time.Millisecond},
-		{name: "chunk beyond the prompt", chunk: 16384, want: 215 * time.Millisecond},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			c := sloConfig()
-			c.PrefillChunk = tt.chunk
-			m := dispatch.NewModel("m", []dispatch.Agent{timed(ready("r1", R, 8, 1), regularTiming)}, t0, c)
+		{out: 32, want: 21_250 * time.Microsecond},
+		{out: 200, want: 16 * time.Millisecond},
+		{out: 1, want: 215 * time.Millisecond},
+	} {
+		t.Run(fmt.Sprint(tt.out), func(t *testing.T) {
+			tm := regularTiming
+			tm.OutputTokens = tt.out
+			m := dispatch.NewModel("m", []dispatch.Agent{timed(ready("r1", R, 8, 1), tm)}, t0, sloConfig())
 			d, err := m.Decide(need, nil, 0)
 			if err != nil || !d.Predicted {
 				t.Fatalf("Decide() = %+v, %v; want a prediction", d, err)
@@ -277,6 +278,8 @@ func TestSLOFallsBackToCapacity(t *testing.T) {
 	}
 	noRate := sloFleet()
 	noRate[0].Timing.PrefillRate = 0
+	noOutput := sloFleet()
+	noOutput[0].Timing.OutputTokens = 0
 	full := inflight{{R, ""}: {active: 8}, {D, "vllm"}: {pending: 6}}
 	tests := []struct {
 		name   string
@@ -294,6 +297,7 @@ func TestSLOFallsBackToCapacity(t *testing.T) {
 		},
 		{name: "figures past their max age", agents: old, need: dispatch.Need{PromptTokens: 8000, Targets: sloTargets}},
 		{name: "regular without a prefill rate", agents: noRate, need: dispatch.Need{PromptTokens: 8000, Targets: sloTargets}},
+		{name: "regular without an output length", agents: noOutput, need: dispatch.Need{PromptTokens: 8000, Targets: sloTargets}},
 		{name: "every route full", need: dispatch.Need{PromptTokens: 8000, Targets: sloTargets}, seen: full},
 	}
 	for _, tt := range tests {

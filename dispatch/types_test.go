@@ -138,7 +138,6 @@ func TestConfigValidate(t *testing.T) {
 		{name: "floor 1", cfg: dispatch.Config{SlowStart: time.Minute, SlowStartFloor: 1}, ok: true},
 		{name: "unknown mode", cfg: dispatch.Config{Mode: 5}},
 		{name: "negative PD threshold", cfg: dispatch.Config{PDThreshold: -1}},
-		{name: "negative prefill chunk", cfg: dispatch.Config{PrefillChunk: -1}},
 		{name: "negative timing max age", cfg: dispatch.Config{TimingMaxAge: -time.Second}},
 		{name: "negative slow start", cfg: dispatch.Config{SlowStart: -time.Second}},
 		{name: "negative floor", cfg: dispatch.Config{SlowStartFloor: -0.1}},
@@ -171,7 +170,7 @@ func TestNewModelClampsConfig(t *testing.T) {
 	}
 
 	// A negative PD threshold counts as 0: any uncached token goes PD.
-	bad = dispatch.Config{Mode: dispatch.ModeThreshold, PDThreshold: -100, PrefillChunk: -1, TimingMaxAge: -time.Second}
+	bad = dispatch.Config{Mode: dispatch.ModeThreshold, PDThreshold: -100, TimingMaxAge: -time.Second}
 	m = dispatch.NewModel("m", pools(1, 1, 1, 8), t0, bad)
 	if d, err := m.Decide(dispatch.Need{PromptTokens: 1}, nil, math.MaxUint64); err != nil || d.Route != dispatch.RoutePD {
 		t.Errorf("negative threshold: Decide() = %+v, %v; want PD", d, err)

@@ -42,10 +42,12 @@ func sloBatchEngine(role simengine.Role) simengine.Config {
 // TestSLODispatch runs a mixed fleet (two regular agents, one prefill and
 // one decode) of batch-model engines. Short streams run; then a burst of
 // long prompts with an inter-token latency target arrives. Under
-// --dispatch-mode slo the broker, having learned the pools' latency,
-// predicts that a long prefill on the busy regular pool would stall its
-// streams far past the target and sends the burst to PD: the short
-// streams on regular keep their pace. Under capacity the burst is spread
+// --dispatch-mode slo the broker, having learned the pools' latency and
+// answer lengths, predicts that a long prefill on the busy regular pool
+// would add its whole prefill time to the running streams' (a 12-token
+// answer's time per token grows by a twelfth of it) while the decode
+// pool runs no prefill, and sends the burst to PD: the short streams on
+// regular keep their pace. Under capacity the burst is spread
 // by free slots, and most short streams on regular stall.
 func TestSLODispatch(t *testing.T) {
 	if testing.Short() {

@@ -62,6 +62,7 @@ type fleetTiming struct {
 	ITLSeconds             float64 `json:"itl_seconds"`
 	QueueWaitSeconds       float64 `json:"queue_wait_seconds"`
 	PrefillTokensPerSecond float64 `json:"prefill_tokens_per_second"`
+	OutputTokens           float64 `json:"output_tokens"`
 }
 
 // sloBackend is what a backend that counts latency-target attainment
@@ -83,7 +84,7 @@ func (s *Server) addTiming(fm *fleetModel, m *dispatch.Model) {
 		}
 		if t := learned[pool]; t.Agents > 0 {
 			p.Learned = &fleetTiming{Agents: t.Agents, Samples: t.Samples, TTFTSeconds: t.TTFT.Seconds(), ITLSeconds: t.ITL.Seconds(),
-				QueueWaitSeconds: t.QueueWait.Seconds(), PrefillTokensPerSecond: t.PrefillRate}
+				QueueWaitSeconds: t.QueueWait.Seconds(), PrefillTokensPerSecond: t.PrefillRate, OutputTokens: t.OutputTokens}
 		}
 		if sb == nil {
 			continue
