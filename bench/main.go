@@ -5,9 +5,10 @@
 // HAProxy in front of the same engines, and writes the tables and SVG
 // plots of docs/benchmarks-peers.md.
 //
-//	go run ./bench                      # everything, about 8 minutes
+//	go run ./bench                      # everything, about 80 minutes
 //	go run ./bench --quick              # shorter windows, for a smoke run
 //	go run ./bench --only overhead,dispatch
+//	go run ./bench --only goodput       # about an hour
 //
 // Scenarios: overhead (added TTFT/ITL and relayed tokens/s, plus a CPU
 // profile of the broker and an agent), scheduling (a heterogeneous fleet
@@ -19,9 +20,11 @@
 // benchmarks and broker memory at 1,000 streams), rollout (a realistic
 // rollout, its per-window table also printed on stdout), affinity
 // (multi-turn chat with prefix caching, affinity versus pure pull and
-// nginx). nginx and HAProxy are installed with apt-get when
-// missing (Debian, as root). Every process the runner starts is stopped
-// when it ends, fails or is interrupted.
+// nginx), goodput (the highest rate at which 90% of requests meet
+// latency targets, per dispatch mode and step of a rollout from regular
+// to PD, on batch-model engines). nginx and HAProxy are installed with
+// apt-get when missing (Debian, as root). Every process the runner starts
+// is stopped when it ends, fails or is interrupted.
 package main
 
 import (

@@ -135,3 +135,86 @@ func percentile(sorted []float64, p float64) float64 {
 	hi := min(lo+1, len(sorted)-1)
 	return sorted[lo] + (rank-float64(lo))*(sorted[hi]-sorted[lo])
 }
+
+// curve is one line of a line chart, its points in x order.
+type curve struct {
+	name string
+	x, y []float64
+}
+
+// lineChart is an SVG line chart with markers at the points. When labels
+// is set, x is the index of a category and the axis names them; guide,
+// when positive, draws a dashed horizontal line at that y.
+type lineChart struct {
+	title, xLabel, yLabel string
+	labels                []string
+	yMax, guide           float64
+}
+
+func (c lineChart) write(path string, cs []curve) error {
+	const w, h, left, right, top, bottom = 760, 440, 70, 150, 40, 55
+	pw, ph := float64(w-left-right), float64(h-top-bottom)
+	xHi, yHi := 0.0, c.yMax
+	for _, cv := range cs {
+		for i := range cv.x {
+			xHi, yHi = max(xHi, cv.x[i]), max(yHi, cv.y[i])
+		}
+	}
+	if len(c.labels) > 0 {
+		xHi = float64(len(c.labels) - 1)
+	}
+	if xHi == 0 || yHi == 0 {
+		return fmt.Errorf("%s: no data", c.title)
+	}
+	yStep := niceStep(yHi / 6)
+	yHi = math.Ceil(yHi/yStep) * yStep
+	xf := func(v float64) float64 { return left + pw*v/xHi }
+	yf := func(v float64) float64 { return top + ph*(1-v/yHi) }
+	var b strings.Builder
+	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="12">`+"\n", w, h, w, h)
+	fmt.Fprintf(&b, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
+	fmt.Fprintf(&b, `<text x="%d" y="22" font-size="15" font-weight="bold">%s</text>`+"\n", left, html.EscapeString(c.title))
+	tick := func(v float64, label string) {
+		x := xf(v)
+		fmt.Fprintf(&b, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#ddd"/>`+"\n", x, top, x, h-bottom)
+		fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">%s</text>`+"\n", x, h-bottom+16, html.EscapeString(label))
+	}
+	if len(c.labels) > 0 {
+		for i, l := range c.labels {
+			tick(float64(i), l)
+		}
+	} else {
+		step := niceStep(xHi / 8)
+		for t := 0.0; t <= xHi*1.0001; t += step {
+			tick(t, tickLabel(t))
+		}
+	}
+	for t := 0.0; t <= yHi*1.0001; t += yStep {
+		y := yf(t)
+		fmt.Fprintf(&b, `<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#ddd"/>`+"\n", left, y, w-right, y)
+		fmt.Fprintf(&b, `<text x="%d" y="%.1f" text-anchor="end" dominant-baseline="middle">%s</text>`+"\n", left-6, y, tickLabel(t))
+	}
+	if c.guide > 0 {
+		fmt.Fprintf(&b, `<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#888" stroke-dasharray="6 4"/>`+"\n", left, yf(c.guide), w-right, yf(c.guide))
+	}
+	fmt.Fprintf(&b, `<rect x="%d" y="%d" width="%.0f" height="%.0f" fill="none" stroke="#333"/>`+"\n", left, top, pw, ph)
+	fmt.Fprintf(&b, `<text x="%.0f" y="%d" text-anchor="middle">%s</text>`+"\n", left+pw/2, h-12, html.EscapeString(c.xLabel))
+	fmt.Fprintf(&b, `<text x="16" y="%.0f" text-anchor="middle" transform="rotate(-90 16 %.0f)">%s</text>`+"\n", top+ph/2, top+ph/2, html.EscapeString(c.yLabel))
+	for i, cv := range cs {
+		color := palette[i%len(palette)]
+		var pts strings.Builder
+		for j := range cv.x {
+			fmt.Fprintf(&pts, "%.1f,%.1f ", xf(cv.x[j]), yf(cv.y[j]))
+			fmt.Fprintf(&b, `<circle cx="%.1f" cy="%.1f" r="3.5" fill="%s"/>`+"\n", xf(cv.x[j]), yf(cv.y[j]), color)
+		}
+		fmt.Fprintf(&b, `<polyline fill="none" stroke="%s" stroke-width="2" points="%s"/>`+"\n", color, strings.TrimSpace(pts.String()))
+		ly := top + 14 + 20*i
+		fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="%s" stroke-width="3"/>`+"\n", w-right+12, ly, w-right+32, ly, color)
+		fmt.Fprintf(&b, `<text x="%d" y="%d" dominant-baseline="middle">%s</text>`+"\n", w-right+38, ly, html.EscapeString(cv.name))
+	}
+	b.WriteString("</svg>\n")
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(path, []byte(b.String()), 0o644)
+}
