@@ -64,18 +64,6 @@ func (p goodputPoint) attainment() float64 {
 	return float64(p.good) / float64(p.sent)
 }
 
-// failedBelow counts failed requests at the rates at or below the
-// goodput.
-func (r goodputResult) failedBelow() int {
-	n := 0
-	for _, p := range r.points {
-		if p.rate <= r.goodput {
-			n += p.fail
-		}
-	}
-	return n
-}
-
 // goodput measures, per rollout step and dispatch mode, the highest
 // Poisson arrival rate at which at least 90% of requests meet TTFT <= 2s
 // and TPOT <= 20ms, on fleets of batch-model sim-engines (each behind its

@@ -5,10 +5,10 @@
 // HAProxy in front of the same engines, and writes the tables and SVG
 // plots of docs/benchmarks-peers.md.
 //
-//	go run ./bench                      # everything, about 80 minutes
+//	go run ./bench                      # everything, about 75 minutes
 //	go run ./bench --quick              # shorter windows, for a smoke run
 //	go run ./bench --only overhead,dispatch
-//	go run ./bench --only goodput       # about an hour
+//	go run ./bench --only goodput       # about 50 minutes
 //
 // Scenarios: overhead (added TTFT/ITL and relayed tokens/s, plus a CPU
 // profile of the broker and an agent), scheduling (a heterogeneous fleet

@@ -55,10 +55,11 @@ type Config struct {
 	TimingMaxAge time.Duration
 }
 
-// DefaultConfig returns the broker's defaults: capacity mode, a 30s slow
-// start from a floor of 10% of slots, gone after 3 missed heartbeats; for
-// the other modes a PD threshold of 512 tokens and timing that ages out
-// after a minute.
+// DefaultConfig returns capacity mode, a 30s slow start from a floor of
+// 10% of slots, gone after 3 missed heartbeats; for the other modes a PD
+// threshold of 512 tokens and timing that ages out after a minute. The
+// broker command runs ModeSLO by default, which decides a request
+// without targets as ModeCapacity does.
 func DefaultConfig() Config {
 	return Config{
 		Mode:             ModeCapacity,

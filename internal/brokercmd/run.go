@@ -134,7 +134,7 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*o
 	fs.DurationVar(&o.stallTimeout, "stall-timeout", broker.DefaultStallTimeout, "end a request whose agent sends nothing for this long")
 	fs.DurationVar(&o.shutdownGrace, "shutdown-grace", 30*time.Second, "on SIGTERM, time for in-flight streams to finish")
 	fs.DurationVar(&o.shutdownDelay, "shutdown-delay", 0, "on SIGTERM, keep answering 503 on /readyz and new requests this long before closing the listeners (set it above your load balancer's probe interval)")
-	fs.StringVar(&o.mode, "dispatch-mode", "capacity", "route choice: capacity (by free slots), paired, count (by agents), slo (per request, the route predicted to meet its latency targets) or threshold (PD for prompts longer than --pd-threshold)")
+	fs.StringVar(&o.mode, "dispatch-mode", "slo", "route choice: slo (per request, the route predicted to meet its latency targets; capacity for a request without targets), capacity (by free slots), paired, count (by agents) or threshold (PD for prompts longer than --pd-threshold)")
 	fs.DurationVar(&o.sloTTFT, "slo-ttft", 0, "time-to-first-token target of every request that sets none (header x-slo-ttft-ms); 0: none")
 	fs.DurationVar(&o.sloITL, "slo-itl", 0, "inter-token latency target of every request that sets none (header x-slo-itl-ms); 0: none")
 	fs.IntVar(&o.pdThreshold, "pd-threshold", dispatch.DefaultPDThreshold, "--dispatch-mode threshold: prompts with more tokens than this not cached on the regular pool go to PD")
