@@ -21,9 +21,10 @@ import (
 // where prefill time is TTFT less QueueWait, and the prompt tokens are the
 // ones the engine had to prefill (not cached). A decode agent's TTFT is the
 // cost of the PD hop: the decode queue, the KV transfer and the first
-// step. ModeSLO uses QueueWait, PrefillRate, ITL and OutputTokens of regular agents,
-// QueueWait and PrefillRate of prefill agents, and TTFT and ITL of decode
-// agents; a regular agent's TTFT is for views.
+// step. ModeSLO uses QueueWait, PrefillRate, ITL and OutputTokens of
+// regular agents, QueueWait and PrefillRate of prefill agents, and TTFT
+// and ITL of decode agents; a regular agent's TTFT and a decode agent's
+// OutputTokens are for views.
 type Timing struct {
 	// Samples is how many requests the figures are drawn from; 0 is no
 	// history, and the other fields are ignored.
