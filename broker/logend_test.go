@@ -1,40 +1,21 @@
 package broker
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/switchyard-ai/switchyard/internal/testwait"
 	"github.com/switchyard-ai/switchyard/subjects"
 	"github.com/switchyard-ai/switchyard/wire"
 )
 
-// lockedBuffer is a log destination safe for the broker's goroutines.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // The line that ends a migrated request names every agent it ran on, in
 // attempt order, not only the last.
 func TestLogEndNamesEveryAgent(t *testing.T) {
-	var logs lockedBuffer
+	var logs testwait.Buffer
 	r := newRig(t, Config{StallTimeout: 5 * time.Second}, WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 	r.agent("first", subjects.PoolRegular, "", 1, func(a *fakeAgent, job *wire.Job, say func(*wire.Chunk)) {
 		say(&wire.Chunk{Kind: wire.Chunk_KIND_ACCEPTED})

@@ -9,30 +9,11 @@ import (
 	"net/http"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/switchyard-ai/switchyard/internal/testwait"
 )
-
-// lockedBuffer is an io.Writer a test reads while Run writes it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 var listening = regexp.MustCompile(`http=http://(\S+) `)
 
@@ -42,7 +23,7 @@ var listening = regexp.MustCompile(`http=http://(\S+) `)
 func TestRunDemo(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var stdout lockedBuffer
+	var stdout testwait.Buffer
 	done := make(chan error, 1)
 	go func() {
 		done <- Run(ctx, []string{"--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--nats-listen", "127.0.0.1:0", "--data-dir", t.TempDir(),

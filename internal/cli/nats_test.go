@@ -1,14 +1,12 @@
 package cli
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -20,28 +18,9 @@ import (
 	"github.com/switchyard-ai/switchyard/internal/testwait"
 )
 
-// lockedBuffer is a log sink the connection's callbacks write from their
-// own goroutine.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-func jsonLogger(t *testing.T) (*lockedBuffer, *NATSLink) {
+func jsonLogger(t *testing.T) (*testwait.Buffer, *NATSLink) {
 	t.Helper()
-	buf := &lockedBuffer{}
+	buf := &testwait.Buffer{}
 	log, err := Logger(buf, "json", "info")
 	if err != nil {
 		t.Fatal(err)

@@ -28,7 +28,7 @@ func TestEmbeddedShippedConfig(t *testing.T) {
 	}
 	dataDir := t.TempDir()
 	ctx, cancel := context.WithCancel(context.Background())
-	out, logs := &syncBuffer{}, &syncBuffer{}
+	out, logs := &testwait.Buffer{}, &testwait.Buffer{}
 	done := make(chan error, 1)
 	getenv := func(k string) string {
 		if k == "SWITCHYARD_NATS_PASSWORD" {

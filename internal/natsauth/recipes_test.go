@@ -2,7 +2,6 @@ package natsauth_test
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -222,7 +221,7 @@ func TestOperationsRecipes(t *testing.T) {
 			defer cancel()
 			cmd := exec.CommandContext(ctx, "sh", "-c", line)
 			cmd.Env = env
-			var out syncBuffer
+			var out testwait.Buffer
 			cmd.Stdout, cmd.Stderr = &out, &out
 			if err := cmd.Start(); err != nil {
 				t.Fatal(err)
@@ -281,7 +280,7 @@ type fixture struct {
 	natsURL  string
 	httpURL  string
 	requests []context.CancelFunc // the stream's, then the queued ones'
-	logs     *syncBuffer          // the broker's and the agent's logs
+	logs     *testwait.Buffer     // the broker's and the agent's logs
 }
 
 func startFixture(t *testing.T) *fixture {
@@ -304,7 +303,7 @@ func startFixture(t *testing.T) *fixture {
 	opts.ServerName = "switchyard-recipes"
 	opts.NoSigs = true
 	opts.NoLog = true
-	f := &fixture{srv: natstest.RunServer(t, opts), logs: &syncBuffer{}}
+	f := &fixture{srv: natstest.RunServer(t, opts), logs: &testwait.Buffer{}}
 	f.natsURL = f.srv.ClientURL()
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -331,7 +330,7 @@ func startFixture(t *testing.T) *fixture {
 			}
 		}()
 	}
-	brokerOut := &syncBuffer{}
+	brokerOut := &testwait.Buffer{}
 	run("broker", brokercmd.Run, passwords["SY_NATS_BROKER_PASSWORD"], brokerOut,
 		"--nats-url", f.natsURL, "--nats-user", "broker-1", "--id", "broker-1",
 		"--http", "127.0.0.1:0", "--grpc", "", "--heartbeat-interval", "500ms", "--slow-start", "0", "--log-level", "warn")
@@ -458,22 +457,4 @@ func (f *fixture) waitSubscribed(t *testing.T, subject string) {
 		}
 		return fmt.Errorf("no subscription to %s yet", subject)
 	})
-}
-
-// syncBuffer is a bytes.Buffer safe for a process's concurrent writers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
