@@ -109,24 +109,6 @@ type compose struct {
 	} `yaml:"configs"`
 }
 
-func repoRoot(t *testing.T) string {
-	t.Helper()
-	dir, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Fatal("no go.mod above the test")
-		}
-		dir = parent
-	}
-}
-
 const (
 	beginExample = "# BEGIN vllm example"
 	endExample   = "# END vllm example"
@@ -300,37 +282,6 @@ var (
 	flagsCache map[string]map[string]bool
 )
 
-type flagArg struct {
-	name  string
-	value string
-}
-
-// splitFlags lists the flags of a command line with their values: the text
-// after '=', or else the next argument when it is not a flag.
-func splitFlags(args []string) []flagArg {
-	var out []flagArg
-	for i, a := range args {
-		if !strings.HasPrefix(a, "-") || a == "-" {
-			continue
-		}
-		name, val, ok := strings.Cut(strings.TrimLeft(a, "-"), "=")
-		if !ok && i+1 < len(args) && !strings.HasPrefix(args[i+1], "-") {
-			val = args[i+1]
-		}
-		out = append(out, flagArg{name, val})
-	}
-	return out
-}
-
-func flagValue(args []string, names ...string) (string, bool) {
-	for _, f := range splitFlags(args) {
-		if slices.Contains(names, f.name) {
-			return f.value, true
-		}
-	}
-	return "", false
-}
-
 // urlHosts returns the host and port of each URL in a comma-separated list.
 func urlHosts(t testing.TB, where, list string) [][2]string {
 	t.Helper()
@@ -439,9 +390,9 @@ func checkCompose(t testing.TB, root string, c compose, flags map[string]map[str
 				t.Errorf("%s: no flag list for %s", where, binary)
 				break
 			}
-			for _, f := range splitFlags(s.Command) {
-				if !known[f.name] {
-					t.Errorf("%s: %s has no flag --%s", where, binary, f.name)
+			for _, f := range cmdtest.SplitFlags(s.Command) {
+				if !known[f.Name] {
+					t.Errorf("%s: %s has no flag --%s", where, binary, f.Name)
 				}
 			}
 		case isNATS(s):
@@ -449,11 +400,11 @@ func checkCompose(t testing.TB, root string, c compose, flags map[string]map[str
 		}
 
 		// Every address that a command dials names a service here.
-		for _, f := range splitFlags(s.Command) {
-			switch f.name {
+		for _, f := range cmdtest.SplitFlags(s.Command) {
+			switch f.Name {
 			case "nats-url":
 				hosts := map[string]bool{}
-				for _, hp := range urlHosts(t, where+" --nats-url", f.value) {
+				for _, hp := range urlHosts(t, where+" --nats-url", f.Value) {
 					if !natsServices[hp[0]] {
 						t.Errorf("%s: --nats-url host %s is no NATS service", where, hp[0])
 					}
@@ -467,23 +418,23 @@ func checkCompose(t testing.TB, root string, c compose, flags map[string]map[str
 					t.Errorf("%s: --nats-url lists %v, want every node of %v", where, sortedNames(hosts), sortedNames(natsServices))
 				}
 			case "engine-url", "url":
-				for _, hp := range urlHosts(t, where+" --"+f.name, f.value) {
+				for _, hp := range urlHosts(t, where+" --"+f.Name, f.Value) {
 					if _, ok := c.Services[hp[0]]; !ok {
-						t.Errorf("%s: --%s host %s is no service", where, f.name, hp[0])
+						t.Errorf("%s: --%s host %s is no service", where, f.Name, hp[0])
 					}
 				}
 			case "bootstrap-host":
-				if _, ok := c.Services[f.value]; !ok || f.value != name {
-					t.Errorf("%s: --bootstrap-host %s: want the service's own name, which the decode side dials", where, f.value)
+				if _, ok := c.Services[f.Value]; !ok || f.Value != name {
+					t.Errorf("%s: --bootstrap-host %s: want the service's own name, which the decode side dials", where, f.Value)
 				}
 			}
 		}
 
 		if binary == "broker" {
-			if r, _ := flagValue(s.Command, "replicas"); r != fmt.Sprint(len(natsServices)) {
+			if r, _ := cmdtest.FlagValue(s.Command, "replicas"); r != fmt.Sprint(len(natsServices)) {
 				t.Errorf("%s: --replicas %q, want %d (one per NATS node)", where, r, len(natsServices))
 			}
-			if _, ok := flagValue(s.Command, "nats-url"); !ok {
+			if _, ok := cmdtest.FlagValue(s.Command, "nats-url"); !ok {
 				t.Errorf("%s: the broker must use the cluster (--nats-url), not an embedded server", where)
 			}
 		}
@@ -563,7 +514,7 @@ func checkNATS(t testing.TB, where, name string, s service, c compose, cluster m
 }
 
 func TestCompose(t *testing.T) {
-	root := repoRoot(t)
+	root := cmdtest.RepoRoot(t)
 	src, err := os.ReadFile(filepath.Join(root, "compose.yaml"))
 	if err != nil {
 		t.Fatal(err)
@@ -576,7 +527,7 @@ func TestCompose(t *testing.T) {
 		// The demo fleet has a regular pool and a PD pair.
 		roles := map[string]int{}
 		for _, s := range c.Services {
-			if r, ok := flagValue(s.Command, "role"); ok && s.Build != nil && s.Build.Target == "worker-agent" {
+			if r, ok := cmdtest.FlagValue(s.Command, "role"); ok && s.Build != nil && s.Build.Target == "worker-agent" {
 				roles[r]++
 			}
 		}
@@ -596,10 +547,10 @@ func TestCompose(t *testing.T) {
 		if !ok {
 			t.Fatalf("the example has no agent-vllm-1: %v", sortedNames(c.Services))
 		}
-		if e, _ := flagValue(a.Command, "engine"); e != "vllm" {
+		if e, _ := cmdtest.FlagValue(a.Command, "engine"); e != "vllm" {
 			t.Errorf("agent-vllm-1: --engine %q, want vllm", e)
 		}
-		if u, _ := flagValue(a.Command, "engine-url"); u != "http://vllm:8000" {
+		if u, _ := cmdtest.FlagValue(a.Command, "engine-url"); u != "http://vllm:8000" {
 			t.Errorf("agent-vllm-1: --engine-url %q, want http://vllm:8000", u)
 		}
 		if v := c.Services["vllm"]; len(v.Entrypoint) < 2 || v.Entrypoint[0] != "vllm" || v.Entrypoint[1] != "serve" {
@@ -611,7 +562,7 @@ func TestCompose(t *testing.T) {
 // TestChecksCatchMistakes makes sure the checks above fail on the mistakes
 // they exist for, so a green run means something.
 func TestChecksCatchMistakes(t *testing.T) {
-	root := repoRoot(t)
+	root := cmdtest.RepoRoot(t)
 	src, err := os.ReadFile(filepath.Join(root, "compose.yaml"))
 	if err != nil {
 		t.Fatal(err)
@@ -635,22 +586,12 @@ func TestChecksCatchMistakes(t *testing.T) {
 				t.Fatalf("compose.yaml no longer contains %q; update the test", tt.old)
 			}
 			broken := strings.Replace(string(src), tt.old, tt.repl, 1)
-			rec := &recorder{TB: t}
+			rec := &cmdtest.Recorder{TB: t}
 			checkCompose(rec, root, parse(t, broken), flags)
-			if len(rec.errs) == 0 {
+			if len(rec.Errs) == 0 {
 				t.Errorf("no check failed")
 			}
-			t.Logf("caught: %s", strings.Join(rec.errs, "; "))
+			t.Logf("caught: %s", strings.Join(rec.Errs, "; "))
 		})
 	}
-}
-
-// recorder collects the errors of a check instead of failing the test.
-type recorder struct {
-	testing.TB
-	errs []string
-}
-
-func (r *recorder) Errorf(format string, args ...any) {
-	r.errs = append(r.errs, fmt.Sprintf(format, args...))
 }

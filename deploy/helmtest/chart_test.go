@@ -15,6 +15,7 @@ import (
 
 	"github.com/switchyard-ai/switchyard/internal/agentcmd"
 	"github.com/switchyard-ai/switchyard/internal/brokercmd"
+	"github.com/switchyard-ai/switchyard/internal/cmdtest"
 	"github.com/switchyard-ai/switchyard/internal/natstest"
 	"github.com/switchyard-ai/switchyard/internal/testwait"
 )
@@ -77,7 +78,7 @@ func TestTemplate(t *testing.T) {
 			roles := map[string]bool{}
 			for _, w := range workloads(objs) {
 				if a, ok := agentOf(w); ok {
-					r, _ := flagValue(a.Args, "role")
+					r, _ := cmdtest.FlagValue(a.Args, "role")
 					roles[r] = true
 				}
 			}
@@ -274,24 +275,14 @@ func TestChecksCatchMistakes(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			objs := render(t, chart, files)
 			tt.break_(objs)
-			rec := &recorder{TB: t}
+			rec := &cmdtest.Recorder{TB: t}
 			checkObjects(rec, objs, flags, defaults)
-			if len(rec.errs) == 0 {
+			if len(rec.Errs) == 0 {
 				t.Errorf("no check failed")
 			}
-			t.Logf("caught: %s", strings.Join(rec.errs, "; "))
+			t.Logf("caught: %s", strings.Join(rec.Errs, "; "))
 		})
 	}
-}
-
-// recorder collects the errors of a check instead of failing the test.
-type recorder struct {
-	testing.TB
-	errs []string
-}
-
-func (r *recorder) Errorf(format string, args ...any) {
-	r.errs = append(r.errs, fmt.Sprintf(format, args...))
 }
 
 func brokerIn(objs []object) *corev1.Container {
@@ -309,7 +300,7 @@ func agentIn(objs []object, role string) *corev1.Container {
 	for _, w := range workloads(objs) {
 		for i := range w.spec.Containers {
 			c := &w.spec.Containers[i]
-			if r, _ := flagValue(c.Args, "role"); binaryOf(c.Image) == "worker-agent" && r == role {
+			if r, _ := cmdtest.FlagValue(c.Args, "role"); binaryOf(c.Image) == "worker-agent" && r == role {
 				return c
 			}
 		}
@@ -387,7 +378,7 @@ func TestProbesAreServed(t *testing.T) {
 
 	b := brokerIn(objs)
 	httpPort, grpcPort := natstest.FreePort(t), natstest.FreePort(t)
-	_, hp := hostPort(t, "broker --http", must(flagValue(b.Args, "http")))
+	_, hp := hostPort(t, "broker --http", must(cmdtest.FlagValue(b.Args, "http")))
 	run(t, "broker", b, brokercmd.Run, func(a []string) []string {
 		a = setFlag(a, "http", fmt.Sprintf("127.0.0.1:%d", httpPort))
 		a = setFlag(a, "grpc", fmt.Sprintf("127.0.0.1:%d", grpcPort))
@@ -402,7 +393,7 @@ func TestProbesAreServed(t *testing.T) {
 
 	a := agentIn(objs, "regular")
 	metricsPort := natstest.FreePort(t)
-	_, mp := hostPort(t, "agent --metrics-listen", must(flagValue(a.Args, "metrics-listen")))
+	_, mp := hostPort(t, "agent --metrics-listen", must(cmdtest.FlagValue(a.Args, "metrics-listen")))
 	run(t, "agent", a, agentcmd.Run, func(args []string) []string {
 		args = setFlag(args, "metrics-listen", fmt.Sprintf("127.0.0.1:%d", metricsPort))
 		return setFlag(args, "engine", "sim") // the in-process simulator stands in for vLLM

@@ -23,6 +23,7 @@ import (
 	"github.com/switchyard-ai/switchyard/broker"
 	"github.com/switchyard-ai/switchyard/internal/agentcmd"
 	"github.com/switchyard-ai/switchyard/internal/brokercmd"
+	"github.com/switchyard-ai/switchyard/internal/cmdtest"
 	"github.com/switchyard-ai/switchyard/subjects"
 )
 
@@ -66,34 +67,6 @@ func commandFlags(t *testing.T) map[string]map[string]bool {
 	}
 	flagsCache = flags
 	return flags
-}
-
-type flagArg struct{ name, value string }
-
-// splitFlags lists the flags of a command line with their values: the
-// text after '=', or else the next argument when it is not a flag.
-func splitFlags(args []string) []flagArg {
-	var out []flagArg
-	for i, a := range args {
-		if !strings.HasPrefix(a, "-") || a == "-" {
-			continue
-		}
-		name, val, ok := strings.Cut(strings.TrimLeft(a, "-"), "=")
-		if !ok && i+1 < len(args) && !strings.HasPrefix(args[i+1], "-") {
-			val = args[i+1]
-		}
-		out = append(out, flagArg{name, val})
-	}
-	return out
-}
-
-func flagValue(args []string, name string) (string, bool) {
-	for _, f := range splitFlags(args) {
-		if f.name == name {
-			return f.value, true
-		}
-	}
-	return "", false
 }
 
 // setFlag returns args with --name's value replaced (or the flag added).
@@ -320,12 +293,12 @@ func checkContainer(t testing.TB, where string, w workload, c corev1.Container, 
 		t.Errorf("%s: command %q overrides the image's entrypoint (%s)", where, c.Command, bin)
 	}
 	known := flags[bin]
-	for _, f := range splitFlags(c.Args) {
-		if !known[f.name] {
-			t.Errorf("%s: %s has no flag --%s", where, bin, f.name)
+	for _, f := range cmdtest.SplitFlags(c.Args) {
+		if !known[f.Name] {
+			t.Errorf("%s: %s has no flag --%s", where, bin, f.Name)
 		}
-		if secretName.MatchString(f.name) {
-			t.Errorf("%s: --%s on the command line: secrets come from Secrets through the environment", where, f.name)
+		if secretName.MatchString(f.Name) {
+			t.Errorf("%s: --%s on the command line: secrets come from Secrets through the environment", where, f.Name)
 		}
 	}
 	for _, e := range c.Env {
@@ -333,10 +306,10 @@ func checkContainer(t testing.TB, where string, w workload, c corev1.Container, 
 			t.Errorf("%s: env %s names no flag of %s", where, e.Name, bin)
 		}
 	}
-	if u, _ := flagValue(c.Args, "nats-url"); u != want.natsURL {
+	if u, _ := cmdtest.FlagValue(c.Args, "nats-url"); u != want.natsURL {
 		t.Errorf("%s: --nats-url %q, want the values' %q", where, u, want.natsURL)
 	}
-	user, ok := flagValue(c.Args, "nats-user")
+	user, ok := cmdtest.FlagValue(c.Args, "nats-user")
 	if !ok {
 		t.Errorf("%s: no --nats-user", where)
 	}
@@ -360,10 +333,10 @@ func checkBroker(t testing.TB, where string, w workload, c corev1.Container, wan
 	if w.replicas == nil || *w.replicas != want.brokers {
 		t.Errorf("%s: replicas %v, want %d", where, w.replicas, want.brokers)
 	}
-	if r, _ := flagValue(c.Args, "replicas"); r != want.jobsReplicas {
+	if r, _ := cmdtest.FlagValue(c.Args, "replicas"); r != want.jobsReplicas {
 		t.Errorf("%s: --replicas %q, want %s (one per NATS node)", where, r, want.jobsReplicas)
 	}
-	httpAddr, _ := flagValue(c.Args, "http")
+	httpAddr, _ := cmdtest.FlagValue(c.Args, "http")
 	host, httpPort := hostPort(t, where+" --http", httpAddr)
 	if host != "0.0.0.0" && host != "" {
 		t.Errorf("%s: --http %s: the kubelet and the Service reach the pod's address, not loopback", where, httpAddr)
@@ -373,8 +346,8 @@ func checkBroker(t testing.TB, where string, w workload, c corev1.Container, wan
 	if w.annotations["prometheus.io/port"] != fmt.Sprint(httpPort) || w.annotations["prometheus.io/path"] != "/metrics" {
 		t.Errorf("%s: scrape annotations %v, want /metrics on %d", where, w.annotations, httpPort)
 	}
-	delay, _ := flagValue(c.Args, "shutdown-delay")
-	grace, _ := flagValue(c.Args, "shutdown-grace")
+	delay, _ := cmdtest.FlagValue(c.Args, "shutdown-delay")
+	grace, _ := cmdtest.FlagValue(c.Args, "shutdown-grace")
 	d, g := seconds(t, where, delay), seconds(t, where, grace)
 	if k := podGrace(w); k <= d+g {
 		t.Errorf("%s: terminationGracePeriodSeconds %v does not exceed --shutdown-delay %v + --shutdown-grace %v", where, k, d, g)
@@ -411,7 +384,7 @@ func checkProbe(t testing.TB, where string, c corev1.Container, p *corev1.Probe,
 
 func checkAgent(t testing.TB, where string, w workload, c corev1.Container) {
 	t.Helper()
-	metrics, _ := flagValue(c.Args, "metrics-listen")
+	metrics, _ := cmdtest.FlagValue(c.Args, "metrics-listen")
 	host, mport := hostPort(t, where+" --metrics-listen", metrics)
 	if host != "0.0.0.0" && host != "" {
 		t.Errorf("%s: --metrics-listen %s: the kubelet probes the pod's address, not loopback", where, metrics)
@@ -422,8 +395,8 @@ func checkAgent(t testing.TB, where string, w workload, c corev1.Container) {
 	}
 
 	// The engine: on localhost, a container of the same pod.
-	engineURL, _ := flagValue(c.Args, "engine-url")
-	eng, _ := flagValue(c.Args, "engine")
+	engineURL, _ := cmdtest.FlagValue(c.Args, "engine-url")
+	eng, _ := cmdtest.FlagValue(c.Args, "engine")
 	if eng != "vllm-grpc" {
 		u, err := url.Parse(engineURL)
 		if err != nil || u.Host == "" {
@@ -454,7 +427,7 @@ func checkAgent(t testing.TB, where string, w workload, c corev1.Container) {
 
 	// Shutdown: the agent drains, the engine keeps serving meanwhile, and
 	// the pod's grace covers both.
-	drain := seconds(t, where, must(flagValue(c.Args, "drain-timeout")))
+	drain := seconds(t, where, must(cmdtest.FlagValue(c.Args, "drain-timeout")))
 	if drain <= 0 {
 		t.Errorf("%s: --drain-timeout %v: an agent without one may outlive the grace period", where, drain)
 	}
@@ -476,9 +449,9 @@ func checkAgent(t testing.TB, where string, w workload, c corev1.Container) {
 
 	// SGLang prefill: decode engines dial the bootstrap server at the
 	// pod's address.
-	role, _ := flagValue(c.Args, "role")
+	role, _ := cmdtest.FlagValue(c.Args, "role")
 	if role == "prefill" && eng == "sglang" {
-		bh, _ := flagValue(c.Args, "bootstrap-host")
+		bh, _ := cmdtest.FlagValue(c.Args, "bootstrap-host")
 		ok := false
 		if name, isVar := strings.CutPrefix(bh, "$("); isVar {
 			name = strings.TrimSuffix(name, ")")
@@ -491,7 +464,7 @@ func checkAgent(t testing.TB, where string, w workload, c corev1.Container) {
 		if !ok {
 			t.Errorf("%s: --bootstrap-host %q: want the pod IP (an env var from status.podIP)", where, bh)
 		}
-		bp, _ := flagValue(c.Args, "bootstrap-port")
+		bp, _ := cmdtest.FlagValue(c.Args, "bootstrap-port")
 		declared := false
 		for _, cp := range engine.Ports {
 			if fmt.Sprint(cp.ContainerPort) == bp {
@@ -501,7 +474,7 @@ func checkAgent(t testing.TB, where string, w workload, c corev1.Container) {
 		if !declared {
 			t.Errorf("%s: --bootstrap-port %s is no port of the engine container", where, bp)
 		}
-		if v, _ := flagValue(append(slices.Clone(engine.Command), engine.Args...), "disaggregation-bootstrap-port"); v != bp {
+		if v, _ := cmdtest.FlagValue(append(slices.Clone(engine.Command), engine.Args...), "disaggregation-bootstrap-port"); v != bp {
 			t.Errorf("%s: engine --disaggregation-bootstrap-port %q, agent --bootstrap-port %s", where, v, bp)
 		}
 	}
@@ -537,16 +510,16 @@ func checkScaledObject(t testing.TB, where string, so *ScaledObject, byName map[
 		t.Errorf("%s: %s has no agent", where, w.name)
 		return
 	}
-	model, _ := flagValue(a.Args, "model")
-	role, _ := flagValue(a.Args, "role")
+	model, _ := cmdtest.FlagValue(a.Args, "model")
+	role, _ := cmdtest.FlagValue(a.Args, "role")
 	consumer, err := subjects.ConsumerName(model, role)
 	if role != subjects.PoolRegular {
-		eng, _ := flagValue(a.Args, "engine")
+		eng, _ := cmdtest.FlagValue(a.Args, "engine")
 		proto := eng
 		if eng == "vllm-grpc" {
 			proto = "vllm"
 		}
-		labels, _ := flagValue(a.Args, "pd-labels")
+		labels, _ := cmdtest.FlagValue(a.Args, "pd-labels")
 		var canon string
 		canon, err = subjects.CanonicalLabels(labels)
 		if err == nil {

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/switchyard-ai/switchyard/internal/cmdtest"
 )
 
 // helmVersion is the helm release the tests build from the Go module proxy.
@@ -94,26 +96,8 @@ func helm(t *testing.T, args ...string) (string, error) {
 	return stdout.String(), nil
 }
 
-func repoRoot(t *testing.T) string {
-	t.Helper()
-	dir, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Fatal("no go.mod above the test")
-		}
-		dir = parent
-	}
-}
-
 func chartDir(t *testing.T) string {
-	return filepath.Join(repoRoot(t), "deploy", "helm", "switchyard")
+	return filepath.Join(cmdtest.RepoRoot(t), "deploy", "helm", "switchyard")
 }
 
 // render runs helm template on chart with the values files and --set

@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/switchyard-ai/switchyard/internal/brokercmd"
+	"github.com/switchyard-ai/switchyard/internal/cmdtest"
 )
 
 // natsChartValues is the part of the NATS chart's values that
@@ -60,7 +61,7 @@ var literal = regexp.MustCompile(`"<< *(\$[A-Z0-9_]+) *>>"`)
 // user. Every password is a variable that the chart's container reads from
 // the Secret the Switchyard chart reads too.
 func TestNATSValues(t *testing.T) {
-	root := repoRoot(t)
+	root := cmdtest.RepoRoot(t)
 	raw, err := os.ReadFile(filepath.Join(root, "deploy", "helm", "nats-values.yaml"))
 	if err != nil {
 		t.Fatal(err)
