@@ -1124,7 +1124,12 @@ func (a *Agent) publishHeartbeat(ctx context.Context) {
 		}
 		cancel()
 	}
-	hb := a.Heartbeat()
+	a.sendHeartbeat(a.Heartbeat(), "heartbeat publish failed")
+}
+
+// sendHeartbeat publishes hb, logging failed as the message should the
+// publish fail.
+func (a *Agent) sendHeartbeat(hb *wire.Heartbeat, failed string) {
 	data, err := wire.MarshalHeartbeat(hb)
 	if err != nil {
 		a.log.Error("heartbeat encode", "err", err)
@@ -1132,7 +1137,7 @@ func (a *Agent) publishHeartbeat(ctx context.Context) {
 	}
 	if err := a.nc.Publish(a.hbSubj, data); err != nil {
 		a.metrics.hbErrors.Inc()
-		a.log.Warn("heartbeat publish failed", "err", err)
+		a.log.Warn(failed, "err", err)
 	}
 }
 

@@ -8,13 +8,5 @@ import "github.com/switchyard-ai/switchyard/wire"
 func (a *Agent) publishGoodbye() {
 	hb := a.Heartbeat()
 	hb.State, hb.StateReason, hb.PullLimit = wire.StateStopped, "stopped", 0
-	data, err := wire.MarshalHeartbeat(hb)
-	if err != nil {
-		a.log.Error("heartbeat encode", "err", err)
-		return
-	}
-	if err := a.nc.Publish(a.hbSubj, data); err != nil {
-		a.metrics.hbErrors.Inc()
-		a.log.Warn("last heartbeat publish failed", "err", err)
-	}
+	a.sendHeartbeat(hb, "last heartbeat publish failed")
 }
