@@ -59,9 +59,7 @@ func writeCDF(path, title string, ss []series, logX bool) error {
 	yf := func(p float64) float64 { return top + ph*(1-p) }
 
 	var b strings.Builder
-	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="12">`+"\n", w, h, w, h)
-	fmt.Fprintf(&b, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
-	fmt.Fprintf(&b, `<text x="%d" y="22" font-size="15" font-weight="bold">%s</text>`+"\n", left, html.EscapeString(title))
+	svgStart(&b, w, h, left, title)
 	for _, t := range ticks {
 		x := xf(t)
 		fmt.Fprintf(&b, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#ddd"/>`+"\n", x, top, x, h-bottom)
@@ -92,15 +90,9 @@ func writeCDF(path, title string, ss []series, logX bool) error {
 		}
 		fmt.Fprintf(&pts, "%.1f,%.1f", xf(s.values[n-1]), yf(1))
 		fmt.Fprintf(&b, `<polyline fill="none" stroke="%s" stroke-width="2" points="%s"/>`+"\n", color, pts.String())
-		ly := top + 14 + 20*i
-		fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="%s" stroke-width="3"/>`+"\n", w-right+12, ly, w-right+32, ly, color)
-		fmt.Fprintf(&b, `<text x="%d" y="%d" dominant-baseline="middle">%s</text>`+"\n", w-right+38, ly, html.EscapeString(s.name))
+		legend(&b, w-right, top+14+20*i, color, s.name)
 	}
-	b.WriteString("</svg>\n")
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return err
-	}
-	return os.WriteFile(path, []byte(b.String()), 0o644)
+	return svgEnd(path, &b)
 }
 
 func niceStep(raw float64) float64 {
@@ -171,9 +163,7 @@ func (c lineChart) write(path string, cs []curve) error {
 	xf := func(v float64) float64 { return left + pw*v/xHi }
 	yf := func(v float64) float64 { return top + ph*(1-v/yHi) }
 	var b strings.Builder
-	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="12">`+"\n", w, h, w, h)
-	fmt.Fprintf(&b, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
-	fmt.Fprintf(&b, `<text x="%d" y="22" font-size="15" font-weight="bold">%s</text>`+"\n", left, html.EscapeString(c.title))
+	svgStart(&b, w, h, left, c.title)
 	tick := func(v float64, label string) {
 		x := xf(v)
 		fmt.Fprintf(&b, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#ddd"/>`+"\n", x, top, x, h-bottom)
@@ -208,10 +198,26 @@ func (c lineChart) write(path string, cs []curve) error {
 			fmt.Fprintf(&b, `<circle cx="%.1f" cy="%.1f" r="3.5" fill="%s"/>`+"\n", xf(cv.x[j]), yf(cv.y[j]), color)
 		}
 		fmt.Fprintf(&b, `<polyline fill="none" stroke="%s" stroke-width="2" points="%s"/>`+"\n", color, strings.TrimSpace(pts.String()))
-		ly := top + 14 + 20*i
-		fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="%s" stroke-width="3"/>`+"\n", w-right+12, ly, w-right+32, ly, color)
-		fmt.Fprintf(&b, `<text x="%d" y="%d" dominant-baseline="middle">%s</text>`+"\n", w-right+38, ly, html.EscapeString(cv.name))
+		legend(&b, w-right, top+14+20*i, color, cv.name)
 	}
+	return svgEnd(path, &b)
+}
+
+// svgStart opens a w×h chart on a white ground with its title.
+func svgStart(b *strings.Builder, w, h, left int, title string) {
+	fmt.Fprintf(b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="12">`+"\n", w, h, w, h)
+	fmt.Fprintf(b, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
+	fmt.Fprintf(b, `<text x="%d" y="22" font-size="15" font-weight="bold">%s</text>`+"\n", left, html.EscapeString(title))
+}
+
+// legend draws one series' key at the right of the plot area (x), at y.
+func legend(b *strings.Builder, x, y int, color, name string) {
+	fmt.Fprintf(b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="%s" stroke-width="3"/>`+"\n", x+12, y, x+32, y, color)
+	fmt.Fprintf(b, `<text x="%d" y="%d" dominant-baseline="middle">%s</text>`+"\n", x+38, y, html.EscapeString(name))
+}
+
+// svgEnd closes the chart and writes it to path, making its directory.
+func svgEnd(path string, b *strings.Builder) error {
 	b.WriteString("</svg>\n")
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return err
