@@ -302,6 +302,7 @@ func sloLearned(base string) error {
 					Samples int     `json:"samples"`
 					Rate    float64 `json:"prefill_tokens_per_second"`
 					ITL     float64 `json:"itl_seconds"`
+					Output  float64 `json:"output_tokens"`
 				} `json:"learned"`
 			} `json:"pools"`
 		} `json:"models"`
@@ -319,6 +320,9 @@ func sloLearned(base string) error {
 		case l == nil || l.Samples == 0:
 		case p.Pool == "decode":
 			have[p.Pool] = l.ITL > 0
+		case p.Pool == "regular":
+			// slo also needs how long the regular pool's answers are.
+			have[p.Pool] = l.Rate > 0 && l.Output > 0
 		default:
 			have[p.Pool] = l.Rate > 0
 		}
