@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -11,7 +12,9 @@ import (
 	"strings"
 	"testing"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/switchyard-ai/switchyard/internal/agentcmd"
 	"github.com/switchyard-ai/switchyard/internal/brokercmd"
@@ -106,15 +109,15 @@ func TestValuesReachTheObjects(t *testing.T) {
 		"agent.image.tag=9.9.8",
 		"nats.url=nats://n1:4222\\,nats://n2:4222",
 		"nats.credentialsSecret=other-secret",
-		"nats.monitoringEndpoint=n1:8222",
+		"keda.brokerNamespace=fleet",
 		"broker.replicas=5",
 		"broker.metrics.serviceMonitor.enabled=true",
-		"agent.volumeMounts[0].name=hf-cache",
+		"agent.volumeMounts[0].name=cache",
 		"agent.volumeMounts[0].mountPath=/etc/nats-ca",
 		"agent.volumeMounts[0].readOnly=true",
 	)
 	want := defaults
-	want.natsURL, want.secret, want.brokers, want.monitoringURL = "nats://n1:4222,nats://n2:4222", "other-secret", 5, "n1:8222"
+	want.natsURL, want.secret, want.brokers, want.namespace = "nats://n1:4222,nats://n2:4222", "other-secret", 5, "fleet"
 	checkObjects(t, objs, commandFlags(t), want)
 	images := map[string]string{}
 	monitors := 0
@@ -193,6 +196,27 @@ func TestChartRefusesBadValues(t *testing.T) {
 		{"unknown engine adapter", []string{"pools[0].engine=trtllm"}, "engine"},
 		{"NATS URL without a scheme", []string{"nats.url=nats:4222"}, "url"},
 		{"no credentials Secret", []string{"nats.credentialsSecret="}, "credentialsSecret"},
+		// Typos fail: every object of values that is ours is closed.
+		{"misspelled top-level key", []string{"brokr.replicas=3"}, "brokr"},
+		{"misspelled broker field", []string{"broker.replicsa=3"}, "replicsa"},
+		{"misspelled Service field", []string{"broker.service.tpye=LoadBalancer"}, "tpye"},
+		{"misspelled ServiceMonitor field", []string{"broker.metrics.serviceMonitor.enabeld=true"}, "enabeld"},
+		{"misspelled KEDA field", []string{"pools[0].keda.maxReplica=3"}, "maxReplica"},
+		{"misspelled chart KEDA field", []string{"keda.cooldown=0"}, "cooldown"},
+		{"misspelled Go runtime field", []string{"goRuntime.gomemlimit=1"}, "gomemlimit"},
+		{"unknown kind", []string{"pools[0].kind=DaemonSet"}, "kind"},
+		// Names cannot collide.
+		{"pool named broker", []string{"pools[0].name=broker"}, "broker"},
+		{"two pools of one name", []string{"pools[1].name=llama", "pools[1].model=m", "pools[1].enginePort=8000", "pools[1].containers[0].name=e", "pools[1].containers[0].image=e"}, "llama"},
+		{"pools whose names meet after truncation", []string{
+			"pools[0].name=" + strings.Repeat("a", 50) + "-one",
+			"pools[1].name=" + strings.Repeat("a", 50) + "-two", "pools[1].model=m", "pools[1].enginePort=8000", "pools[1].containers[0].name=e", "pools[1].containers[0].image=e",
+		}, "would be named"},
+		// Timing and addresses.
+		{"shutdown delay within the probe's reaction", []string{"broker.shutdownDelaySeconds=5"}, "shutdownDelaySeconds"},
+		{"KEDA at a short name", []string{"keda.serverAddress=http://prometheus:9090"}, "fully qualified"},
+		{"KEDA without Prometheus", []string{"keda.serverAddress="}, "serverAddress"},
+		{"pod with containers of its own", []string{"pools[0].pod.containers[0].name=x"}, "pod.containers"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			args := []string{"template", "rel", chart, "--kube-version", kubeVersion, "-f", example}
@@ -256,10 +280,60 @@ func TestChecksCatchMistakes(t *testing.T) {
 			a := agentIn(objs, "prefill")
 			a.Args = setFlag(a.Args, "bootstrap-host", "127.0.0.1")
 		}},
-		{"KEDA on another pool's consumer", func(objs []object) {
+		{"KEDA on another pool's series", func(objs []object) {
+			scalerOf(objs, "prefill").Triggers[0].Metadata["query"] = strings.ReplaceAll(scalerOf(objs, "prefill").Triggers[0].Metadata["query"], `pool="prefill"`, `pool="decode"`)
+		}},
+		{"KEDA on another namespace's brokers", func(objs []object) {
+			scalerOf(objs, "decode").Triggers[0].Metadata["query"] = strings.ReplaceAll(scalerOf(objs, "decode").Triggers[0].Metadata["query"], `namespace="sy"`, `namespace="default"`)
+		}},
+		{"KEDA on a metric the broker lacks", func(objs []object) {
+			scalerOf(objs, "decode").Triggers[0].Metadata["query"] = strings.ReplaceAll(scalerOf(objs, "decode").Triggers[0].Metadata["query"], "switchyard_queue_depth", "switchyard_queue_len")
+		}},
+		{"KEDA at a short name", func(objs []object) {
+			scalerOf(objs, "decode").Triggers[0].Metadata["serverAddress"] = "http://prometheus:9090"
+		}},
+		{"KEDA wants more jobs per replica than slots", func(objs []object) {
+			scalerOf(objs, "prefill").Triggers[0].Metadata["threshold"] = "1000"
+		}},
+		{"KEDA on the NATS backlog", func(objs []object) { scalerOf(objs, "decode").Triggers[0].Type = "nats-jetstream" }},
+		{"readiness too slow for the shutdown delay", func(objs []object) { brokerIn(objs).ReadinessProbe.FailureThreshold = 5 }},
+		{"GOMEMLIMIT at the whole limit", func(objs []object) {
+			b := brokerIn(objs)
+			for i := range b.Env {
+				if r := b.Env[i].ValueFrom; r != nil && r.ResourceFieldRef != nil {
+					r.ResourceFieldRef.Divisor = resource.MustParse("1Mi")
+				}
+			}
+		}},
+		{"no GOMEMLIMIT", func(objs []object) {
+			a := agentIn(objs, "decode")
+			a.Env = slices.DeleteFunc(a.Env, func(e corev1.EnvVar) bool { return e.Name == "GOMEMLIMIT" })
+		}},
+		{"broker may escalate privileges", func(objs []object) {
+			yes := true
+			brokerIn(objs).SecurityContext.AllowPrivilegeEscalation = &yes
+		}},
+		{"agent keeps its capabilities", func(objs []object) { agentIn(objs, "prefill").SecurityContext.Capabilities = nil }},
+		{"engine as root", func(objs []object) {
+			for _, w := range workloads(objs) {
+				if _, ok := agentOf(w); ok {
+					root := int64(0)
+					w.spec.Containers[0].SecurityContext.RunAsUser = &root
+				}
+			}
+		}},
+		{"engine capability the pool did not declare", func(objs []object) {
+			for _, w := range workloads(objs) {
+				if _, ok := agentOf(w); ok {
+					c := w.spec.Containers[0].SecurityContext.Capabilities
+					c.Add = append(c.Add, "SYS_ADMIN")
+				}
+			}
+		}},
+		{"hostPath volume", func(objs []object) {
 			for _, o := range objs {
-				if so, ok := o.obj.(*ScaledObject); ok && strings.HasSuffix(so.Spec.ScaleTargetRef.Name, "prefill") {
-					so.Spec.Triggers[0].Metadata["consumer"] = strings.Replace(so.Spec.Triggers[0].Metadata["consumer"], "prefill", "decode", 1)
+				if d, ok := o.obj.(*appsv1.Deployment); ok && strings.HasSuffix(d.Name, "-broker") {
+					d.Spec.Template.Spec.Volumes = append(d.Spec.Template.Spec.Volumes, corev1.Volume{Name: "host", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/var/run"}}})
 				}
 			}
 		}},
@@ -283,6 +357,16 @@ func TestChecksCatchMistakes(t *testing.T) {
 			t.Logf("caught: %s", strings.Join(rec.Errs, "; "))
 		})
 	}
+}
+
+// scalerOf returns the spec of the ScaledObject of the pool of a role.
+func scalerOf(objs []object, role string) *ScaledObjectSpec {
+	for _, o := range objs {
+		if so, ok := o.obj.(*ScaledObject); ok && strings.HasSuffix(so.Spec.ScaleTargetRef.Name, role) {
+			return &so.Spec
+		}
+	}
+	panic("no ScaledObject for " + role)
 }
 
 func brokerIn(objs []object) *corev1.Container {
@@ -351,20 +435,8 @@ func TestProbesAreServed(t *testing.T) {
 		"broker.extraEnv[0].valueFrom.secretKeyRef.name=api-keys",
 		"broker.extraEnv[0].valueFrom.secretKeyRef.key=key")
 	s := natstest.RunJetStream(t)
-
-	run := func(t *testing.T, name string, c *corev1.Container, fn func(context.Context, []string, func(string) string, io.Writer, io.Writer) error, rewrite func([]string) []string) {
-		env := podEnv(*c)
-		args := rewrite(expand(c.Args, env))
-		args = setFlag(args, "nats-url", s.ClientURL())
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- fn(ctx, args, func(k string) string { return env[k] }, io.Discard, io.Discard) }()
-		t.Cleanup(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("%s: %v", name, err)
-			}
-		})
+	run := func(t *testing.T, name string, c *corev1.Container, fn command, rewrite func([]string) []string) {
+		runContainer(t, name, c, fn, s.ClientURL(), nil, rewrite)
 	}
 	// probeURL points a probe at the loopback port that stands in for the
 	// container port it names.
@@ -399,6 +471,31 @@ func TestProbesAreServed(t *testing.T) {
 		return setFlag(args, "engine", "sim") // the in-process simulator stands in for vLLM
 	})
 	testwait.Status(t, nil, probeURL(a, a.ReadinessProbe, map[int32]int{mp: metricsPort}), http.StatusOK)
+}
+
+// command is the run function of a Switchyard command.
+type command func(context.Context, []string, func(string) string, io.Writer, io.Writer) error
+
+// runContainer runs a Switchyard command in-process as the container c
+// would run it: its arguments with $(VAR) expanded, --nats-url set to
+// natsURL, then rewrite; its environment as podEnv gives it, with the
+// variables of env over it. The command stops at the test's cleanup, and
+// an error it returns fails the test.
+func runContainer(t *testing.T, name string, c *corev1.Container, fn command, natsURL string, env map[string]string, rewrite func([]string) []string) {
+	t.Helper()
+	e := podEnv(*c)
+	maps.Copy(e, env)
+	args := rewrite(expand(c.Args, e))
+	args = setFlag(args, "nats-url", natsURL)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- fn(ctx, args, func(k string) string { return e[k] }, io.Discard, io.Discard) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+	})
 }
 
 // copyDir copies the regular files under src to dst.
@@ -448,4 +545,91 @@ func TestOwnEngineChart(t *testing.T) {
 	if !found {
 		t.Error("the user's Deployment rel-engine has no agent")
 	}
+}
+
+// TestZeroRendersZero: a value of 0 is a value, not a missing one.
+func TestZeroRendersZero(t *testing.T) {
+	chart := chartDir(t)
+	example := filepath.Join(chart, "examples", "vllm-regular.yaml")
+	objs := render(t, chart, []string{example},
+		"pools[0].keda.enabled=false", "pools[0].replicas=0", "broker.replicas=0")
+	want := defaults
+	want.brokers = 0
+	checkObjects(t, objs, commandFlags(t), want)
+	for _, w := range workloads(objs) {
+		if w.replicas == nil || *w.replicas != 0 {
+			t.Errorf("%s %s: replicas %v, want 0", w.kind, w.name, w.replicas)
+		}
+	}
+
+	objs = render(t, chart, []string{example},
+		"keda.cooldownPeriod=0", "pools[0].keda.minReplicas=0", "pools[0].keda.activationThreshold=0")
+	checkObjects(t, objs, commandFlags(t), defaults)
+	so := scalerOf(objs, "llama")
+	if so.CooldownPeriod == nil || *so.CooldownPeriod != 0 || so.MinReplicaCount == nil || *so.MinReplicaCount != 0 {
+		t.Errorf("cooldownPeriod %v, minReplicaCount %v: want 0 and 0", so.CooldownPeriod, so.MinReplicaCount)
+	}
+	if a := so.Triggers[0].Metadata["activationThreshold"]; a != "0" {
+		t.Errorf("activationThreshold %q, want 0", a)
+	}
+	// A pool's own 0 wins over the chart's KEDA defaults too.
+	objs = render(t, chart, []string{example}, "pools[0].keda.cooldownPeriod=0")
+	if so := scalerOf(objs, "llama"); so.CooldownPeriod == nil || *so.CooldownPeriod != 0 {
+		t.Errorf("a pool's cooldownPeriod 0: %v", so.CooldownPeriod)
+	}
+}
+
+// TestMetricsListener: with broker.metricsPort the broker serves /metrics
+// on a listener of its own, which needs no API key, and Prometheus is
+// pointed at it through a Service apart from the API's.
+func TestMetricsListener(t *testing.T) {
+	if !commandFlags(t)["broker"]["metrics-listen"] {
+		t.Skip("the broker has no --metrics-listen: broker.metricsPort must stay 0")
+	}
+	chart := chartDir(t)
+	objs := render(t, chart, []string{filepath.Join(chart, "examples", "vllm-regular.yaml")},
+		"broker.metricsPort=9091", "broker.metrics.serviceMonitor.enabled=true",
+		"broker.extraEnv[0].name=SWITCHYARD_API_KEY",
+		"broker.extraEnv[0].valueFrom.secretKeyRef.name=api-keys",
+		"broker.extraEnv[0].valueFrom.secretKeyRef.key=key")
+	checkObjects(t, objs, commandFlags(t), defaults)
+	var metricsSvc *corev1.Service
+	var sm *ServiceMonitor
+	for _, o := range objs {
+		switch v := o.obj.(type) {
+		case *corev1.Service:
+			if strings.HasSuffix(v.Name, "-metrics") {
+				metricsSvc = v
+			}
+		case *ServiceMonitor:
+			sm = v
+		}
+	}
+	if metricsSvc == nil || len(metricsSvc.Spec.Ports) != 1 || metricsSvc.Spec.Ports[0].Port != 9091 || metricsSvc.Spec.Ports[0].Name != "metrics" {
+		t.Fatalf("metrics Service %+v: want port metrics 9091", metricsSvc)
+	}
+	if sm == nil || sm.Spec.Endpoints[0].Port != "metrics" {
+		t.Fatalf("ServiceMonitor %+v: want the metrics port", sm)
+	}
+	for k, v := range sm.Spec.Selector.MatchLabels {
+		if metricsSvc.Labels[k] != v {
+			t.Errorf("the ServiceMonitor selects %s=%s, which the metrics Service lacks", k, v)
+		}
+	}
+	if sm.Spec.Selector.MatchLabels["switchyard.ai/metrics"] != "true" {
+		t.Errorf("the ServiceMonitor selects %v, the API Service too", sm.Spec.Selector.MatchLabels)
+	}
+
+	s := natstest.RunJetStream(t)
+	b := brokerIn(objs)
+	httpPort, metricsPort := natstest.FreePort(t), natstest.FreePort(t)
+	runContainer(t, "broker", b, brokercmd.Run, s.ClientURL(), nil, func(a []string) []string {
+		a = setFlag(a, "http", fmt.Sprintf("127.0.0.1:%d", httpPort))
+		a = setFlag(a, "grpc", "")
+		a = setFlag(a, "metrics-listen", fmt.Sprintf("127.0.0.1:%d", metricsPort))
+		a = setFlag(a, "replicas", "1")
+		return setFlag(a, "shutdown-delay", "0s")
+	})
+	testwait.Status(t, nil, fmt.Sprintf("http://127.0.0.1:%d/metrics", metricsPort), http.StatusOK)
+	testwait.Status(t, nil, fmt.Sprintf("http://127.0.0.1:%d/metrics", httpPort), http.StatusUnauthorized)
 }

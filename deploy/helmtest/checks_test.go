@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
@@ -24,7 +25,6 @@ import (
 	"github.com/switchyard-ai/switchyard/internal/agentcmd"
 	"github.com/switchyard-ai/switchyard/internal/brokercmd"
 	"github.com/switchyard-ai/switchyard/internal/cmdtest"
-	"github.com/switchyard-ai/switchyard/subjects"
 )
 
 // agentPullWait bounds how long a draining agent's last pull request
@@ -130,22 +130,26 @@ func workloads(objs []object) []workload {
 
 // expect is what the values given to the chart ask of the rendering.
 type expect struct {
-	natsURL       string
-	secret        string
-	brokers       int32
-	jobsReplicas  string
-	account       string
-	monitoringURL string
+	natsURL      string
+	secret       string
+	brokers      int32
+	jobsReplicas string
+	// namespace is the release's: the brokers' series the scalers read.
+	namespace string
 }
 
 var defaults = expect{
-	natsURL:       "nats://nats:4222",
-	secret:        "switchyard-nats",
-	brokers:       2,
-	jobsReplicas:  "3",
-	account:       "SWITCHYARD",
-	monitoringURL: "nats-headless:8222",
+	natsURL:      "nats://nats:4222",
+	secret:       "switchyard-nats",
+	brokers:      2,
+	jobsReplicas: "3",
+	namespace:    "sy",
 }
+
+// endpointPropagation is what the shutdown delay allows, beyond the
+// readiness probe's time to see a SIGTERM, for the pod's endpoints to
+// leave every node's proxy and the ingresses.
+const endpointPropagation = 3 * time.Second
 
 // containerPort resolves a probe's port (a number or a port name) in c.
 func containerPort(c corev1.Container, p intstr.IntOrString) (int32, bool) {
@@ -195,6 +199,7 @@ func checkObjects(t testing.TB, objs []object, flags map[string]map[string]bool,
 	for _, w := range ws {
 		byName[w.kind+"/"+w.name] = w
 		where := w.kind + " " + w.name
+		checkPodSecurity(t, where, w)
 		for _, c := range w.spec.Containers {
 			checkContainer(t, where, w, c, flags, want)
 			switch binaryOf(c.Image) {
@@ -306,6 +311,7 @@ func checkContainer(t testing.TB, where string, w workload, c corev1.Container, 
 			t.Errorf("%s: env %s names no flag of %s", where, e.Name, bin)
 		}
 	}
+	checkGoRuntime(t, where, c)
 	if u, _ := cmdtest.FlagValue(c.Args, "nats-url"); u != want.natsURL {
 		t.Errorf("%s: --nats-url %q, want the values' %q", where, u, want.natsURL)
 	}
@@ -336,6 +342,11 @@ func checkBroker(t testing.TB, where string, w workload, c corev1.Container, wan
 	if r, _ := cmdtest.FlagValue(c.Args, "replicas"); r != want.jobsReplicas {
 		t.Errorf("%s: --replicas %q, want %s (one per NATS node)", where, r, want.jobsReplicas)
 	}
+	// The NATS of nats-values.yaml keeps streams on its volumes and has no
+	// memory store: a memory stream cannot be placed there.
+	if st, _ := cmdtest.FlagValue(c.Args, "jobs-storage"); st != "file" {
+		t.Errorf("%s: --jobs-storage %q, want file (the NATS servers of nats-values.yaml have no memory store)", where, st)
+	}
 	httpAddr, _ := cmdtest.FlagValue(c.Args, "http")
 	host, httpPort := hostPort(t, where+" --http", httpAddr)
 	if host != "0.0.0.0" && host != "" {
@@ -343,8 +354,20 @@ func checkBroker(t testing.TB, where string, w workload, c corev1.Container, wan
 	}
 	checkProbe(t, where+" readiness", c, c.ReadinessProbe, "/readyz", httpPort)
 	checkProbe(t, where+" liveness", c, c.LivenessProbe, "/healthz", httpPort)
-	if w.annotations["prometheus.io/port"] != fmt.Sprint(httpPort) || w.annotations["prometheus.io/path"] != "/metrics" {
-		t.Errorf("%s: scrape annotations %v, want /metrics on %d", where, w.annotations, httpPort)
+	// /metrics: on its own listener when there is one, else on the HTTP port.
+	scrape := httpPort
+	if m, ok := cmdtest.FlagValue(c.Args, "metrics-listen"); ok && m != "" {
+		h, p := hostPort(t, where+" --metrics-listen", m)
+		if h != "0.0.0.0" && h != "" {
+			t.Errorf("%s: --metrics-listen %s: Prometheus reaches the pod's address, not loopback", where, m)
+		}
+		if _, ok := containerPort(c, intstr.FromString("metrics")); !ok {
+			t.Errorf("%s: --metrics-listen %s but no container port named metrics", where, m)
+		}
+		scrape = p
+	}
+	if w.annotations["prometheus.io/port"] != fmt.Sprint(scrape) || w.annotations["prometheus.io/path"] != "/metrics" {
+		t.Errorf("%s: scrape annotations %v, want /metrics on %d", where, w.annotations, scrape)
 	}
 	delay, _ := cmdtest.FlagValue(c.Args, "shutdown-delay")
 	grace, _ := cmdtest.FlagValue(c.Args, "shutdown-grace")
@@ -352,9 +375,14 @@ func checkBroker(t testing.TB, where string, w workload, c corev1.Container, wan
 	if k := podGrace(w); k <= d+g {
 		t.Errorf("%s: terminationGracePeriodSeconds %v does not exceed --shutdown-delay %v + --shutdown-grace %v", where, k, d, g)
 	}
-	// The Service must stop sending requests within the shutdown delay.
-	if p := c.ReadinessProbe; p != nil && time.Duration(p.PeriodSeconds*max(p.FailureThreshold, 1))*time.Second > d {
-		t.Errorf("%s: readiness notices a SIGTERM after %ds x %d, beyond --shutdown-delay %v", where, p.PeriodSeconds, p.FailureThreshold, d)
+	// The Service must stop sending requests within the shutdown delay:
+	// the probe fails failureThreshold times, periodSeconds apart, each
+	// within its timeout, and then the endpoints propagate.
+	if p := c.ReadinessProbe; p != nil {
+		unready := time.Duration(max(p.PeriodSeconds, 1)*max(p.FailureThreshold, 1)+max(p.TimeoutSeconds, 1)) * time.Second
+		if d <= unready+endpointPropagation {
+			t.Errorf("%s: --shutdown-delay %v does not exceed the readiness probe's %v (%ds x %d + %ds timeout) plus %v for the endpoints", where, d, unready, p.PeriodSeconds, p.FailureThreshold, p.TimeoutSeconds, endpointPropagation)
+		}
 	}
 	if c.Resources.Requests.Cpu().IsZero() || c.Resources.Requests.Memory().IsZero() {
 		t.Errorf("%s: no CPU and memory requests", where)
@@ -492,8 +520,10 @@ func agentOf(w workload) (corev1.Container, bool) {
 	return corev1.Container{}, false
 }
 
-// checkScaledObject: the trigger reads the backlog of the durable
-// consumer that the target's agents pull from.
+// checkScaledObject: the trigger is KEDA's prometheus scaler at a fully
+// qualified address, on the brokers' series of the model and pool the
+// target's agents serve, in the release's namespace, with metrics the
+// broker has, one replica per at most the agent's slots.
 func checkScaledObject(t testing.TB, where string, so *ScaledObject, byName map[string]workload, want expect) {
 	t.Helper()
 	ref := so.Spec.ScaleTargetRef
@@ -510,39 +540,95 @@ func checkScaledObject(t testing.TB, where string, so *ScaledObject, byName map[
 		t.Errorf("%s: %s has no agent", where, w.name)
 		return
 	}
-	model, _ := cmdtest.FlagValue(a.Args, "model")
-	role, _ := cmdtest.FlagValue(a.Args, "role")
-	consumer, err := subjects.ConsumerName(model, role)
-	if role != subjects.PoolRegular {
-		eng, _ := cmdtest.FlagValue(a.Args, "engine")
-		proto := eng
-		if eng == "vllm-grpc" {
-			proto = "vllm"
-		}
-		labels, _ := cmdtest.FlagValue(a.Args, "pd-labels")
-		var canon string
-		canon, err = subjects.CanonicalLabels(labels)
-		if err == nil {
-			consumer, err = subjects.PDConsumerName(model, role, subjects.PairKey(proto, canon))
-		}
-	}
-	if err != nil {
-		t.Errorf("%s: consumer of %s: %v", where, w.name, err)
-		return
-	}
 	if len(so.Spec.Triggers) != 1 {
 		t.Errorf("%s: %d triggers, want 1", where, len(so.Spec.Triggers))
 		return
 	}
 	tr := so.Spec.Triggers[0]
 	m := tr.Metadata
-	if tr.Type != "nats-jetstream" || m["stream"] != broker.DefaultStream || m["consumer"] != consumer || m["account"] != want.account || m["natsServerMonitoringEndpoint"] != want.monitoringURL {
-		t.Errorf("%s: trigger %s %v, want nats-jetstream on stream %s consumer %s account %s at %s", where, tr.Type, m, broker.DefaultStream, consumer, want.account, want.monitoringURL)
+	if tr.Type != "prometheus" {
+		t.Errorf("%s: trigger %s, want prometheus", where, tr.Type)
 	}
-	if _, err := strconv.Atoi(m["lagThreshold"]); err != nil {
-		t.Errorf("%s: lagThreshold %q is no number", where, m["lagThreshold"])
+	if u, err := url.Parse(m["serverAddress"]); err != nil || (u.Scheme != "http" && u.Scheme != "https") || !strings.Contains(u.Hostname(), ".") {
+		t.Errorf("%s: serverAddress %q: want an http(s) URL with a fully qualified host (KEDA resolves from its own namespace)", where, m["serverAddress"])
+	}
+	model, _ := cmdtest.FlagValue(a.Args, "model")
+	role, _ := cmdtest.FlagValue(a.Args, "role")
+	q := m["query"]
+	sels := metricSelector.FindAllStringSubmatch(q, -1)
+	if len(sels) == 0 {
+		t.Errorf("%s: query %q reads no switchyard series", where, q)
+	}
+	known := brokerMetricNames(t)
+	for _, sel := range sels {
+		name, labels := sel[1], sel[2]
+		if !known[name] {
+			t.Errorf("%s: query reads %s, which the broker does not export", where, name)
+		}
+		for _, l := range []string{`model="` + model + `"`, `pool="` + role + `"`, `namespace="` + want.namespace + `"`} {
+			if !strings.Contains(labels, l) {
+				t.Errorf("%s: %s{%s}: want %s (the target's agents and the release's brokers)", where, name, labels, l)
+			}
+		}
+	}
+	slots, err := strconv.Atoi(must(cmdtest.FlagValue(a.Args, "slots")))
+	if err != nil {
+		t.Errorf("%s: agent --slots: %v", where, err)
+	}
+	if th, err := strconv.Atoi(m["threshold"]); err != nil || th < 1 || th > slots {
+		t.Errorf("%s: threshold %q: want a number of jobs per replica from 1 to the agent's %d slots", where, m["threshold"], slots)
+	}
+	if at, err := strconv.Atoi(m["activationThreshold"]); err != nil || at < 0 {
+		t.Errorf("%s: activationThreshold %q is no count", where, m["activationThreshold"])
 	}
 	if so.Spec.MaxReplicaCount == nil || so.Spec.MinReplicaCount == nil || *so.Spec.MaxReplicaCount < *so.Spec.MinReplicaCount {
 		t.Errorf("%s: replicas %v..%v", where, so.Spec.MinReplicaCount, so.Spec.MaxReplicaCount)
 	}
 }
+
+// metricSelector finds name{labels} of the Switchyard series in PromQL.
+var metricSelector = regexp.MustCompile(`\b(switchyard_[a-z_]+)\{([^}]*)\}`)
+
+// scalerMetricsAwaited are series the scaler's default query reads that
+// the broker does not export yet: requests held waiting for capacity, per
+// broker. A pool at zero replicas wakes only on them.
+var scalerMetricsAwaited = []string{"switchyard_capacity_waiting"}
+
+// brokerMetricNames are the names of the broker's own metrics, from the
+// descriptions of its collectors.
+func brokerMetricNames(t testing.TB) map[string]bool {
+	t.Helper()
+	var rec describer
+	if err := broker.NewMetrics().Register(&rec); err != nil {
+		t.Fatal(err)
+	}
+	rec.cs = append(rec.cs, (&broker.Broker{}).Collector())
+	names := map[string]bool{}
+	fq := regexp.MustCompile(`fqName: "([^"]+)"`)
+	for _, c := range rec.cs {
+		ch := make(chan *prometheus.Desc, 64)
+		go func() { c.Describe(ch); close(ch) }()
+		for d := range ch {
+			if m := fq.FindStringSubmatch(d.String()); m != nil {
+				names[m[1]] = true
+			}
+		}
+	}
+	if len(names) < 10 {
+		t.Fatalf("the broker describes %d metrics", len(names))
+	}
+	for _, n := range scalerMetricsAwaited {
+		if names[n] {
+			t.Logf("the broker exports %s now: drop it from scalerMetricsAwaited", n)
+		}
+		names[n] = true
+	}
+	return names
+}
+
+// describer is a prometheus.Registerer that keeps what is registered.
+type describer struct{ cs []prometheus.Collector }
+
+func (d *describer) Register(c prometheus.Collector) error   { d.cs = append(d.cs, c); return nil }
+func (d *describer) MustRegister(cs ...prometheus.Collector) { d.cs = append(d.cs, cs...) }
+func (d *describer) Unregister(prometheus.Collector) bool    { return false }

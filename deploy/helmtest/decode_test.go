@@ -56,21 +56,24 @@ type ScaledObject struct {
 		Namespace string            `json:"namespace,omitempty"`
 		Labels    map[string]string `json:"labels,omitempty"`
 	} `json:"metadata"`
-	Spec struct {
-		ScaleTargetRef struct {
-			APIVersion string `json:"apiVersion"`
-			Kind       string `json:"kind"`
-			Name       string `json:"name"`
-		} `json:"scaleTargetRef"`
-		MinReplicaCount *int32 `json:"minReplicaCount,omitempty"`
-		MaxReplicaCount *int32 `json:"maxReplicaCount,omitempty"`
-		PollingInterval *int32 `json:"pollingInterval,omitempty"`
-		CooldownPeriod  *int32 `json:"cooldownPeriod,omitempty"`
-		Triggers        []struct {
-			Type     string            `json:"type"`
-			Metadata map[string]string `json:"metadata"`
-		} `json:"triggers"`
-	} `json:"spec"`
+	Spec ScaledObjectSpec `json:"spec"`
+}
+
+// ScaledObjectSpec is the spec of a ScaledObject.
+type ScaledObjectSpec struct {
+	ScaleTargetRef struct {
+		APIVersion string `json:"apiVersion"`
+		Kind       string `json:"kind"`
+		Name       string `json:"name"`
+	} `json:"scaleTargetRef"`
+	MinReplicaCount *int32 `json:"minReplicaCount,omitempty"`
+	MaxReplicaCount *int32 `json:"maxReplicaCount,omitempty"`
+	PollingInterval *int32 `json:"pollingInterval,omitempty"`
+	CooldownPeriod  *int32 `json:"cooldownPeriod,omitempty"`
+	Triggers        []struct {
+		Type     string            `json:"type"`
+		Metadata map[string]string `json:"metadata"`
+	} `json:"triggers"`
 }
 
 // newTyped returns the Go type an apiVersion and kind decode into.
@@ -84,6 +87,12 @@ func newTyped(apiVersion, kind string) (any, error) {
 		return &corev1.Service{}, nil
 	case "v1 ConfigMap":
 		return &corev1.ConfigMap{}, nil
+	case "v1 Secret":
+		return &corev1.Secret{}, nil
+	case "v1 Pod":
+		return &corev1.Pod{}, nil
+	case "v1 ServiceAccount":
+		return &corev1.ServiceAccount{}, nil
 	case "policy/v1 PodDisruptionBudget":
 		return &policyv1.PodDisruptionBudget{}, nil
 	case "monitoring.coreos.com/v1 ServiceMonitor":

@@ -6,8 +6,13 @@
 // Kubernetes API type. Then it checks what a cluster would only show at
 // run time: every command line against the real commands' flags, the
 // probes against the paths the broker and agent serve (by running them
-// with the rendered arguments), grace periods against drain timeouts,
-// the agent's engine on localhost, NATS passwords from Secrets only,
-// images from values, the KEDA consumers against the names the agents
-// create, and the NATS chart's values against deploy/nats/server.conf.
+// with the rendered arguments), grace periods against drain timeouts and
+// the readiness probe against the shutdown delay, Pod Security
+// "restricted" on every pod, GOMEMLIMIT against the memory limits, the
+// agent's engine on localhost, NATS passwords from Secrets only, images
+// from values, the KEDA queries against the broker's metrics and the
+// target pools' agents, and the official NATS chart rendered with
+// deploy/helm/nats-values.yaml: its configuration against
+// deploy/nats/server.conf, loaded into nats-server with bcrypt hashes,
+// reloaded, and serving the broker and agents the chart renders.
 package helmtest

@@ -30,6 +30,25 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
 {{/*
+switchyard.overlay: the keys of a list of dicts, a later dict's winning,
+as JSON; a null value or a missing dict sets nothing. Unlike merge, a
+value of 0, false or "" counts as set.
+*/}}
+{{- define "switchyard.overlay" -}}
+{{- $out := dict -}}
+{{- range $d := . -}}
+{{- if kindIs "map" $d -}}
+{{- range $k, $v := $d -}}
+{{- if not (kindIs "invalid" $v) -}}
+{{- $_ := set $out $k $v -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $out -}}
+{{- end -}}
+
+{{/*
 switchyard.image renders an image reference from a component's image
 values and the chart's shared ones: (dict "values" .Values "image" .Values.broker.image).
 */}}
@@ -54,9 +73,19 @@ Argument: (dict "values" <switchyard values> "pool" <pool>).
 {{- define "switchyard.agent.timing" -}}
 {{- $a := .values.agent -}}
 {{- $p := .pool -}}
-{{- $drain := int (coalesce $p.drainSeconds $a.drainSeconds 25) -}}
-{{- $stop := int (coalesce $p.engineStopDelaySeconds $a.engineStopDelaySeconds (add $drain 5)) -}}
-{{- $grace := int (coalesce $p.terminationGracePeriodSeconds $a.terminationGracePeriodSeconds (add $stop 30)) -}}
+{{- /* A key that is set, even to 0, wins; only a missing or null one falls through. */ -}}
+{{- $drain := 25 -}}
+{{- if not (kindIs "invalid" $a.drainSeconds) }}{{ $drain = int $a.drainSeconds }}{{ end -}}
+{{- if not (kindIs "invalid" $p.drainSeconds) }}{{ $drain = int $p.drainSeconds }}{{ end -}}
+{{- $stop := add $drain 5 -}}
+{{- if not (kindIs "invalid" $a.engineStopDelaySeconds) }}{{ $stop = int $a.engineStopDelaySeconds }}{{ end -}}
+{{- if not (kindIs "invalid" $p.engineStopDelaySeconds) }}{{ $stop = int $p.engineStopDelaySeconds }}{{ end -}}
+{{- $grace := add $stop 30 -}}
+{{- if not (kindIs "invalid" $a.terminationGracePeriodSeconds) }}{{ $grace = int $a.terminationGracePeriodSeconds }}{{ end -}}
+{{- if not (kindIs "invalid" $p.terminationGracePeriodSeconds) }}{{ $grace = int $p.terminationGracePeriodSeconds }}{{ end -}}
+{{- if lt $drain 1 -}}
+{{- fail (printf "pool %s: drainSeconds (%d) must be at least 1: an agent without a drain timeout may outlive the grace period" $p.name $drain) -}}
+{{- end -}}
 {{- if le $stop $drain -}}
 {{- fail (printf "pool %s: engineStopDelaySeconds (%d) must exceed the agent's drainSeconds (%d): the engine must serve until its agent has drained" $p.name $stop $drain) -}}
 {{- end -}}
@@ -66,6 +95,37 @@ Argument: (dict "values" <switchyard values> "pool" <pool>).
 drain: {{ $drain }}
 engineStopDelay: {{ $stop }}
 grace: {{ $grace }}
+{{- end -}}
+
+{{/*
+switchyard.goEnv renders the Go runtime's environment of a Switchyard
+container: GOGC, and GOMEMLIMIT at goRuntime.memoryLimitPercent of the
+container's memory limit, read through the downward API. The API gives
+the limit divided by a divisor, rounded up: a divisor of 1 MiB scaled by
+100/percent gives the share in MiB, which GOMEMLIMIT takes with its unit.
+Argument: (dict "values" <this chart's values> "container" <container name>).
+*/}}
+{{- define "switchyard.goEnv" -}}
+{{- $g := .values.goRuntime -}}
+{{- if not (kindIs "invalid" $g.gogc) }}
+- name: GOGC
+  value: {{ $g.gogc | quote }}
+{{- end }}
+{{- if $g.memoryLimitPercent }}
+{{- $pct := int $g.memoryLimitPercent -}}
+{{- if or (lt $pct 1) (gt $pct 100) -}}
+{{- fail (printf "goRuntime.memoryLimitPercent (%d): want 1 to 100" $pct) -}}
+{{- end }}
+# GOMEMLIMIT_MIB: the memory limit x {{ $pct }}% in MiB.
+- name: GOMEMLIMIT_MIB
+  valueFrom:
+    resourceFieldRef:
+      containerName: {{ .container }}
+      resource: limits.memory
+      divisor: {{ div (mul 1048576 100) $pct | quote }}
+- name: GOMEMLIMIT
+  value: $(GOMEMLIMIT_MIB)MiB
+{{- end }}
 {{- end -}}
 
 {{/*
@@ -96,6 +156,11 @@ depends on this one, pass .Values.switchyard as values.
 {{- $engineURL = printf "127.0.0.1:%v" $port -}}
 {{- end -}}
 {{- $user := $p.natsUser | default (printf "agent-%s" $role) -}}
+{{- $slots := 8 -}}
+{{- if not (kindIs "invalid" $p.slots) }}{{ $slots = int $p.slots }}{{ end -}}
+{{- if lt $slots 1 -}}
+{{- fail (printf "pool %s: slots (%d) must be at least 1" $p.name $slots) -}}
+{{- end -}}
 - name: switchyard-agent
   image: {{ include "switchyard.image" (dict "values" $v "image" $a.image) | quote }}
   imagePullPolicy: {{ $v.image.pullPolicy }}
@@ -113,7 +178,7 @@ depends on this one, pass .Values.switchyard as values.
     - --role
     - {{ $role | quote }}
     - --slots
-    - {{ $p.slots | default 8 | quote }}
+    - {{ $slots | quote }}
     - --drain-timeout
     - {{ printf "%ds" (int $t.drain) | quote }}
     - --metrics-listen
@@ -147,6 +212,7 @@ depends on this one, pass .Values.switchyard as values.
         secretKeyRef:
           name: {{ required "nats.credentialsSecret is required" $v.nats.credentialsSecret | quote }}
           key: {{ $user | quote }}
+    {{- include "switchyard.goEnv" (dict "values" $v "container" "switchyard-agent") | trim | nindent 4 }}
   ports:
     - name: agent-metrics
       containerPort: {{ $a.metricsPort }}
