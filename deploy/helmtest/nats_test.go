@@ -1,12 +1,15 @@
 package helmtest
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -468,4 +471,179 @@ func TestNATSAcceptsTheCharts(t *testing.T) {
 	} else {
 		c.Close()
 	}
+}
+
+// natscliVersion is the NATS CLI whose contexts nats-values.yaml writes
+// (env:// passwords) and docs/operations.md's recipes name.
+const natscliVersion = "v0.5.0"
+
+// natsCLI returns the NATS CLI of natscliVersion, built once from the Go
+// module proxy into the user's cache, outside this module (where
+// internal/natsauth's recipe test builds it too).
+func natsCLI(t *testing.T) string {
+	t.Helper()
+	cache, err := os.UserCacheDir()
+	if err != nil {
+		cache = os.TempDir()
+	}
+	dir := filepath.Join(cache, "switchyard", "natscli-"+natscliVersion)
+	bin := filepath.Join(dir, "nats")
+	if _, err := os.Stat(bin); err == nil {
+		return bin
+	}
+	build := t.TempDir()
+	cmd := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "install", "github.com/nats-io/natscli/nats@"+natscliVersion)
+	cmd.Dir = build // no go.mod: the CLI's own module graph
+	cmd.Env = append(os.Environ(), "GOFLAGS=-mod=mod", "GOWORK=off", "GOBIN="+build)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build the NATS CLI %s: %v\n%s", natscliVersion, err, out)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// Rename is atomic: a concurrent run sees the whole binary or none.
+	if err := os.Rename(filepath.Join(build, "nats"), bin); err != nil {
+		t.Fatal(err)
+	}
+	return bin
+}
+
+// TestNATSBoxContexts runs the NATS CLI as the NATS chart's nats-box and
+// `helm test` pods would: their contexts as the chart writes them (the
+// server's URL moved to the test's), their environment from the Secret
+// (podEnv's stand-ins), against a server of the rendered configuration
+// with the brokers' stream. The test pod's script passes; the recipes of
+// docs/operations.md that need the system account pass with the box's
+// sys context, and a stream recipe with its observer context.
+func TestNATSBoxContexts(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the NATS CLI")
+	}
+	if _, err := exec.LookPath("sh"); err != nil {
+		t.Skip("no sh to run the test pod's script")
+	}
+	recipes := sysRecipes(t)
+	cli := natsCLI(t)
+	in := renderNATS(t)
+	srv, _ := startNATS(t, in)
+	chart := chartDir(t)
+	objs := render(t, chart, []string{filepath.Join(chart, "examples", "vllm-regular.yaml")})
+	httpPort := natstest.FreePort(t)
+	runContainer(t, "broker", brokerIn(objs), brokercmd.Run, srv.ClientURL(), nil, func(a []string) []string {
+		a = setFlag(a, "http", fmt.Sprintf("127.0.0.1:%d", httpPort))
+		a = setFlag(a, "grpc", "")
+		a = setFlag(a, "replicas", "1")
+		return setFlag(a, "shutdown-delay", "0s")
+	})
+	testwait.Status(t, nil, fmt.Sprintf("http://127.0.0.1:%d/readyz", httpPort), http.StatusOK)
+
+	// The contexts, as nats-box's entrypoint links them: the default one
+	// selected.
+	home := t.TempDir()
+	ctxDir := filepath.Join(home, ".config", "nats", "context")
+	if err := os.MkdirAll(ctxDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	var box *appsv1.Deployment
+	var test *corev1.Pod
+	for _, o := range in.objs {
+		switch v := o.obj.(type) {
+		case *appsv1.Deployment:
+			box = v
+		case *corev1.Pod:
+			test = v
+		case *corev1.Secret:
+			for k, d := range v.StringData {
+				if !strings.HasSuffix(k, ".json") {
+					continue
+				}
+				var c map[string]any
+				if err := json.Unmarshal([]byte(d), &c); err != nil {
+					t.Fatal(err)
+				}
+				c["url"] = srv.ClientURL()
+				b, _ := json.Marshal(c)
+				if err := os.WriteFile(filepath.Join(ctxDir, k), b, 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	if err := os.WriteFile(filepath.Join(home, ".config", "nats", "context.txt"), []byte("default"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if box == nil || test == nil {
+		t.Fatal("the NATS chart rendered no nats-box or no test pod")
+	}
+	env := func(c corev1.Container) []string {
+		out := []string{
+			"PATH=" + filepath.Dir(cli) + string(os.PathListSeparator) + os.Getenv("PATH"),
+			"HOME=" + home,
+			"XDG_CONFIG_HOME=" + filepath.Join(home, ".config"),
+		}
+		for k, v := range podEnv(c) {
+			out = append(out, k+"="+v)
+		}
+		return out
+	}
+	run := func(t *testing.T, c corev1.Container, args ...string) string {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, args[0], args[1:]...)
+		cmd.Env = env(c)
+		cmd.Dir = t.TempDir()
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("%q: %v\n%s", args, err, out)
+		}
+		t.Logf("$ %s\n%s", strings.Join(args, " "), out)
+		return string(out)
+	}
+
+	t.Run("helm test", func(t *testing.T) {
+		c := test.Spec.Containers[0]
+		if len(c.Args) != 3 || c.Args[0] != "sh" {
+			t.Fatalf("test pod args %q: want sh -ec SCRIPT", c.Args)
+		}
+		// The script's scratch file, in a directory of the test's own.
+		script := strings.ReplaceAll(c.Args[2], "/tmp/resp", filepath.Join(t.TempDir(), "resp"))
+		run(t, c, "sh", c.Args[1], script)
+	})
+	c := box.Spec.Template.Spec.Containers[0]
+	for _, r := range recipes {
+		t.Run(r, func(t *testing.T) {
+			out := run(t, c, "sh", "-c", strings.Replace(r, "--context sy-sys", "--context sys", 1))
+			if !strings.Contains(out, "nats-0") {
+				t.Errorf("%s: the server nats-0 is not in the output", r)
+			}
+		})
+	}
+	t.Run("observer", func(t *testing.T) {
+		out := run(t, c, cli, "--context", "observer", "stream", "info", "SWITCHYARD_JOBS")
+		if !strings.Contains(out, "Information for Stream SWITCHYARD_JOBS") {
+			t.Error("no stream information")
+		}
+	})
+}
+
+// sysRecipes are the NATS CLI recipes of docs/operations.md that use the
+// system account's context (sy-sys), without their comments.
+func sysRecipes(t *testing.T) []string {
+	t.Helper()
+	doc, err := os.ReadFile(filepath.Join(cmdtest.RepoRoot(t), "docs", "operations.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, line := range strings.Split(string(doc), "\n") {
+		if strings.HasPrefix(line, "nats --context sy-sys ") {
+			cmd, _, _ := strings.Cut(line, " #")
+			out = append(out, strings.TrimSpace(cmd))
+		}
+	}
+	if len(out) == 0 {
+		t.Fatal("docs/operations.md has no recipe with the system account's context sy-sys")
+	}
+	return out
 }
