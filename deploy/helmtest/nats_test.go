@@ -464,6 +464,26 @@ func TestNATSAcceptsTheCharts(t *testing.T) {
 		c.Close()
 		t.Error("observer with the old password: accepted after the reload")
 	}
+	// A hash of a user the configuration does not have is an error: the
+	// reload is refused and the server keeps what it had.
+	good, err := os.ReadFile(in.passwords)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(in.passwords, append(good, []byte(hashVar("nobody")+": \"$2a$04$x\"\n")...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := reload(); err == nil {
+		t.Error("a hashes file with a user nats.conf does not have: reloaded")
+	} else {
+		t.Logf("refused: %v", err)
+	}
+	if c, err := connect("observer", "rotated"); err != nil {
+		t.Errorf("observer after a refused reload: %v", err)
+	} else {
+		c.Close()
+	}
+
 	// The others' connections and passwords stand.
 	testwait.Status(t, nil, fmt.Sprintf("http://127.0.0.1:%d/readyz", httpPort), http.StatusOK)
 	if c, err := connect("agent-regular", "secret-agent-regular"); err != nil {
