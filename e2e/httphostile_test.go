@@ -406,3 +406,68 @@ func TestSlowClientStallsNoOther(t *testing.T) {
 		}
 	}
 }
+
+// TestUnreadAnswersCut: a client that pipelines requests and never reads
+// the answers is cut off once an answer has waited --write-timeout to be
+// written, instead of holding its connection (and the goroutine and
+// buffers behind it) for good.
+func TestUnreadAnswersCut(t *testing.T) {
+	b := cmdtest.StartBroker(t, "--write-timeout", "300ms")
+	c := dialBroker(t, b)
+	_ = c.(*net.TCPConn).SetReadBuffer(4096)
+	blob := strings.Repeat("GET /ui/fleet.js HTTP/1.1\r\nHost: x\r\n\r\n", 100)
+	at := time.Now()
+	_ = c.SetWriteDeadline(at.Add(60 * time.Second))
+	var err error
+	sent := 0
+	for err == nil {
+		var n int
+		n, err = io.WriteString(c, blob)
+		sent += n
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		t.Fatalf("connection still open after %s (%d bytes of requests sent)", time.Since(at), sent)
+	}
+	t.Logf("cut off after %s and %d bytes of requests: %v", time.Since(at).Round(time.Millisecond), sent, err)
+}
+
+// TestWriteTimeoutFromAnswerStart: the write timeout counts from when an
+// answer starts, not from the request: an answer the engine takes longer
+// than it to make is written whole, and a kept-alive connection idle for
+// longer than it still takes a request that waits for 100 Continue.
+func TestWriteTimeoutFromAnswerStart(t *testing.T) {
+	const writeTimeout = 200 * time.Millisecond
+	b := cmdtest.StartBroker(t, "--write-timeout", writeTimeout.String())
+	e := startEngine(t, simengine.Config{Model: model, TTFT: 5 * writeTimeout, ITL: time.Millisecond, Slots: 2})
+	startAgent(t, b.NATS, "a1", e, 2)
+	cmdtest.WaitEligible(t, b.HTTP, "a1")
+	c := dialBroker(t, b)
+	br := bufio.NewReader(c)
+	io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+	if resp, body, _ := readAnswer(t, br); resp.StatusCode != http.StatusOK {
+		t.Fatalf("healthz: %d %s", resp.StatusCode, body)
+	}
+	// The deadline /healthz's answer set has passed: a lower bound, not a
+	// wait for something to happen.
+	time.Sleep(2 * writeTimeout)
+	body := `{"model":"` + model + `","messages":[{"role":"user","content":"slow to start"}],"max_tokens":5}`
+	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nExpect: 100-continue\r\nContent-Length: %d\r\n\r\n", len(body))
+	line, err := br.ReadString('\n')
+	if err != nil || !strings.Contains(line, "100 Continue") {
+		t.Fatalf("want 100 Continue, got %q %v", line, err)
+	}
+	if _, err := br.ReadString('\n'); err != nil { // the blank line after it
+		t.Fatal(err)
+	}
+	io.WriteString(c, body)
+	resp, got, _ := readAnswer(t, br)
+	if want := expect(t, simengine.APIChat, body).Text; resp.StatusCode != http.StatusOK || answerText(t, got) != want {
+		t.Fatalf("answer slower than the write timeout: %d %q, want %q", resp.StatusCode, got, want)
+	}
+	// And a stream whose first token comes later than the write timeout.
+	text, _, err := timedStream(b.HTTP, "slow stream", 5, 0, 0)
+	if want := expect(t, simengine.APIChat, `{"messages":[{"role":"user","content":"slow stream"}],"max_tokens":5}`); err != nil || text != want.Text {
+		t.Fatalf("stream slower than the write timeout: %v %q, want %q", err, text, want.Text)
+	}
+}
