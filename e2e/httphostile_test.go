@@ -2,12 +2,15 @@ package e2e
 
 import (
 	"bufio"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"runtime/metrics"
 	"strings"
 	"testing"
@@ -469,5 +472,59 @@ func TestWriteTimeoutFromAnswerStart(t *testing.T) {
 	text, _, err := timedStream(b.HTTP, "slow stream", 5, 0, 0)
 	if want := expect(t, simengine.APIChat, `{"messages":[{"role":"user","content":"slow stream"}],"max_tokens":5}`); err != nil || text != want.Text {
 		t.Fatalf("stream slower than the write timeout: %v %q, want %q", err, text, want.Text)
+	}
+}
+
+// TestWriteTimeoutHTTP2: over HTTP/2 (TLS), where a write deadline ends
+// its stream when it passes, written to or not, an answer the engine takes
+// longer than the write timeout to start is still written whole.
+func TestWriteTimeoutHTTP2(t *testing.T) {
+	const writeTimeout = 200 * time.Millisecond
+	dir := t.TempDir()
+	certPEM, keyPEM := selfSigned(t)
+	certFile, keyFile := dir+"/cert.pem", dir+"/key.pem"
+	if err := os.WriteFile(certFile, certPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyFile, keyPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b := cmdtest.StartBroker(t, "--tls-cert", certFile, "--tls-key", keyFile, "--write-timeout", writeTimeout.String())
+	e := startEngine(t, simengine.Config{Model: model, TTFT: 5 * writeTimeout, ITL: time.Millisecond, Slots: 2})
+	startAgent(t, b.NATS, "a1", e, 2)
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(certPEM)
+	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{ForceAttemptHTTP2: true, TLSClientConfig: &tls.Config{RootCAs: pool, ServerName: "127.0.0.1"}}}
+	defer client.CloseIdleConnections()
+	testwait.For(t, 20*time.Second, 20*time.Millisecond, func() error {
+		resp, err := client.Get(b.HTTP + "/v1/fleet")
+		if err != nil {
+			return err
+		}
+		data, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if !strings.Contains(string(data), `"eligible":true`) {
+			return fmt.Errorf("agent not eligible: %s", data)
+		}
+		return nil
+	})
+	for _, stream := range []bool{false, true} {
+		body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"slow over h2"}],"max_tokens":5,"stream":%v}`, model, stream)
+		resp, err := client.Post(b.HTTP+"/v1/chat/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatalf("stream %v: %v", stream, err)
+		}
+		data, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != http.StatusOK || resp.ProtoMajor != 2 {
+			t.Fatalf("stream %v: %s %d %.200q %v", stream, resp.Proto, resp.StatusCode, data, err)
+		}
+		want := expect(t, simengine.APIChat, `{"messages":[{"role":"user","content":"slow over h2"}],"max_tokens":5}`).Text
+		if !stream && answerText(t, string(data)) != want {
+			t.Fatalf("answer %q, want %q", data, want)
+		}
+		if stream && !strings.HasSuffix(strings.TrimSpace(string(data)), "data: [DONE]") {
+			t.Fatalf("stream cut short: %.300q", data)
+		}
 	}
 }

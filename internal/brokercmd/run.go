@@ -526,10 +526,9 @@ func listenIngresses(o *options, sec security, b *broker.Broker, reg *prometheus
 		Handler:           handler,
 		TLSConfig:         sec.tls,
 		ReadHeaderTimeout: o.readHeader,
-		// Every request's answer gets a write deadline from when its head
-		// was read (net/http's own answers and 100 Continue included); the
-		// API moves it on when its answer starts, and streams on each write.
-		WriteTimeout:   o.writeTimeout,
+		// No WriteTimeout: on HTTP/2 it ends a stream that long after it
+		// began, while the engine may still work on its answer. The API's
+		// edge sets each answer's write deadline instead.
 		IdleTimeout:    o.idleTimeout,
 		MaxHeaderBytes: 64 << 10,
 		ErrorLog:       slog.NewLogLogger(log.Handler(), slog.LevelWarn),
