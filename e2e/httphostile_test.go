@@ -2,12 +2,15 @@ package e2e
 
 import (
 	"bufio"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"runtime/metrics"
 	"strings"
 	"testing"
@@ -403,6 +406,125 @@ func TestSlowClientStallsNoOther(t *testing.T) {
 		text, _, err := timedStream(b.HTTP, prompt, 200, 0, 0)
 		if err != nil || text != want.Text {
 			t.Fatalf("stream %d beside a slow client: %v, text %q, want %q", i, err, text, want.Text)
+		}
+	}
+}
+
+// TestUnreadAnswersCut: a client that pipelines requests and never reads
+// the answers is cut off once an answer has waited --write-timeout to be
+// written, instead of holding its connection (and the goroutine and
+// buffers behind it) for good.
+func TestUnreadAnswersCut(t *testing.T) {
+	b := cmdtest.StartBroker(t, "--write-timeout", "300ms")
+	c := dialBroker(t, b)
+	_ = c.(*net.TCPConn).SetReadBuffer(4096)
+	blob := strings.Repeat("GET /ui/fleet.js HTTP/1.1\r\nHost: x\r\n\r\n", 100)
+	at := time.Now()
+	_ = c.SetWriteDeadline(at.Add(60 * time.Second))
+	var err error
+	sent := 0
+	for err == nil {
+		var n int
+		n, err = io.WriteString(c, blob)
+		sent += n
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		t.Fatalf("connection still open after %s (%d bytes of requests sent)", time.Since(at), sent)
+	}
+	t.Logf("cut off after %s and %d bytes of requests: %v", time.Since(at).Round(time.Millisecond), sent, err)
+}
+
+// TestWriteTimeoutFromAnswerStart: the write timeout counts from when an
+// answer starts, not from the request: an answer the engine takes longer
+// than it to make is written whole, and a kept-alive connection idle for
+// longer than it still takes a request that waits for 100 Continue.
+func TestWriteTimeoutFromAnswerStart(t *testing.T) {
+	const writeTimeout = 200 * time.Millisecond
+	b := cmdtest.StartBroker(t, "--write-timeout", writeTimeout.String())
+	e := startEngine(t, simengine.Config{Model: model, TTFT: 5 * writeTimeout, ITL: time.Millisecond, Slots: 2})
+	startAgent(t, b.NATS, "a1", e, 2)
+	cmdtest.WaitEligible(t, b.HTTP, "a1")
+	c := dialBroker(t, b)
+	br := bufio.NewReader(c)
+	io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+	if resp, body, _ := readAnswer(t, br); resp.StatusCode != http.StatusOK {
+		t.Fatalf("healthz: %d %s", resp.StatusCode, body)
+	}
+	// The deadline /healthz's answer set has passed: a lower bound, not a
+	// wait for something to happen.
+	time.Sleep(2 * writeTimeout)
+	body := `{"model":"` + model + `","messages":[{"role":"user","content":"slow to start"}],"max_tokens":5}`
+	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nExpect: 100-continue\r\nContent-Length: %d\r\n\r\n", len(body))
+	line, err := br.ReadString('\n')
+	if err != nil || !strings.Contains(line, "100 Continue") {
+		t.Fatalf("want 100 Continue, got %q %v", line, err)
+	}
+	if _, err := br.ReadString('\n'); err != nil { // the blank line after it
+		t.Fatal(err)
+	}
+	io.WriteString(c, body)
+	resp, got, _ := readAnswer(t, br)
+	if want := expect(t, simengine.APIChat, body).Text; resp.StatusCode != http.StatusOK || answerText(t, got) != want {
+		t.Fatalf("answer slower than the write timeout: %d %q, want %q", resp.StatusCode, got, want)
+	}
+	// And a stream whose first token comes later than the write timeout.
+	text, _, err := timedStream(b.HTTP, "slow stream", 5, 0, 0)
+	if want := expect(t, simengine.APIChat, `{"messages":[{"role":"user","content":"slow stream"}],"max_tokens":5}`); err != nil || text != want.Text {
+		t.Fatalf("stream slower than the write timeout: %v %q, want %q", err, text, want.Text)
+	}
+}
+
+// TestWriteTimeoutHTTP2: over HTTP/2 (TLS), where a write deadline ends
+// its stream when it passes, written to or not, an answer the engine takes
+// longer than the write timeout to start is still written whole.
+func TestWriteTimeoutHTTP2(t *testing.T) {
+	const writeTimeout = 200 * time.Millisecond
+	dir := t.TempDir()
+	certPEM, keyPEM := selfSigned(t)
+	certFile, keyFile := dir+"/cert.pem", dir+"/key.pem"
+	if err := os.WriteFile(certFile, certPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyFile, keyPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b := cmdtest.StartBroker(t, "--tls-cert", certFile, "--tls-key", keyFile, "--write-timeout", writeTimeout.String())
+	e := startEngine(t, simengine.Config{Model: model, TTFT: 5 * writeTimeout, ITL: time.Millisecond, Slots: 2})
+	startAgent(t, b.NATS, "a1", e, 2)
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(certPEM)
+	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{ForceAttemptHTTP2: true, TLSClientConfig: &tls.Config{RootCAs: pool, ServerName: "127.0.0.1"}}}
+	defer client.CloseIdleConnections()
+	testwait.For(t, 20*time.Second, 20*time.Millisecond, func() error {
+		resp, err := client.Get(b.HTTP + "/v1/fleet")
+		if err != nil {
+			return err
+		}
+		data, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if !strings.Contains(string(data), `"eligible":true`) {
+			return fmt.Errorf("agent not eligible: %s", data)
+		}
+		return nil
+	})
+	for _, stream := range []bool{false, true} {
+		body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"slow over h2"}],"max_tokens":5,"stream":%v}`, model, stream)
+		resp, err := client.Post(b.HTTP+"/v1/chat/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatalf("stream %v: %v", stream, err)
+		}
+		data, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != http.StatusOK || resp.ProtoMajor != 2 {
+			t.Fatalf("stream %v: %s %d %.200q %v", stream, resp.Proto, resp.StatusCode, data, err)
+		}
+		want := expect(t, simengine.APIChat, `{"messages":[{"role":"user","content":"slow over h2"}],"max_tokens":5}`).Text
+		if !stream && answerText(t, string(data)) != want {
+			t.Fatalf("answer %q, want %q", data, want)
+		}
+		if stream && !strings.HasSuffix(strings.TrimSpace(string(data)), "data: [DONE]") {
+			t.Fatalf("stream cut short: %.300q", data)
 		}
 	}
 }

@@ -21,6 +21,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -36,6 +37,8 @@ import (
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	reflectionalphapb "google.golang.org/grpc/reflection/grpc_reflection_v1alpha"
 	"google.golang.org/grpc/status"
+
+	"github.com/switchyard-ai/switchyard/internal/testwait"
 )
 
 const goodKey = "sk-test-0123456789abcdef"
@@ -482,4 +485,74 @@ func TestTLSConfig(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestGRPCTapHandle: with the tap handle a call without a key is refused
+// as its headers arrive, before any interceptor (and, for a unary call,
+// before its message is read); a client holds at most its share of
+// health and reflection streams.
+func TestGRPCTapHandle(t *testing.T) {
+	if mustKeys(t).TapHandle(0) != nil {
+		t.Error("TapHandle without keys or a share is not nil")
+	}
+	var intercepted atomic.Int64
+	count := grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		intercepted.Add(1)
+		return h(ctx, req)
+	})
+	k := mustKeys(t, goodKey)
+	const share = 3
+	// The interceptors are pass-throughs: only the tap handle checks.
+	addr := startGRPC(t, nil, grpc.InTapHandle(k.TapHandle(share)), count)
+	cc := dial(t, addr, insecure.NewCredentials())
+	tc := testpb.NewTestServiceClient(cc)
+	hc := healthpb.NewHealthClient(cc)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	keyed := metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+goodKey)
+
+	for _, auth := range []string{"", "Bearer nope"} {
+		c := ctx
+		if auth != "" {
+			c = metadata.AppendToOutgoingContext(ctx, "authorization", auth)
+		}
+		if _, err := tc.EmptyCall(c, &testpb.Empty{}); status.Code(err) != codes.Unauthenticated {
+			t.Errorf("authorization %q: %v, want Unauthenticated", auth, err)
+		}
+	}
+	if n := intercepted.Load(); n != 0 {
+		t.Fatalf("%d refused calls reached the interceptors", n)
+	}
+	if _, err := tc.EmptyCall(keyed, &testpb.Empty{}); err != nil {
+		t.Fatalf("with the key: %v", err)
+	}
+
+	// The share of exempt streams: Watch streams held open, then Check.
+	var cancels []context.CancelFunc
+	for i := range share {
+		wctx, wcancel := context.WithCancel(ctx)
+		cancels = append(cancels, wcancel)
+		w, err := hc.Watch(wctx, &healthpb.HealthCheckRequest{})
+		if err == nil {
+			_, err = w.Recv()
+		}
+		if err != nil {
+			t.Fatalf("watch %d within the share: %v", i, err)
+		}
+	}
+	if _, err := hc.Check(ctx, &healthpb.HealthCheckRequest{}); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("check past the share: %v, want ResourceExhausted", err)
+	}
+	// Calls that need a key are not counted in the share.
+	if _, err := tc.EmptyCall(keyed, &testpb.Empty{}); err != nil {
+		t.Fatalf("keyed call beside a full share: %v", err)
+	}
+	cancels[0]()
+	testwait.For(t, 10*time.Second, 10*time.Millisecond, func() error {
+		_, err := hc.Check(ctx, &healthpb.HealthCheckRequest{})
+		return err
+	})
+	for _, c := range cancels[1:] {
+		c()
+	}
 }

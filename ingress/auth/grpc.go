@@ -2,12 +2,16 @@ package auth
 
 import (
 	"context"
+	"net/netip"
 	"strings"
+	"sync"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/tap"
 )
 
 // exemptPrefixes are the full-method prefixes of the services callable
@@ -44,11 +48,95 @@ func (k *Keys) StreamInterceptor() grpc.StreamServerInterceptor {
 	}
 }
 
+// DefaultExemptStreamsPerClient bounds the streams of health and
+// reflection one client may hold open at once (see TapHandle).
+const DefaultExemptStreamsPerClient = 64
+
+// checked marks a stream's context once TapHandle has checked its key, so
+// that the interceptors do not check it again.
+type checked struct{}
+
+// TapHandle returns the check grpc.InTapHandle runs as a stream's headers
+// arrive, before the server spends a goroutine on the stream or reads its
+// message:
+//
+//   - with keys configured, a stream of a method that is not exempt needs a
+//     valid key (codes.Unauthenticated);
+//   - a client (see ClientKey) holds at most exemptPerClient streams of the
+//     exempt services, health and reflection, at once (0: no bound); past
+//     it a stream gets codes.ResourceExhausted. Those streams need no key,
+//     and a Watch or reflection stream lasts as long as its client wants.
+//
+// It returns nil when it has nothing to check. The interceptors stay in
+// place and pass what it checked.
+func (k *Keys) TapHandle(exemptPerClient int) tap.ServerInHandle {
+	if !k.Enabled() && exemptPerClient <= 0 {
+		return nil
+	}
+	g := &exemptStreams{max: exemptPerClient, byClient: map[netip.Prefix]int{}}
+	return func(ctx context.Context, info *tap.Info) (context.Context, error) {
+		if !exempt(info.FullMethodName) {
+			if !k.Enabled() {
+				return ctx, nil
+			}
+			if err := k.checkMD(info.Header); err != nil {
+				return ctx, err
+			}
+			return context.WithValue(ctx, checked{}, true), nil
+		}
+		if g.max <= 0 {
+			return ctx, nil
+		}
+		var key netip.Prefix
+		if p, ok := peer.FromContext(ctx); ok {
+			key = ClientKey(p.Addr)
+		}
+		if !g.acquire(key) {
+			return ctx, status.Errorf(codes.ResourceExhausted, "this client holds %d health and reflection streams open, as many as the broker allows one client", g.max)
+		}
+		// The stream's context ends with the stream, however it ends.
+		context.AfterFunc(ctx, func() { g.release(key) })
+		return ctx, nil
+	}
+}
+
+// exemptStreams counts the open exempt streams of each client.
+type exemptStreams struct {
+	max      int
+	mu       sync.Mutex
+	byClient map[netip.Prefix]int
+}
+
+func (g *exemptStreams) acquire(key netip.Prefix) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.byClient[key] >= g.max {
+		return false
+	}
+	g.byClient[key]++
+	return true
+}
+
+func (g *exemptStreams) release(key netip.Prefix) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if n := g.byClient[key] - 1; n > 0 {
+		g.byClient[key] = n
+	} else {
+		delete(g.byClient, key)
+	}
+}
+
 func (k *Keys) checkGRPC(ctx context.Context, method string) error {
-	if !k.Enabled() || exempt(method) {
+	if !k.Enabled() || exempt(method) || ctx.Value(checked{}) != nil {
 		return nil
 	}
 	md, _ := metadata.FromIncomingContext(ctx)
+	return k.checkMD(md)
+}
+
+// checkMD checks the authorization metadata of md.
+func (k *Keys) checkMD(md metadata.MD) error {
 	vals := md.Get("authorization")
 	if len(vals) == 0 {
 		return status.Error(codes.Unauthenticated, "missing API key: send metadata authorization: Bearer <key>")

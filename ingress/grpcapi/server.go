@@ -11,6 +11,7 @@ import (
 
 	"google.golang.org/grpc"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/reflection"
 
@@ -54,6 +55,36 @@ const (
 	DefaultMaxSendMsgSize = 16 << 20
 	// DefaultHealthInterval is how often a health Watch re-checks readiness.
 	DefaultHealthInterval = time.Second
+	// DefaultMaxHeaderListSize bounds one stream's header list
+	// (uncompressed, as HPACK decodes it): the key, trace context and
+	// request id need a few hundred bytes. grpc-go's own bound is 16 MiB,
+	// which HPACK's indexing lets a client claim for a few bytes sent.
+	DefaultMaxHeaderListSize = 16 << 10
+	// DefaultMaxConcurrentStreams bounds the streams open at once on one
+	// connection (HTTP/2's recommended minimum; grpc-go sets no bound).
+	DefaultMaxConcurrentStreams = 100
+	// DefaultIdleTimeout closes a connection with no stream open this long,
+	// as the HTTP ingress's --idle-timeout does.
+	DefaultIdleTimeout = 120 * time.Second
+	// DefaultHandshakeTimeout bounds a new connection's TLS and HTTP/2
+	// handshake (grpc-go's own is 120s).
+	DefaultHandshakeTimeout = 10 * time.Second
+	// DefaultMaxWatches bounds the health Watch streams open at once.
+	DefaultMaxWatches = 1024
+	// WatchesPerConn bounds the health Watch streams open at once on one
+	// connection: a client watching health needs one per service.
+	WatchesPerConn = 8
+)
+
+// Keepalive: the broker pings a connection quiet for keepaliveTime and
+// closes it when the ping is not answered within keepaliveTimeout, so a
+// vanished client does not hold its streams; a client may ping every
+// keepaliveMinTime, with or without a stream, and is sent away
+// (GOAWAY too_many_pings) when it pings faster.
+const (
+	keepaliveTime    = time.Minute
+	keepaliveTimeout = 20 * time.Second
+	keepaliveMinTime = 5 * time.Second
 )
 
 // Config configures the gRPC ingress; zero fields take the defaults.
@@ -66,6 +97,22 @@ type Config struct {
 	// backend's readiness for open Watch streams. Check and List always
 	// check it afresh.
 	HealthInterval time.Duration
+	// MaxHeaderListSize bounds one stream's header list, in bytes; a
+	// stream past it is reset before it is served.
+	MaxHeaderListSize int
+	// MaxConcurrentStreams bounds the streams open at once on one
+	// connection; the client is told in HTTP/2 SETTINGS and a stream past
+	// it is refused.
+	MaxConcurrentStreams int
+	// IdleTimeout closes a connection (GOAWAY) that has had no stream open
+	// this long.
+	IdleTimeout time.Duration
+	// HandshakeTimeout bounds a new connection's TLS and HTTP/2 handshake.
+	HandshakeTimeout time.Duration
+	// MaxWatches bounds the health Watch streams open at once over every
+	// connection; past it (or past WatchesPerConn on one connection) a
+	// Watch gets codes.ResourceExhausted.
+	MaxWatches int
 }
 
 func (c *Config) setDefaults() {
@@ -77,6 +124,21 @@ func (c *Config) setDefaults() {
 	}
 	if c.HealthInterval == 0 {
 		c.HealthInterval = DefaultHealthInterval
+	}
+	if c.MaxHeaderListSize == 0 {
+		c.MaxHeaderListSize = DefaultMaxHeaderListSize
+	}
+	if c.MaxConcurrentStreams == 0 {
+		c.MaxConcurrentStreams = DefaultMaxConcurrentStreams
+	}
+	if c.IdleTimeout == 0 {
+		c.IdleTimeout = DefaultIdleTimeout
+	}
+	if c.HandshakeTimeout == 0 {
+		c.HandshakeTimeout = DefaultHandshakeTimeout
+	}
+	if c.MaxWatches == 0 {
+		c.MaxWatches = DefaultMaxWatches
 	}
 }
 
@@ -90,17 +152,43 @@ func (c Config) Validate() error {
 	if c.HealthInterval < 0 {
 		errs = append(errs, fmt.Errorf("health interval %s: must not be negative", c.HealthInterval))
 	}
+	if c.MaxHeaderListSize < 1024 || c.MaxHeaderListSize > 1<<20 {
+		errs = append(errs, fmt.Errorf("header list size %d: want 1024 to 1048576 bytes", c.MaxHeaderListSize))
+	}
+	if c.MaxConcurrentStreams < 1 || c.MaxConcurrentStreams > 1<<16 {
+		errs = append(errs, fmt.Errorf("concurrent streams %d: want 1 to 65536", c.MaxConcurrentStreams))
+	}
+	if c.IdleTimeout < 0 || c.HandshakeTimeout < 0 {
+		errs = append(errs, fmt.Errorf("idle timeout %s, handshake timeout %s: must not be negative", c.IdleTimeout, c.HandshakeTimeout))
+	}
+	if c.MaxWatches < 0 {
+		errs = append(errs, fmt.Errorf("health watches %d: must not be negative", c.MaxWatches))
+	}
 	return errors.Join(errs...)
 }
 
 // ServerOptions returns the grpc.Server options the ingress relies on: the
-// receive limit (default 4 MiB, as the HTTP body limit) and the send limit
-// (default 16 MiB).
+// message limits (default 4 MiB received, as the HTTP body limit, and
+// 16 MiB sent), the header list and concurrent stream bounds, the
+// handshake and idle timeouts, and keepalive enforcement. grpc-go's
+// defaults bound none of these usefully.
 func ServerOptions(cfg Config) []grpc.ServerOption {
 	cfg.setDefaults()
 	return []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(cfg.MaxRecvMsgSize),
 		grpc.MaxSendMsgSize(cfg.MaxSendMsgSize),
+		grpc.MaxHeaderListSize(uint32(cfg.MaxHeaderListSize)),
+		grpc.MaxConcurrentStreams(uint32(cfg.MaxConcurrentStreams)),
+		grpc.ConnectionTimeout(cfg.HandshakeTimeout),
+		grpc.KeepaliveParams(keepalive.ServerParameters{
+			MaxConnectionIdle: cfg.IdleTimeout,
+			Time:              keepaliveTime,
+			Timeout:           keepaliveTimeout,
+		}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{
+			MinTime:             keepaliveMinTime,
+			PermitWithoutStream: true,
+		}),
 	}
 }
 
@@ -130,7 +218,7 @@ func New(backend Backend, cfg Config, opts ...Option) *Server {
 	for _, o := range opts {
 		o(s)
 	}
-	s.health = newHealthService(backend.Ready, cfg.HealthInterval)
+	s.health = newHealthService(backend.Ready, cfg.HealthInterval, cfg.MaxWatches)
 	return s
 }
 

@@ -28,17 +28,32 @@ import (
 //     its connection at once: net/http would otherwise read the rest of
 //     the body before answering or closing, which a client trickling it
 //     could stretch to the body read timeout.
+//   - Every answer must be written within the write timeout from when it
+//     starts (its status line), so that a client that does not read (one
+//     pipelining requests and never reading the answers included) holds
+//     its connection no longer than that; a stream moves the deadline on
+//     with each write (the stream write timeout). On HTTP/1 the deadline is
+//     also set when the request's head has been read, for what net/http
+//     writes on its behalf before its answer (100 Continue); HTTP/2 ends a
+//     stream when its deadline passes, written to or not, so there it is
+//     set only once the answer starts.
 //
 // Nothing here reads a body: a request refused before its handler reads
 // it costs no more memory than net/http's buffers, and gets no
 // "100 Continue".
 func (s *Server) Edge(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rc := http.NewResponseController(w)
+		if s.cfg.WriteTimeout > 0 {
+			if r.ProtoMajor == 1 {
+				_ = rc.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
+			}
+			w = &deadlineWriter{ResponseWriter: w, rc: rc, timeout: s.cfg.WriteTimeout}
+		}
 		if r.Body == nil || r.Body == http.NoBody {
 			next.ServeHTTP(w, r)
 			return
 		}
-		rc := http.NewResponseController(w)
 		b := &edgeBody{ReadCloser: r.Body, rc: rc}
 		b.timed = rc.SetReadDeadline(time.Now().Add(s.cfg.BodyReadTimeout)) == nil
 		r.Body = b
@@ -120,3 +135,30 @@ func (w *edgeWriter) Write(p []byte) (int, error) {
 // Unwrap lets http.ResponseController reach net/http's writer (flushes,
 // deadlines).
 func (w *edgeWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// deadlineWriter sets the connection's (or HTTP/2 stream's) write deadline
+// to timeout from when its response starts.
+type deadlineWriter struct {
+	http.ResponseWriter
+	rc      *http.ResponseController
+	timeout time.Duration
+	started bool
+}
+
+func (w *deadlineWriter) WriteHeader(status int) {
+	if !w.started && status >= 200 {
+		w.started = true
+		_ = w.rc.SetWriteDeadline(time.Now().Add(w.timeout))
+	}
+	w.ResponseWriter.WriteHeader(status)
+}
+
+func (w *deadlineWriter) Write(p []byte) (int, error) {
+	if !w.started {
+		w.WriteHeader(http.StatusOK)
+	}
+	return w.ResponseWriter.Write(p)
+}
+
+// Unwrap lets http.ResponseController reach the writer underneath.
+func (w *deadlineWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }

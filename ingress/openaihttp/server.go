@@ -39,7 +39,9 @@ type Config struct {
 	MaxBody int64
 	// Metrics serves /metrics when set.
 	Metrics http.Handler
-	// WriteTimeout bounds writing a non-streaming response.
+	// WriteTimeout bounds writing a response from when it starts (see
+	// Edge); streams move it on with each write by StreamWriteTimeout.
+	// 0: no bound.
 	WriteTimeout time.Duration
 	// StreamWriteTimeout bounds each SSE write: a client that stops
 	// reading for this long is cut off (its request cancelled) instead of
@@ -370,14 +372,11 @@ type usage struct {
 // assemble collects a whole stream into one OpenAI response (see
 // assembler).
 //
-// Nothing is written while the engine works, so the write deadline is set
-// only once the answer is ready, the 504 of a request that reached its
-// deadline included: the request's deadline bounds the wait, the write
-// timeout the write.
+// Nothing is written while the engine works: the request's deadline
+// bounds the wait, and the write timeout (set by Edge as the answer
+// starts) the write, the 504 of a request that reached its deadline
+// included.
 func (s *Server) assemble(w http.ResponseWriter, r *http.Request, call *broker.Call, kind apiKind) {
-	if s.cfg.WriteTimeout > 0 {
-		w = &deadlineWriter{ResponseWriter: w, timeout: s.cfg.WriteTimeout}
-	}
 	a := &assembler{chat: kind.api == wire.API_API_CHAT}
 	finish := ""
 	for {
@@ -420,32 +419,6 @@ func (s *Server) assemble(w http.ResponseWriter, r *http.Request, call *broker.C
 		}
 	}
 }
-
-// deadlineWriter sets the connection's write deadline to timeout from
-// when its response starts.
-type deadlineWriter struct {
-	http.ResponseWriter
-	timeout time.Duration
-	started bool
-}
-
-func (w *deadlineWriter) WriteHeader(status int) {
-	if !w.started {
-		w.started = true
-		_ = http.NewResponseController(w.ResponseWriter).SetWriteDeadline(time.Now().Add(w.timeout))
-	}
-	w.ResponseWriter.WriteHeader(status)
-}
-
-func (w *deadlineWriter) Write(p []byte) (int, error) {
-	if !w.started {
-		w.WriteHeader(http.StatusOK)
-	}
-	return w.ResponseWriter.Write(p)
-}
-
-// Unwrap lets http.ResponseController reach the writer underneath.
-func (w *deadlineWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")

@@ -46,8 +46,17 @@ import (
 // generated.
 const DefaultMaxPayload = 8 << 20
 
-// DefaultMaxConns bounds the HTTP connections open at once.
+// DefaultMaxConns bounds the client connections open at once, HTTP and
+// gRPC together.
 const DefaultMaxConns = 8192
+
+// DefaultMaxConnsPerClient is one client's share of DefaultMaxConns: an
+// eighth, so that a few greedy clients leave room for the others and for
+// health probes.
+const DefaultMaxConnsPerClient = DefaultMaxConns / 8
+
+// DefaultWriteTimeout bounds writing an answer that does not stream.
+const DefaultWriteTimeout = 30 * time.Second
 
 type options struct {
 	httpAddr      string
@@ -83,6 +92,9 @@ type options struct {
 	grpcAddr      string
 	grpcRecv      int
 	grpcSend      int
+	grpcHeader    int
+	grpcStreams   int
+	grpcWatches   int
 	natsConfig    string
 	natsMonitor   string
 	natsAuth      *natsauth.ClientFlags
@@ -101,6 +113,7 @@ type options struct {
 	shutdownDelay time.Duration
 	idleTimeout   time.Duration
 	maxConns      int
+	maxConnsPer   int
 	writeTimeout  time.Duration
 	streamWrite   time.Duration
 	affinity      string
@@ -149,6 +162,9 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*o
 	fs.StringVar(&o.grpcAddr, "grpc", "127.0.0.1:9090", "gRPC listen address of the switchyard.v1 API, health and reflection (empty: off)")
 	fs.IntVar(&o.grpcRecv, "grpc-max-recv-bytes", grpcapi.DefaultMaxRecvMsgSize, "largest gRPC request message in bytes")
 	fs.IntVar(&o.grpcSend, "grpc-max-send-bytes", grpcapi.DefaultMaxSendMsgSize, "largest gRPC response message in bytes")
+	fs.IntVar(&o.grpcHeader, "grpc-max-header-bytes", grpcapi.DefaultMaxHeaderListSize, "gRPC: largest header list (metadata) of a stream in bytes, uncompressed; a stream past it is reset")
+	fs.IntVar(&o.grpcStreams, "grpc-max-streams", grpcapi.DefaultMaxConcurrentStreams, "gRPC: streams open at once on one connection")
+	fs.IntVar(&o.grpcWatches, "grpc-max-watches", grpcapi.DefaultMaxWatches, "gRPC: health Watch streams open at once over all connections (RESOURCE_EXHAUSTED past it)")
 	fs.StringVar(&o.natsConfig, "nats-config", "", "embedded NATS: a nats-server configuration file (accounts, users, permissions, TLS); --nats-listen, when given, wins over its listen, and --data-dir always over its store_dir")
 	fs.StringVar(&o.natsMonitor, "nats-monitor", "", "embedded NATS: HTTP monitoring listen address, e.g. 127.0.0.1:8222 (empty: off)")
 	o.natsAuth = natsauth.RegisterClientFlags(fs)
@@ -156,12 +172,13 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*o
 	fs.StringVar(&o.apiKeysFile, "api-keys-file", "", "file of API keys, one per line (# comments)")
 	fs.StringVar(&o.tlsCert, "tls-cert", "", "TLS certificate for HTTP and gRPC (with --tls-key)")
 	fs.StringVar(&o.tlsKey, "tls-key", "", "TLS private key for HTTP and gRPC")
-	fs.DurationVar(&o.readHeader, "read-header-timeout", 10*time.Second, "HTTP: time a client has to send its request headers")
+	fs.DurationVar(&o.readHeader, "read-header-timeout", 10*time.Second, "HTTP: time a client has to send its request headers; gRPC: to finish its TLS and HTTP/2 handshake")
 	fs.DurationVar(&o.readBody, "read-body-timeout", openaihttp.DefaultBodyReadTimeout, "HTTP: time a client has to send its request body (408 after); streams are not bound by it")
-	fs.DurationVar(&o.idleTimeout, "idle-timeout", 120*time.Second, "HTTP: keep-alive connections idle longer are closed")
-	fs.IntVar(&o.maxConns, "max-conns", DefaultMaxConns, "HTTP: connections open at once; past it a new connection gets 503 and is closed (0: no bound)")
+	fs.DurationVar(&o.idleTimeout, "idle-timeout", 120*time.Second, "HTTP: keep-alive connections idle longer are closed; gRPC: connections with no stream open longer")
+	fs.IntVar(&o.maxConns, "max-conns", DefaultMaxConns, "HTTP and gRPC together: connections open at once; past it a new connection is refused before TLS (plain HTTP gets 503) (0: no bound)")
+	fs.IntVar(&o.maxConnsPer, "max-conns-per-client", DefaultMaxConnsPerClient, "HTTP and gRPC together: connections one client (IPv4 address, IPv6 /64) may hold open; behind a proxy, the proxy is the client (0: no bound)")
 	fs.DurationVar(&o.streamWrite, "stream-write-timeout", 30*time.Second, "HTTP: a streaming client that accepts no data for this long is cut off and its request cancelled")
-	fs.DurationVar(&o.writeTimeout, "write-timeout", 0, "HTTP: bound on writing a non-streaming response (0: the request timeout)")
+	fs.DurationVar(&o.writeTimeout, "write-timeout", DefaultWriteTimeout, "HTTP: bound on writing an answer that does not stream, from its start; streams are bound by --stream-write-timeout instead")
 	fs.DurationVar(&o.queueTimeout, "queue-timeout", broker.DefaultQueueTimeout, "end a request (503) that no agent took this long; its job never starts")
 	fs.DurationVar(&o.kvHold, "kv-hold", broker.DefaultKVHold, "PD: how long prefill engines hold a hand-off's KV; a decode job not taken within it is retried (match the agents' --kv-hold)")
 	fs.DurationVar(&o.publishWait, "publish-wait", broker.DefaultPublishWait, "how long a request waits for NATS to take its job (a leader election or a reconnect to another node on a cluster) before 503 with Retry-After; retries and migrations wait as long")
@@ -187,7 +204,7 @@ Usage:
   broker [flags]                      embedded NATS on --nats-listen
   broker --nats-url nats://a,nats://b use an existing NATS server or cluster
   broker --demo                       also run simulated agents, ready for curl`, []cli.Section{
-		{Title: "Client API", Flags: []string{"http", "grpc", "max-body", "read-header-timeout", "read-body-timeout", "idle-timeout", "max-conns", "write-timeout", "stream-write-timeout", "grpc-max-recv-bytes", "grpc-max-send-bytes", "api-key", "api-keys-file", "tls-cert", "tls-key"}},
+		{Title: "Client API", Flags: []string{"http", "grpc", "max-body", "read-header-timeout", "read-body-timeout", "idle-timeout", "max-conns", "max-conns-per-client", "write-timeout", "stream-write-timeout", "grpc-max-recv-bytes", "grpc-max-send-bytes", "grpc-max-header-bytes", "grpc-max-streams", "grpc-max-watches", "api-key", "api-keys-file", "tls-cert", "tls-key"}},
 		{Title: "Dispatch", Flags: []string{"dispatch-mode", "slo-ttft", "slo-itl", "pd-threshold", "slow-start", "heartbeat-interval", "queue-max", "queue-timeout", "request-timeout", "stall-timeout", "retry-limit", "migration-limit", "publish-wait"}},
 		{Title: "NATS", Flags: []string{"nats-url", "nats-listen", "nats-config", "nats-monitor", "data-dir", "nats-max-payload", "replicas", "jobs-storage", "prefix", "id",
 			"nats-creds", "nats-nkey", "nats-user", "nats-password", "nats-token", "nats-tls-ca", "nats-tls-cert", "nats-tls-key", "nats-inbox-prefix"}},
@@ -206,6 +223,9 @@ Usage:
 	fs.Visit(func(f *flag.Flag) { o.natsListenSet = o.natsListenSet || f.Name == "nats-listen" })
 	if o.jobsStorage != "memory" && o.jobsStorage != "file" {
 		return nil, fmt.Errorf("--jobs-storage %q: want memory or file", o.jobsStorage)
+	}
+	if o.maxConns < 0 || o.maxConnsPer < 0 || o.writeTimeout <= 0 {
+		return nil, fmt.Errorf("--max-conns and --max-conns-per-client must not be negative, --write-timeout must be positive")
 	}
 	if o.sloTTFT < 0 || o.sloITL < 0 || o.pdThreshold < 0 {
 		return nil, fmt.Errorf("--slo-ttft, --slo-itl and --pd-threshold must not be negative")
@@ -284,7 +304,11 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			return err
 		}
 	}
-	gcfg := grpcapi.Config{MaxRecvMsgSize: o.grpcRecv, MaxSendMsgSize: o.grpcSend}
+	gcfg := grpcapi.Config{
+		MaxRecvMsgSize: o.grpcRecv, MaxSendMsgSize: o.grpcSend,
+		MaxHeaderListSize: o.grpcHeader, MaxConcurrentStreams: o.grpcStreams, MaxWatches: o.grpcWatches,
+		IdleTimeout: o.idleTimeout, HandshakeTimeout: o.readHeader,
+	}
 	if o.grpcAddr != "" {
 		if err := gcfg.Validate(); err != nil {
 			return err
@@ -472,13 +496,9 @@ type ingresses struct {
 // listenIngresses opens the HTTP and gRPC listeners and builds their
 // servers; nothing is served until serveHTTP and serveGRPC run.
 func listenIngresses(o *options, sec security, b *broker.Broker, reg *prometheus.Registry, gcfg grpcapi.Config, log *slog.Logger) (*ingresses, error) {
-	writeTimeout := o.writeTimeout
-	if writeTimeout == 0 {
-		writeTimeout = o.reqTimeout
-	}
 	api := openaihttp.New(b, openaihttp.Config{
 		MaxBody:            o.maxBody,
-		WriteTimeout:       writeTimeout,
+		WriteTimeout:       o.writeTimeout,
 		StreamWriteTimeout: o.streamWrite,
 		BodyReadTimeout:    o.readBody,
 		Metrics:            promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}),
@@ -491,9 +511,14 @@ func listenIngresses(o *options, sec security, b *broker.Broker, reg *prometheus
 	if err != nil {
 		return nil, err
 	}
-	if o.maxConns > 0 {
-		ln = newLimitListener(ln, o.maxConns, sec.tls == nil)
+	// One limiter counts the connections of both listeners, refused
+	// before TLS or a request head is read.
+	conns := auth.NewConnLimiter(o.maxConns, o.maxConnsPer)
+	refuse := refuseHTTP
+	if sec.tls != nil {
+		refuse = refuseClose
 	}
+	ln = conns.Listener(ln, refuse)
 	// The page and health answer without a key; the page asks for one
 	// when /v1/fleet answers 401. The edge goes before the key check.
 	handler := api.Edge(sec.keys.HTTP(api, "/healthz", "/readyz", "/", fleetui.AssetPrefix, fleetui.AssetPrefix+"fleet.js", fleetui.AssetPrefix+"fleet.css"))
@@ -501,9 +526,12 @@ func listenIngresses(o *options, sec security, b *broker.Broker, reg *prometheus
 		Handler:           handler,
 		TLSConfig:         sec.tls,
 		ReadHeaderTimeout: o.readHeader,
-		IdleTimeout:       o.idleTimeout,
-		MaxHeaderBytes:    64 << 10,
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+		// No WriteTimeout: on HTTP/2 it ends a stream that long after it
+		// began, while the engine may still work on its answer. The API's
+		// edge sets each answer's write deadline instead.
+		IdleTimeout:    o.idleTimeout,
+		MaxHeaderBytes: 64 << 10,
+		ErrorLog:       slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}}
 	if o.grpcAddr == "" {
 		return in, nil
@@ -511,6 +539,11 @@ func listenIngresses(o *options, sec security, b *broker.Broker, reg *prometheus
 	gopts := append(grpcapi.ServerOptions(gcfg),
 		grpc.ChainUnaryInterceptor(sec.keys.UnaryInterceptor()),
 		grpc.ChainStreamInterceptor(sec.keys.StreamInterceptor()))
+	// Keys and the share of keyless streams are checked as a stream's
+	// headers arrive, before it costs a goroutine or its message is read.
+	if tap := sec.keys.TapHandle(auth.DefaultExemptStreamsPerClient); tap != nil {
+		gopts = append(gopts, grpc.InTapHandle(tap))
+	}
 	if sec.grpcTLS != nil {
 		gopts = append(gopts, grpc.Creds(credentials.NewTLS(sec.grpcTLS)))
 	}
@@ -518,6 +551,7 @@ func listenIngresses(o *options, sec security, b *broker.Broker, reg *prometheus
 		_ = ln.Close()
 		return nil, err
 	}
+	in.gln = conns.Listener(in.gln, refuseClose)
 	in.grpc = grpc.NewServer(gopts...)
 	in.gapi = grpcapi.New(b, gcfg, grpcapi.WithLogger(log))
 	in.gapi.Register(in.grpc)
