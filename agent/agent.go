@@ -887,12 +887,16 @@ func (a *Agent) callEngine(ctx context.Context, run *jobRun) {
 	out.called = time.Now()
 	err := a.engine.Stream(ctx, req, out.emit)
 	a.metrics.duration.Observe(time.Since(out.called).Seconds())
-	a.finish(ctx, run, err)
+	a.finish(ctx, out, run.key.request, err)
 }
 
-// finish reports how a stream ended: its final, or one clear error.
-func (a *Agent) finish(ctx context.Context, run *jobRun, err error) {
-	out, id := &run.out, run.key.request
+// finish reports how a job's engine call ended: cancelled (nothing is
+// reported), its final, drained, expired, or one clear error. Chat and
+// embeddings both end here, so an engine's failure reads alike whichever
+// API the job was: an error that is not a wire.Error, which no adapter
+// classified, is CodeEngine (the engine failed), never CodeEngineDown,
+// which only an adapter that saw the engine unreachable can say.
+func (a *Agent) finish(ctx context.Context, out *stream, id string, err error) {
 	switch cause := context.Cause(ctx); {
 	case cause == errCancelled || out.muted.Load():
 		// Stopped by its cancel, or (a PD decode leg) ran on silently to
