@@ -1,4 +1,4 @@
-package jserr_test
+package natsx_test
 
 import (
 	"context"
@@ -10,8 +10,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/switchyard-ai/switchyard/internal/jserr"
 	"github.com/switchyard-ai/switchyard/internal/natstest"
+	"github.com/switchyard-ai/switchyard/natsx"
 )
 
 // The codes named here are the server's.
@@ -21,8 +21,8 @@ func TestCodesAreTheServers(t *testing.T) {
 		ours jetstream.ErrorCode
 		id   server.ErrorIdentifier
 	}{
-		{"cluster not available", jserr.CodeClusterNotAvail, server.JSClusterNotAvailErr},
-		{"store failed", jserr.CodeStreamStoreFailed, server.JSStreamStoreFailedF},
+		{"cluster not available", natsx.CodeClusterNotAvail, server.JSClusterNotAvailErr},
+		{"store failed", natsx.CodeStreamStoreFailed, server.JSStreamStoreFailedF},
 	} {
 		if got := server.ApiErrors[tc.id].ErrCode; uint16(tc.ours) != got {
 			t.Errorf("%s: %d, the server's is %d", tc.name, tc.ours, got)
@@ -96,7 +96,7 @@ func TestClassify(t *testing.T) {
 		{"connection closed", closed, false, false},
 		{"stream not found", badStream, false, false},
 		{"JetStream not enabled", notEnabled, true, false},
-		{"leader election", fmt.Errorf("nats: %w", &jetstream.APIError{Code: 503, ErrorCode: jserr.CodeClusterNotAvail, Description: "JetStream system temporarily unavailable"}), true, false},
+		{"leader election", fmt.Errorf("nats: %w", &jetstream.APIError{Code: 503, ErrorCode: natsx.CodeClusterNotAvail, Description: "JetStream system temporarily unavailable"}), true, false},
 		{"reconnecting", nats.ErrConnectionReconnecting, true, false},
 		{"disconnected", nats.ErrDisconnected, true, false},
 		{"request timeout", nats.ErrTimeout, true, false},
@@ -106,10 +106,10 @@ func TestClassify(t *testing.T) {
 			if tc.err == nil {
 				t.Fatal("no error produced")
 			}
-			if got := jserr.NotNow(tc.err); got != tc.notNow {
+			if got := natsx.NotNow(tc.err); got != tc.notNow {
 				t.Errorf("NotNow(%v) = %v, want %v", tc.err, got, tc.notNow)
 			}
-			if got := jserr.QueueFull(tc.err); got != tc.queueFull {
+			if got := natsx.QueueFull(tc.err); got != tc.queueFull {
 				t.Errorf("QueueFull(%v) = %v, want %v", tc.err, got, tc.queueFull)
 			}
 		})

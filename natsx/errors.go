@@ -1,8 +1,4 @@
-// Package jserr classifies the errors of JetStream requests (a publish, a
-// consumer request) for the broker and the agents alike: a failure that
-// passes by itself, to be tried again, and a full queue, which is an
-// answer.
-package jserr
+package natsx
 
 import (
 	"context"
