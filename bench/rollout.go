@@ -1,9 +1,9 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/switchyard-ai/switchyard/internal/promtext"
+	"github.com/switchyard-ai/switchyard/oaiformat/sse"
 )
 
 // rollout runs the realistic rollout of e2e/rollout_test.go with
@@ -567,25 +568,26 @@ func rolloutStream(ctx context.Context, c *http.Client, base string, r *rolloutR
 		r.err = fmt.Sprintf("status %d: %s", resp.StatusCode, strings.TrimSpace(string(b)))
 		return
 	}
-	br := bufio.NewReader(resp.Body)
-	done := false
+	events := sse.NewReader(resp.Body, maxSSEEvent)
 	for {
-		line, err := br.ReadString('\n')
-		payload, ok := strings.CutPrefix(strings.TrimSpace(line), "data: ")
+		e, err := events.Next()
+		if errors.Is(err, io.ErrUnexpectedEOF) && string(e.Data) == "[DONE]" {
+			return // [DONE] without its empty line
+		}
+		if err != nil {
+			if r.err == "" {
+				r.err = fmt.Sprintf("stream ended without [DONE]: %v", err)
+			}
+			return
+		}
+		payload := string(e.Data)
 		switch {
-		case !ok:
 		case payload == "[DONE]":
-			done = true
+			return
 		case strings.HasPrefix(payload, `{"error"`):
 			r.err = "error event: " + payload
 		case r.ttft == 0 && strings.Contains(payload, `"content":"`) && !strings.Contains(payload, `"content":""`):
 			r.ttft = time.Since(r.sent)
-		}
-		if err != nil {
-			if r.err == "" && !done {
-				r.err = fmt.Sprintf("stream ended without [DONE]: %v", err)
-			}
-			return
 		}
 	}
 }
