@@ -222,8 +222,8 @@ func (s *stream) quiet() {
 // outside the sequence: it repeats the sequence number of the last chunk
 // sent (accepted's), so the stream's numbering is untouched and a broker
 // that does not know the kind drops it as a duplicate. It is a timer, not
-// a goroutine: most attempts speak before the first tick, and a parked
-// goroutine and a ticker per job were a measurable share of a short job.
+// a goroutine: most attempts speak before the first tick, and a short job
+// should not pay for a parked goroutine and a ticker it never uses.
 func (s *stream) keepalive(ctx context.Context, every time.Duration) {
 	if every <= 0 {
 		return
