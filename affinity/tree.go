@@ -16,9 +16,9 @@ const (
 )
 
 const (
-	// DefaultMaxBlocks bounds a tree to a few tens of MB: each (block,
-	// agent) entry costs about 40 bytes in the slab and 40 in its map,
-	// each distinct key 16 to 70 more.
+	// DefaultMaxBlocks bounds the (block, agent) entries a tree holds, and
+	// so its memory, which is linear in the entries and the distinct keys:
+	// a tree never grows past it, whatever the prompts.
 	DefaultMaxBlocks = 1 << 18
 	// MaxAgents is how many agents one tree tracks; the agents beyond it
 	// (a pool of more than 256 engines for one model) are never matched.

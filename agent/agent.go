@@ -19,7 +19,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/switchyard-ai/switchyard/dispatch"
-	"github.com/switchyard-ai/switchyard/internal/jserr"
+	"github.com/switchyard-ai/switchyard/natsx"
 	"github.com/switchyard-ai/switchyard/oaiformat"
 	"github.com/switchyard-ai/switchyard/subjects"
 	"github.com/switchyard-ai/switchyard/wire"
@@ -887,12 +887,16 @@ func (a *Agent) callEngine(ctx context.Context, run *jobRun) {
 	out.called = time.Now()
 	err := a.engine.Stream(ctx, req, out.emit)
 	a.metrics.duration.Observe(time.Since(out.called).Seconds())
-	a.finish(ctx, run, err)
+	a.finish(ctx, out, run.key.request, err)
 }
 
-// finish reports how a stream ended: its final, or one clear error.
-func (a *Agent) finish(ctx context.Context, run *jobRun, err error) {
-	out, id := &run.out, run.key.request
+// finish reports how a job's engine call ended: cancelled (nothing is
+// reported), its final, drained, expired, or one clear error. Chat and
+// embeddings both end here, so an engine's failure reads alike whichever
+// API the job was: an error that is not a wire.Error, which no adapter
+// classified, is CodeEngine (the engine failed), never CodeEngineDown,
+// which only an adapter that saw the engine unreachable can say.
+func (a *Agent) finish(ctx context.Context, out *stream, id string, err error) {
 	switch cause := context.Cause(ctx); {
 	case cause == errCancelled || out.muted.Load():
 		// Stopped by its cancel, or (a PD decode leg) ran on silently to
@@ -1037,6 +1041,7 @@ func (a *Agent) prefill(ctx context.Context, req *Request, out *stream, ps *pref
 // Bounds of one try to publish a decode job and of the wait between two.
 const (
 	publishTry        = time.Second
+	publishBackoffMin = 25 * time.Millisecond
 	publishBackoffMax = time.Second
 )
 
@@ -1076,26 +1081,23 @@ func (a *Agent) publishDecode(ctx context.Context, job *wire.Job, h *wire.PDHand
 	// attempt (see onCancel), the second one's decode job, a release one
 	// if it was stopped, must not be taken for the first one's.
 	msgID := fmt.Sprintf("%s.%d.decode.%s", job.GetRequestId(), job.GetAttempt(), a.cfg.ID)
-	for backoff := 25 * time.Millisecond; ; backoff = min(2*backoff, publishBackoffMax) {
-		tctx, tcancel := context.WithTimeout(ctx, publishTry)
-		_, err = a.js.Publish(tctx, a.decodeSubj, data, jetstream.WithMsgID(msgID))
-		tcancel()
-		switch {
-		case err == nil:
-			return nil
-		case jserr.QueueFull(err):
-			return &wire.Error{Code: wire.CodeQueueFull, Retryable: true,
-				Message: "the decode queue " + a.decodeSubj + " is full: " + err.Error()}
-		case !jserr.NotNow(err):
-			return &wire.Error{Code: wire.CodeEngineDown, Message: "publishing the decode job: " + err.Error()}
-		}
-		a.metrics.publishRetries.Inc()
-		a.log.Debug("decode job not published yet, retrying", "request", job.GetRequestId(), "err", err, "backoff", backoff)
-		select {
-		case <-ctx.Done():
-			return &wire.Error{Code: wire.CodeEngineDown, Message: "publishing the decode job until its deadline or KV hold: " + err.Error()}
-		case <-time.After(backoff):
-		}
+	_, _, err = natsx.Publish(ctx, a.js, a.decodeSubj, data, msgID, natsx.Retry{
+		Try: publishTry, MinBackoff: publishBackoffMin, MaxBackoff: publishBackoffMax,
+		Retrying: func(err error, backoff time.Duration) {
+			a.metrics.publishRetries.Inc()
+			a.log.Debug("decode job not published yet, retrying", "request", job.GetRequestId(), "err", err, "backoff", backoff)
+		},
+	})
+	switch {
+	case err == nil:
+		return nil
+	case natsx.QueueFull(err):
+		return &wire.Error{Code: wire.CodeQueueFull, Retryable: true,
+			Message: "the decode queue " + a.decodeSubj + " is full: " + err.Error()}
+	case ctx.Err() != nil:
+		return &wire.Error{Code: wire.CodeEngineDown, Message: "publishing the decode job until its deadline or KV hold: " + err.Error()}
+	default:
+		return &wire.Error{Code: wire.CodeEngineDown, Message: "publishing the decode job: " + err.Error()}
 	}
 }
 

@@ -96,13 +96,12 @@ func start(t *testing.T, slots int, delay time.Duration, opts ...func(*agent.Con
 		}
 	})
 	js, _ := jetstream.New(nc)
-	deadline := time.Now().Add(10 * time.Second)
-	for a.State() != wire.StateReady {
-		if time.Now().After(deadline) {
-			t.Fatal("agent never ready")
+	testwait.For(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if st := a.State(); st != wire.StateReady {
+			return fmt.Errorf("agent is %s, never ready", st)
 		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return nil
+	})
 	return &fixture{nc: nc, js: js, eng: eng, agent: a, stop: cancel, done: done}
 }
 

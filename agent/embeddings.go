@@ -3,7 +3,6 @@ package agent
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"time"
@@ -57,24 +56,8 @@ func (a *Agent) embed(ctx context.Context, job *wire.Job, out *stream) {
 		if err := out.send(&wire.Chunk{Kind: wire.Chunk_KIND_ERROR, Error: we, Raw: body}); err != nil {
 			a.log.Warn("error chunk not sent", "request", job.GetRequestId(), "err", err)
 		}
-	case context.Cause(ctx) == errCancelled:
-		a.metrics.jobs.WithLabelValues(JobCancelled).Inc()
-	case context.Cause(ctx) == errDrainTimeout:
-		a.metrics.jobs.WithLabelValues(JobDrained).Inc()
-		out.fail(drainedError(a.cfg.ID))
-	case errors.Is(ctx.Err(), context.DeadlineExceeded):
-		a.metrics.jobs.WithLabelValues(JobExpired).Inc()
-		out.fail(&wire.Error{Code: wire.CodeDeadlineExceeded, Message: "request deadline exceeded in the engine"})
 	default:
-		a.metrics.jobs.WithLabelValues(errorOutcome(err)).Inc()
-		var we *wire.Error
-		if !errors.As(err, &we) {
-			we = &wire.Error{Code: wire.CodeEngineDown, Message: err.Error()}
-		}
-		we.Retryable = wire.Repeatable(we.Code)
-		a.log.Warn("engine embeddings request failed", "request", job.GetRequestId(), "err", err)
-		a.engineRefused(we)
-		out.fail(we)
+		a.finish(ctx, out, job.GetRequestId(), err)
 	}
 }
 

@@ -277,7 +277,7 @@ func BenchmarkShortAnswer(b *testing.B) {
 	}
 }
 
-// BenchmarkEmitToken is the agent's hop for one token: jsonscan, the
+// BenchmarkEmitToken is the agent's hop for one token: reading the chunk, the
 // token message, framing and the NATS publish, with the outbox flushing
 // inline (outbox=off) or on its goroutine (outbox=on, as an agent runs).
 func BenchmarkEmitToken(b *testing.B) {

@@ -6,9 +6,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
-	"github.com/switchyard-ai/switchyard/oaiformat/jsonscan"
+	"github.com/switchyard-ai/switchyard/oaiformat"
 	"github.com/switchyard-ai/switchyard/wire"
 )
 
@@ -222,8 +221,8 @@ func (s *stream) quiet() {
 // outside the sequence: it repeats the sequence number of the last chunk
 // sent (accepted's), so the stream's numbering is untouched and a broker
 // that does not know the kind drops it as a duplicate. It is a timer, not
-// a goroutine: most attempts speak before the first tick, and a parked
-// goroutine and a ticker per job were a measurable share of a short job.
+// a goroutine: most attempts speak before the first tick, and a short job
+// should not pay for a parked goroutine and a ticker it never uses.
 func (s *stream) keepalive(ctx context.Context, every time.Duration) {
 	if every <= 0 {
 		return
@@ -287,11 +286,10 @@ func (s *stream) emit(raw []byte, more bool) error {
 			return errCancelled
 		}
 	}
-	// Only the few fields the broker needs are parsed (one pass, no
-	// reflection: this runs for every token); everything else travels in
-	// Event.raw untouched.
-	var f jsonscan.Fields
-	if err := jsonscan.ScanSpan(raw, &f); err != nil {
+	// Only the few fields the broker needs are read; everything else
+	// travels in Event.raw untouched.
+	f, err := oaiformat.ReadChunk(raw)
+	if err != nil {
 		return &wire.Error{Code: wire.CodeEngine, Message: "engine sent an undecodable chunk: " + err.Error()}
 	}
 	if f.HasUsage {
@@ -323,13 +321,7 @@ func (s *stream) emit(raw []byte, more bool) error {
 		s.batch.Events = append(make([]*wire.Event, 0, 2*i), s.batch.Events...)
 	}
 	ev := s.evs[i]
-	// A plain text (nearly every token's) is a span of raw: the event's
-	// text aliases its raw bytes, which live as long as it does (until the
-	// flush that sends it), and makes no string.
 	ev.Raw, ev.DeltaText, ev.FinishReason = raw, f.Text, ""
-	if f.TextEnd > f.TextStart {
-		ev.DeltaText = unsafe.String(&raw[f.TextStart], f.TextEnd-f.TextStart)
-	}
 	if f.HasFinish {
 		ev.FinishReason = f.FinishReason
 		s.finishReason = f.FinishReason
@@ -349,9 +341,6 @@ func (s *stream) emit(raw []byte, more bool) error {
 		start := len(s.held)
 		s.held = append(s.held, raw...)
 		ev.Raw = s.held[start:len(s.held):len(s.held)]
-		if f.TextEnd > f.TextStart {
-			ev.DeltaText = unsafe.String(&ev.Raw[f.TextStart], f.TextEnd-f.TextStart)
-		}
 		return nil
 	}
 	return s.flush()

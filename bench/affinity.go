@@ -1,11 +1,12 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net/http"
 	"os"
@@ -17,6 +18,7 @@ import (
 	"time"
 
 	"github.com/switchyard-ai/switchyard/affinity"
+	"github.com/switchyard-ai/switchyard/oaiformat/sse"
 )
 
 // The affinity scenario: multi-turn chat on sim-engines with a
@@ -511,14 +513,16 @@ func chatStream(ctx context.Context, c *http.Client, base, conv string, msgs []m
 	}
 	var ttft time.Duration
 	var text strings.Builder
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		data, ok := strings.CutPrefix(sc.Text(), "data: ")
-		if !ok {
-			continue
+	events := sse.NewReader(resp.Body, maxSSEEvent)
+	for {
+		e, err := events.Next()
+		if err != nil && !(errors.Is(err, io.ErrUnexpectedEOF) && string(e.Data) == "[DONE]") {
+			if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+				break
+			}
+			return 0, "", err
 		}
-		if data == "[DONE]" {
+		if string(e.Data) == "[DONE]" {
 			if ttft == 0 {
 				return 0, "", fmt.Errorf("no token")
 			}
@@ -531,7 +535,7 @@ func chatStream(ctx context.Context, c *http.Client, base, conv string, msgs []m
 				} `json:"delta"`
 			} `json:"choices"`
 		}
-		if json.Unmarshal([]byte(data), &ch) != nil {
+		if json.Unmarshal(e.Data, &ch) != nil {
 			continue
 		}
 		for _, c := range ch.Choices {
@@ -540,9 +544,6 @@ func chatStream(ctx context.Context, c *http.Client, base, conv string, msgs []m
 			}
 			text.WriteString(c.Delta.Content)
 		}
-	}
-	if err := sc.Err(); err != nil {
-		return 0, "", err
 	}
 	return 0, "", fmt.Errorf("stream ended without [DONE]")
 }

@@ -1,9 +1,9 @@
 package main
 
 import (
-	"bufio"
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -16,6 +16,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/switchyard-ai/switchyard/oaiformat/sse"
 )
 
 // The goodput scenario's service targets: a request is good when its
@@ -655,12 +657,14 @@ func goodputRequest(ctx context.Context, c *http.Client, base string, w goodputR
 	}
 	var first, last time.Time
 	tokens := 0
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		payload, ok := strings.CutPrefix(sc.Text(), "data: ")
+	events := sse.NewReader(resp.Body, maxSSEEvent)
+	for {
+		e, err := events.Next()
+		if err != nil && !(errors.Is(err, io.ErrUnexpectedEOF) && string(e.Data) == "[DONE]") {
+			break
+		}
+		payload := string(e.Data)
 		switch {
-		case !ok:
 		case payload == "[DONE]":
 			if tokens == 0 {
 				return false, true

@@ -324,3 +324,7 @@ func fmtInt(v float64) string {
 	}
 	return string(out)
 }
+
+// maxSSEEvent bounds an SSE line and event the runner reads from a
+// server: longer is a broken answer.
+const maxSSEEvent = 1 << 20

@@ -1,9 +1,9 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -16,6 +16,9 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/switchyard-ai/switchyard/internal/promtext"
+	"github.com/switchyard-ai/switchyard/oaiformat/sse"
 )
 
 // rollout runs the realistic rollout of e2e/rollout_test.go with
@@ -522,37 +525,23 @@ func rolloutFleet(ctx context.Context, base string) (rolloutSample, error) {
 	return rolloutSample{at: time.Now(), agents: f.Agents}, nil
 }
 
-// brokerCounter sums a counter's series in the broker's /metrics.
+// brokerCounter sums a counter's series in the broker's /metrics, with
+// the series that are not zero.
 func brokerCounter(ctx context.Context, base, name string) string {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/metrics", nil)
+	m, err := promtext.Fetch(ctx, nil, base+"/metrics")
 	if err != nil {
 		return err.Error()
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return err.Error()
-	}
-	defer resp.Body.Close()
-	sum := 0.0
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	var by []string
-	for sc.Scan() {
-		line := sc.Text()
-		if !strings.HasPrefix(line, name) {
-			continue
+	for _, s := range m.Samples(name) {
+		if s.Value > 0 {
+			by = append(by, fmt.Sprintf("{%s} %v", s.Labels, s.Value))
 		}
-		f := strings.Fields(line)
-		v, _ := strconv.ParseFloat(f[len(f)-1], 64)
-		if v > 0 {
-			by = append(by, fmt.Sprintf("%s %v", strings.TrimPrefix(f[0], name), v))
-		}
-		sum += v
 	}
 	if len(by) == 0 {
 		return "0"
 	}
-	return fmt.Sprintf("%v (%s)", sum, strings.Join(by, ", "))
+	return fmt.Sprintf("%v (%s)", m.Sum(name), strings.Join(by, ", "))
 }
 
 // rolloutStream sends one streaming chat request and reads it to the end
@@ -579,25 +568,26 @@ func rolloutStream(ctx context.Context, c *http.Client, base string, r *rolloutR
 		r.err = fmt.Sprintf("status %d: %s", resp.StatusCode, strings.TrimSpace(string(b)))
 		return
 	}
-	br := bufio.NewReader(resp.Body)
-	done := false
+	events := sse.NewReader(resp.Body, maxSSEEvent)
 	for {
-		line, err := br.ReadString('\n')
-		payload, ok := strings.CutPrefix(strings.TrimSpace(line), "data: ")
+		e, err := events.Next()
+		if errors.Is(err, io.ErrUnexpectedEOF) && string(e.Data) == "[DONE]" {
+			return // [DONE] without its empty line
+		}
+		if err != nil {
+			if r.err == "" {
+				r.err = fmt.Sprintf("stream ended without [DONE]: %v", err)
+			}
+			return
+		}
+		payload := string(e.Data)
 		switch {
-		case !ok:
 		case payload == "[DONE]":
-			done = true
+			return
 		case strings.HasPrefix(payload, `{"error"`):
 			r.err = "error event: " + payload
 		case r.ttft == 0 && strings.Contains(payload, `"content":"`) && !strings.Contains(payload, `"content":""`):
 			r.ttft = time.Since(r.sent)
-		}
-		if err != nil {
-			if r.err == "" && !done {
-				r.err = fmt.Sprintf("stream ended without [DONE]: %v", err)
-			}
-			return
 		}
 	}
 }

@@ -1,18 +1,17 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
-	"net/http"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/switchyard-ai/switchyard/internal/promtext"
 	"github.com/switchyard-ai/switchyard/loadgen"
 	"github.com/switchyard-ai/switchyard/simengine"
 )
@@ -229,36 +228,15 @@ func sampleWaiting(ctx context.Context, engines []string) (peaks, means []float6
 	return peaks, means
 }
 
-// engineGauges reads the unlabelled value of each metric of an engine.
+// engineGauges reads an engine's metrics, each summed over its series.
 func engineGauges(ctx context.Context, addr string) (map[string]float64, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
+	m, err := promtext.Fetch(ctx, nil, "http://"+addr+"/metrics")
 	if err != nil {
 		return nil, err
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, err
+	out := make(map[string]float64, len(m))
+	for name := range m {
+		out[name] = m.Sum(name)
 	}
-	defer resp.Body.Close()
-	out := map[string]float64{}
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		line := sc.Text()
-		if strings.HasPrefix(line, "#") {
-			continue
-		}
-		name, rest, ok := strings.Cut(line, "{")
-		if !ok {
-			continue
-		}
-		_, val, ok := strings.Cut(rest, "} ")
-		if !ok {
-			continue
-		}
-		v, err := strconv.ParseFloat(strings.TrimSpace(val), 64)
-		if err == nil {
-			out[name] += v
-		}
-	}
-	return out, sc.Err()
+	return out, nil
 }

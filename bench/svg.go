@@ -224,3 +224,79 @@ func svgEnd(path string, b *strings.Builder) error {
 	}
 	return os.WriteFile(path, []byte(b.String()), 0o644)
 }
+
+// budgetBar is one budgeted figure: Switchyard's value and its peer's,
+// and the budget as a multiple of the peer's, an upper bound (CPU) or,
+// when atLeast, a lower one (tokens/s).
+type budgetBar struct {
+	name, peer   string
+	ours, theirs float64
+	budget       float64
+	atLeast      bool
+}
+
+// met reports whether the figure is within its budget.
+func (r budgetBar) met() bool {
+	if r.atLeast {
+		return r.ours >= r.budget*r.theirs
+	}
+	return r.ours <= r.budget*r.theirs
+}
+
+// writeBudget draws each budgeted figure as Switchyard's bar beside its
+// peer's (gray), both as multiples of the peer's value (the peer at 1),
+// with the budget a dashed line across the pair: a green bar is within
+// it, an orange one outside. A \n in a figure's name breaks its label.
+func writeBudget(path, title string, bars []budgetBar) error {
+	const w, h, left, right, top, bottom = 760, 440, 70, 20, 40, 85
+	pw, ph := float64(w-left-right), float64(h-top-bottom)
+	if len(bars) == 0 {
+		return fmt.Errorf("%s: no data", title)
+	}
+	yHi := 1.0
+	for _, r := range bars {
+		if r.theirs <= 0 {
+			return fmt.Errorf("%s: %s: no peer's value", title, r.name)
+		}
+		yHi = max(yHi, r.ours/r.theirs, r.budget)
+	}
+	yStep := niceStep(yHi / 6)
+	yHi = math.Ceil(yHi*1.05/yStep) * yStep
+	yf := func(v float64) float64 { return top + ph*(1-v/yHi) }
+	var b strings.Builder
+	svgStart(&b, w, h, left, title)
+	for t := 0.0; t <= yHi*1.0001; t += yStep {
+		y := yf(t)
+		fmt.Fprintf(&b, `<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#ddd"/>`+"\n", left, y, w-right, y)
+		fmt.Fprintf(&b, `<text x="%d" y="%.1f" text-anchor="end" dominant-baseline="middle">%sx</text>`+"\n", left-6, y, tickLabel(t))
+	}
+	fmt.Fprintf(&b, `<text x="16" y="%.0f" text-anchor="middle" transform="rotate(-90 16 %.0f)">%s</text>`+"\n", top+ph/2, top+ph/2, "multiple of the peer's figure")
+	slot := pw / float64(len(bars))
+	bw := slot / 4
+	for i, r := range bars {
+		x0 := float64(left) + slot*float64(i)
+		ours, color := r.ours/r.theirs, "#1b9e77"
+		if !r.met() {
+			color = "#d95f02"
+		}
+		bar := func(x, v float64, fill, label string) {
+			fmt.Fprintf(&b, `<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s"/>`+"\n", x, yf(v), bw, yf(0)-yf(v), fill)
+			// Inside the bar's top, clear of the budget's line above it.
+			fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle" fill="white" font-weight="bold">%s</text>`+"\n", x+bw/2, yf(v)+16, html.EscapeString(label))
+		}
+		bar(x0+slot/2-bw-2, ours, color, fmt.Sprintf("%.2fx", ours))
+		bar(x0+slot/2+2, 1, "#bbb", "1x")
+		by := yf(r.budget)
+		fmt.Fprintf(&b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#333" stroke-width="1.5" stroke-dasharray="6 4"/>`+"\n", x0+slot/2-bw-10, by, x0+slot/2+bw+10, by)
+		cmp := "≤"
+		if r.atLeast {
+			cmp = "≥"
+		}
+		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="start" font-size="11">%s %gx</text>`+"\n", x0+slot/2+bw+12, by+4, cmp, r.budget)
+		for j, line := range append(strings.Split(r.name, "\n"), "against "+r.peer) {
+			fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">%s</text>`+"\n", x0+slot/2, h-bottom+18+16*j, html.EscapeString(line))
+		}
+	}
+	fmt.Fprintf(&b, `<rect x="%d" y="%d" width="%.0f" height="%.0f" fill="none" stroke="#333"/>`+"\n", left, top, pw, ph)
+	return svgEnd(path, &b)
+}

@@ -256,6 +256,16 @@ func (e *env) tokenpath(d *doc) error {
 	d.target("front-end CPU (broker + agents) per 1-token request", "≤ 2x the Go proxy's", fmt.Sprintf("%.2fx (%.3f against %.3f ms)", feReq/gpReq1, feReq, gpReq1), feReq <= 2*gpReq1)
 	d.target("front-end CPU (broker + agents) per extra token", "≤ 2x the Go proxy's", fmt.Sprintf("%.2fx (%.1f against %.1f µs)", feTok/gpTok1, feTok, gpTok1), feTok <= 2*gpTok1)
 	d.target("relayed tokens/s at 256 streams", "≥ 0.8x the Go proxy's", fmt.Sprintf("%.2fx (%s against %s)", sTPS/gTPS, fmtInt(sTPS), fmtInt(gTPS)), sTPS >= 0.8*gTPS)
+	budget := []budgetBar{
+		{name: "broker CPU\nper extra token", peer: "nginx", ours: brTok, theirs: nTok, budget: 1.25},
+		{name: "front end CPU\nper 1-token request", peer: "the Go proxy", ours: feReq, theirs: gpReq1, budget: 2},
+		{name: "front end CPU\nper extra token", peer: "the Go proxy", ours: feTok, theirs: gpTok1, budget: 2},
+		{name: "relayed tokens/s\nat 256 streams", peer: "the Go proxy", ours: sTPS, theirs: gTPS, budget: 0.8, atLeast: true},
+	}
+	if err := writeBudget(filepath.Join(d.out, budgetImg), "The budget: Switchyard against its peers", budget); err != nil {
+		return err
+	}
+	fmt.Fprintf(&b, "![The budget's figures against the peers](%s)\n\n", budgetImg)
 	gpReq := perReq("per-request", "Go proxy", "") / perReq("per-request", "nginx", "")
 	gpTok := perTok("Go proxy", "") / perTok("nginx", "")
 	fmt.Fprintf(&b, "The Go proxy in this run: %.2fx nginx's CPU per request and %.2fx per extra token. "+
@@ -383,3 +393,7 @@ func fmtRatioValue(v float64, unit string) string {
 	}
 	return fmtInt(v) + " " + unit
 }
+
+// budgetImg is the budget's plot, under the runner's output directory;
+// docs/performance.md shows it too.
+const budgetImg = "img/bench-budget.svg"

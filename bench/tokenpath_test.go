@@ -2,6 +2,9 @@ package main
 
 import (
 	"math"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -38,5 +41,39 @@ func TestTokenpathRatios(t *testing.T) {
 		"| relayed tokens/s at 256 streams, against the Go proxy's | 45,000 tokens/s | 50,000 tokens/s | 0.90x |\n"
 	if got != want {
 		t.Errorf("tokenpathRatios:\n%s\nwant:\n%s", got, want)
+	}
+}
+
+// TestWriteBudget draws the budget's figures: a bar per figure beside its
+// peer's, green within the budget and orange outside, the budget's line.
+func TestWriteBudget(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "img", "budget.svg")
+	err := writeBudget(path, "budget", []budgetBar{
+		{name: "broker CPU\nper extra token", peer: "nginx", ours: 29.1, theirs: 22.4, budget: 1.25},
+		{name: "front end CPU", peer: "the Go proxy", ours: 0.325, theirs: 0.195, budget: 2},
+		{name: "tokens/s", peer: "the Go proxy", ours: 30612, theirs: 40229, budget: 0.8, atLeast: true},
+		{name: "tokens/s met", peer: "the Go proxy", ours: 36000, theirs: 40000, budget: 0.8, atLeast: true},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	svg := string(b)
+	for _, want := range []string{"1.30x", "1.67x", "0.76x", "0.90x", "≤ 1.25x", "≥ 0.8x", "per extra token", "against nginx", "</svg>"} {
+		if !strings.Contains(svg, want) {
+			t.Errorf("the plot lacks %q", want)
+		}
+	}
+	if got := strings.Count(svg, `fill="#d95f02"`); got != 2 {
+		t.Errorf("%d bars outside the budget, want 2 (the broker's and the relay's)", got)
+	}
+	if got := strings.Count(svg, `fill="#1b9e77"`); got != 2 {
+		t.Errorf("%d bars within the budget, want 2", got)
+	}
+	if err := writeBudget(path, "budget", []budgetBar{{name: "x", ours: 1}}); err == nil {
+		t.Error("a figure without its peer's value was drawn")
 	}
 }

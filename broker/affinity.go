@@ -53,9 +53,10 @@ const (
 const DefaultAffinity = AffinityPrecise
 
 // DefaultAffinityWait is how long a directed job waits for its agent
-// before it moves to the shared queue: about two service times of a
-// short turn in the benchmark, so an offer queued behind a full agent's
-// slots is usually taken, and a dead or draining agent costs little.
+// before it moves to the shared queue: long enough for a full agent's slot
+// to free up for a short turn, so an offer queued behind it is usually
+// taken, and short enough that a dead or draining agent costs a turn
+// little (docs/performance.md, "Prefix-cache affinity").
 const DefaultAffinityWait = 300 * time.Millisecond
 
 // DefaultAffinityGuard is the broker's guard: affinity.DefaultGuard (the
@@ -110,10 +111,10 @@ type AffinityConfig struct {
 	Queue int
 }
 
-// DefaultAffinityQueue is AffinityConfig.Queue's default: with 4-slot
-// agents at 80% load, preferring only agents with a free slot sent 40% of
-// the benchmark's turns elsewhere to prefill their conversation again
-// (docs/performance.md).
+// DefaultAffinityQueue is AffinityConfig.Queue's default: a few offers may
+// wait for the agent that caches their prefix, because preferring only
+// agents with a free slot sends a busy fleet's turns elsewhere to prefill
+// their conversation again (docs/performance.md, "Prefix-cache affinity").
 const DefaultAffinityQueue = 3
 
 func (c *AffinityConfig) setDefaults() {

@@ -206,9 +206,9 @@ func (b *Broker) EnsureStream(ctx context.Context) error {
 // (Nats-Msg-Id): every try of one publish, the broker's (within
 // PublishWait) and a prefill agent's decode job (within its KV hold), with
 // the last try's own timeout on top. JetStream's default of two minutes
-// kept every job's id that long: at 7,500 jobs a second some 900,000
-// entries of about 170 bytes, 150 MB of the broker's live heap that every
-// collection marks.
+// would keep every job's id that long: a heap that grows with the request
+// rate times two minutes, all of it marked by every collection, for ids
+// no try can repeat.
 func (b *Broker) dupWindow() time.Duration {
 	return max(b.cfg.PublishWait, b.cfg.KVHold) + 2*b.publishTimeout
 }

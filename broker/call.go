@@ -16,7 +16,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/switchyard-ai/switchyard/dispatch"
-	"github.com/switchyard-ai/switchyard/internal/jserr"
+	"github.com/switchyard-ai/switchyard/natsx"
 	"github.com/switchyard-ai/switchyard/oaiformat"
 	"github.com/switchyard-ai/switchyard/subjects"
 	"github.com/switchyard-ai/switchyard/wire"
@@ -455,10 +455,10 @@ func (b *Broker) cancelOrphan(id string) {
 // publishError names a failed job publish: a full queue (429), NATS away
 // for now (503), or anything else.
 func publishError(subject string, err error) error {
-	if jserr.QueueFull(err) {
+	if natsx.QueueFull(err) {
 		return fmt.Errorf("%w: %s: %w", ErrQueueFull, subject, err)
 	}
-	if jserr.NotNow(err) || errors.Is(err, nats.ErrConnectionClosed) {
+	if natsx.NotNow(err) || errors.Is(err, nats.ErrConnectionClosed) {
 		return fmt.Errorf("%w: publish %s: %w", ErrNotConnected, subject, err)
 	}
 	return fmt.Errorf("broker: publish %s: %w", subject, err)

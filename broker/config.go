@@ -42,9 +42,9 @@ type Config struct {
 	// the NATS server that holds them. The default is memory: a job lives
 	// for as long as a client waits on it, the broker dispatches again a job
 	// lost with its server, and a work queue that drains after every job
-	// costs a file store a block file deleted and created per job (~7% of
-	// the broker's CPU, ~30% of its TTFT at 64 streams on 2 cores). An
-	// existing stream keeps the storage it was created with.
+	// costs a file store a block file deleted and created per job, in CPU
+	// and in time to first token (docs/performance.md). An existing stream
+	// keeps the storage it was created with.
 	FileStorage bool
 	// QueueMax bounds the jobs waiting per (model, pool); beyond it Submit
 	// fails with ErrQueueFull.

@@ -636,7 +636,16 @@ func TestLostDeliveryRetried(t *testing.T) {
 			}
 		}
 	}()
-	time.Sleep(100 * time.Millisecond) // the pull waits at the server
+	testwait.For(t, 5*time.Second, 5*time.Millisecond, func() error { // the pull waits at the server
+		info, err := cons.Info(context.Background())
+		if err != nil {
+			return err
+		}
+		if info.NumWaiting == 0 {
+			return errors.New("no pull waiting at the server")
+		}
+		return nil
+	})
 	c := submit(t, r.b)
 	<-lost
 	r.agent("good", subjects.PoolRegular, "", 1, serve)

@@ -8,7 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/switchyard-ai/switchyard/internal/jserr"
+	"github.com/switchyard-ai/switchyard/natsx"
 )
 
 // DefaultPublishWait bounds how long a request waits for NATS to take its
@@ -31,48 +31,24 @@ func jobMsgID(request string, attempt uint32) string {
 }
 
 // publishJob stores an attempt's job, riding out a stream leader election
-// and a reconnect: a try that fails "not now" is tried again with backoff
-// until the job is stored, ctx ends, or until passes. Each try is bounded
-// by the publish timeout, so a try sent to a node that died is given up
-// for the next. A full queue, or any other answer, ends it at once.
+// and a reconnect (natsx.Publish) until the job is stored, ctx ends, or
+// until passes. Each try is bounded by the publish timeout, so a try sent
+// to a node that died is given up for the next. A full queue, or any
+// other answer, ends it at once.
 func (b *Broker) publishJob(ctx context.Context, subject string, data []byte, msgID string, until time.Time) (*jetstream.PubAck, error) {
 	ctx, cancel := context.WithDeadline(ctx, until)
 	defer cancel()
-	backoff := publishBackoffMin
-	for tries := 1; ; tries++ {
-		tctx, tcancel := context.WithTimeout(ctx, b.publishTimeout)
-		ack, err := b.js.Publish(tctx, subject, data, jetstream.WithMsgID(msgID))
-		tcancel()
-		if err == nil {
-			if tries > 1 {
-				b.log.Info("job published after a failover", "subject", subject, "msg_id", msgID, "tries", tries, "duplicate", ack.Duplicate)
-			}
-			return ack, nil
-		}
-		if !jserr.NotNow(err) || ctx.Err() != nil || b.nc.IsClosed() {
-			return nil, err
-		}
-		b.metrics.publishRetries.Inc()
-		b.log.Debug("job not published yet, retrying", "subject", subject, "msg_id", msgID, "err", err, "backoff", backoff)
-		if !b.waitConnected(ctx, backoff) {
-			return nil, err
-		}
-		backoff = min(2*backoff, publishBackoffMax)
+	ack, tries, err := natsx.Publish(ctx, b.js, subject, data, msgID, natsx.Retry{
+		Try: b.publishTimeout, MinBackoff: publishBackoffMin, MaxBackoff: publishBackoffMax,
+		Retrying: func(err error, backoff time.Duration) {
+			b.metrics.publishRetries.Inc()
+			b.log.Debug("job not published yet, retrying", "subject", subject, "msg_id", msgID, "err", err, "backoff", backoff)
+		},
+	})
+	if err == nil && tries > 1 {
+		b.log.Info("job published after a failover", "subject", subject, "msg_id", msgID, "tries", tries, "duplicate", ack.Duplicate)
 	}
-}
-
-// waitConnected waits at least d, and while NATS is away until it is
-// back; false if ctx ended first.
-func (b *Broker) waitConnected(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-	}
-	dl, _ := ctx.Deadline()
-	return b.awaitConnected(ctx, dl) && ctx.Err() == nil
+	return ack, err
 }
 
 // awaitConnected waits until NATS is connected, ctx ends or until passes,
@@ -83,17 +59,7 @@ func (b *Broker) awaitConnected(ctx context.Context, until time.Time) bool {
 		ctx, cancel = context.WithDeadline(ctx, until)
 		defer cancel()
 	}
-	for !b.nc.IsConnected() {
-		if b.nc.IsClosed() {
-			return false // closed for good: nothing to wait for
-		}
-		select {
-		case <-ctx.Done():
-			return b.nc.IsConnected()
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
-	return true
+	return natsx.AwaitConnected(ctx, b.nc)
 }
 
 // publishUntil is how long the current attempt's publish may wait: the

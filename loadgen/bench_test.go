@@ -1,15 +1,15 @@
 package loadgen
 
 import (
-	"bufio"
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"testing"
+
+	"github.com/switchyard-ai/switchyard/oaiformat/sse"
 )
 
 // chatTranscript is a vLLM-shaped chat stream of n tokens.
@@ -31,22 +31,18 @@ func BenchmarkStreamParse(b *testing.B) {
 	const tokens = 256
 	tr := chatTranscript(tokens)
 	rd := bytes.NewReader(tr)
-	br := bufio.NewReaderSize(rd, 32<<10)
+	s := sse.NewReader(rd, maxEvent)
 	b.ReportAllocs()
 	b.SetBytes(int64(len(tr)))
 	for b.Loop() {
 		rd.Reset(tr)
-		br.Reset(rd)
-		s := sseReader{r: br}
+		s.Reset(rd, maxEvent)
 		for {
-			data, _, err := s.next()
-			if errors.Is(err, io.EOF) {
+			e, err := s.Next()
+			if err != nil || string(e.Data) == "[DONE]" {
 				break
 			}
-			if string(data) == "[DONE]" {
-				break
-			}
-			scanEvent(data)
+			scanEvent(e.Data)
 		}
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*(tokens+3)), "ns/event")

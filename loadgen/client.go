@@ -1,7 +1,6 @@
 package loadgen
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -10,6 +9,8 @@ import (
 	"net/http"
 	"sync"
 	"time"
+
+	"github.com/switchyard-ai/switchyard/oaiformat/sse"
 )
 
 // ErrorKind names why a request failed; the report counts each.
@@ -81,7 +82,12 @@ func (r *record) tpot() time.Duration {
 	return (r.e2e - r.ttft) / time.Duration(r.outTokens-1)
 }
 
-var readers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 32<<10) }}
+// maxEvent bounds an SSE line and event of an answer: a server that
+// sends a longer one fails its request (a stream error) instead of
+// growing the client without bound.
+const maxEvent = 4 << 20
+
+var readers = sync.Pool{New: func() any { return sse.NewReader(nil, 0) }}
 
 // client sends one request and times its stream.
 type client struct {
@@ -123,17 +129,20 @@ func (c *client) do(run context.Context, body []byte, rec *record, epoch time.Ti
 		rec.err = &StatusError{Code: resp.StatusCode, Body: string(bytes.TrimSpace(msg))}
 		return
 	}
-	br := readers.Get().(*bufio.Reader)
-	br.Reset(resp.Body)
-	defer func() { br.Reset(nil); readers.Put(br) }()
-	s := sseReader{r: br}
+	s := readers.Get().(*sse.Reader)
+	s.Reset(resp.Body, maxEvent)
+	defer func() { s.Reset(nil, 0); readers.Put(s) }()
 	var last time.Time
 	counted := 0
 	for {
-		data, isError, err := s.next()
+		e, err := s.Next()
 		now := time.Now()
+		data, isError := e.Data, string(e.Type) == "error"
+		if errors.Is(err, io.ErrUnexpectedEOF) && string(data) == "[DONE]" {
+			err = nil // [DONE] without its empty line
+		}
 		if err != nil {
-			if errors.Is(err, io.EOF) {
+			if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
 				err = errNoDone
 			}
 			if rec.kind == "" || classify(run, ctx, err, "") == kindCanceled {
@@ -175,7 +184,7 @@ func (c *client) do(run context.Context, body []byte, rec *record, epoch time.Ti
 		rec.ttft = rec.e2e // nothing generated; vLLM also takes the end
 	}
 	// Drain the (normally empty) rest so the connection goes back to the pool.
-	_, _ = io.Copy(io.Discard, io.LimitReader(br, 64<<10))
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 }
 
 var errNoDone = errors.New("stream ended without data: [DONE]")

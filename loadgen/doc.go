@@ -39,14 +39,12 @@
 //
 // # Cost of the client
 //
-// The SSE stream is read from a pooled bufio.Reader without allocating,
-// and each event is classified by a small scanner rather than
-// encoding/json (BenchmarkStreamParse: about 150 ns and no allocation per
-// event). What remains is the kernel: one read per chunk when chunks
-// arrive one by one. Measured on 2 shared cores against cmd/sim-engine
-// (TTFT 5ms, ITL 2ms, 512 slots) with 256 streams, the client spent 4-5
-// µs of CPU per token (about 60% of it in read syscalls) while the engine
-// spent about 8.5: at 94k tokens/s the client used 0.5 core, TPOT p50 was
-// the engine's 2.00 ms, so the engine, not the generator, was the limit.
-// That puts the generator's own ceiling near 200k tokens/s per core.
+// The generator must cost less than what it measures, so that the engine,
+// not the generator, is the limit of a run. The SSE stream is read through
+// a pooled oaiformat/sse reader, which allocates nothing once its buffers
+// have grown, and each event is classified by a small scanner rather than
+// decoded (BenchmarkStreamParse measures both per event). What remains is
+// the kernel: one read per chunk when chunks arrive one by one.
+// BenchmarkRun drives an in-process server as fast as it writes, to
+// compare the client's share of the CPU with the server's.
 package loadgen

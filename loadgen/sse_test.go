@@ -1,49 +1,8 @@
 package loadgen
 
 import (
-	"bufio"
-	"errors"
-	"io"
-	"strings"
 	"testing"
 )
-
-func TestSSEReader(t *testing.T) {
-	long := strings.Repeat("x", 100) // longer than the 16-byte buffer below
-	in := ": comment\r\n" +
-		"data: one\r\n\r\n" +
-		"data:two\n\n" +
-		"data: multi\ndata: line\n\n" +
-		"event: error\ndata: {\"message\":\"m\"}\n\n" +
-		"event: ping\n\n" + // no data: not dispatched
-		"data: " + long + "\n\n" +
-		"data: last without blank line"
-	s := sseReader{r: bufio.NewReaderSize(strings.NewReader(in), 16)}
-	type ev struct {
-		data string
-		err  bool
-	}
-	var got []ev
-	for {
-		data, isErr, err := s.next()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		got = append(got, ev{string(data), isErr})
-	}
-	want := []ev{{"one", false}, {"two", false}, {"multi\nline", false}, {`{"message":"m"}`, true}, {long, false}, {"last without blank line", false}}
-	if len(got) != len(want) {
-		t.Fatalf("got %+v, want %+v", got, want)
-	}
-	for i := range want {
-		if got[i] != want[i] {
-			t.Errorf("event %d = %+v, want %+v", i, got[i], want[i])
-		}
-	}
-}
 
 func TestScanEvent(t *testing.T) {
 	for _, tc := range []struct {

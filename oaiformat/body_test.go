@@ -126,7 +126,7 @@ var benchBody = `{"model":"meta-llama/Llama-3.1-8B-Instruct","messages":[{"role"
 	`{"role":"user","content":"` + strings.Repeat("Tell me about the history of rail yards. ", 12) + `"}],` +
 	`"max_tokens":256,"temperature":0.7,"top_p":0.95,"stream":true,"stream_options":{"include_usage":true}}`
 
-// BenchmarkStreamingBody compares the one-pass rewrite with encoding/json's
+// BenchmarkStreamingBody compares the member-copying rewrite with encoding/json's
 // decode and encode on a typical chat request.
 func BenchmarkStreamingBody(b *testing.B) {
 	body := []byte(benchBody)
@@ -134,7 +134,7 @@ func BenchmarkStreamingBody(b *testing.B) {
 		name string
 		fn   func([]byte) ([]byte, error)
 	}{
-		{"one-pass", StreamingBody},
+		{"members", StreamingBody},
 		{"encoding-json", func(b []byte) ([]byte, error) { return rewriteDecoded(b, &streaming) }},
 		{"vllm-prefill", VLLMPrefillBody},
 	} {

@@ -11,8 +11,8 @@ import (
 )
 
 // ChunkID returns the "id" of an engine chunk, or "" when it has none,
-// as encoding/json would read it (the last member named id in any case)
-// but in one pass without allocating beyond the id.
+// as encoding/json would read it (the last member named id in any case),
+// without decoding the rest of the chunk.
 func ChunkID(raw []byte) string {
 	var id []byte
 	found, slow := false, false

@@ -8,13 +8,14 @@
 // Switchyard's PD pipeline ([HandoffFields]). It builds the bodies engines
 // receive: the agent's streaming body ([StreamingBody]), the PD legs
 // ([VLLMPrefillBody], [VLLMDecodeBody], [SGLangBody]) and a migrated
-// attempt's continuation ([Continuation]). Each engine body is one
-// validating pass over the client's body that copies its members as they
-// were written ([Rewrite]); no body is decoded and encoded again. It
-// rewrites the chunks of a migrated stream ([RewriteChunk]), and holds
-// the helpers several adapters shared copies of: stop lists ([Stops]) and
-// a JSON string appender ([AppendString]). The per-token chunk scan lives
-// in the jsonscan subpackage.
+// attempt's continuation ([Continuation]). Each engine body copies the
+// client's members as they were written ([Rewrite]), walked by the
+// jsonscan subpackage on encoding/json; no body is decoded and encoded
+// again. It rewrites the chunks of a migrated stream ([RewriteChunk]),
+// reads the fields the agent needs from an engine's chunk with
+// encoding/json ([ReadChunk]), and holds the helpers several adapters
+// shared copies of: stop lists ([Stops]) and a JSON string appender
+// ([AppendString]).
 //
 // Keys: engines (Python's json, pydantic) match keys exactly after
 // unescaping, so the rewrites compare keys exactly, and a body with an

@@ -1,8 +1,6 @@
 package simengine
 
 import (
-	"github.com/switchyard-ai/switchyard/internal/testwait"
-
 	"context"
 	"encoding/json"
 	"errors"
@@ -10,6 +8,11 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/switchyard-ai/switchyard/internal/promtext"
+	"github.com/switchyard-ai/switchyard/internal/testwait"
 )
 
 // heldKV is a prefill engine's hold accounting, for comparisons.
@@ -331,27 +334,35 @@ func TestHeldKVMetrics(t *testing.T) {
 	blocks := blocksFor(t, APIChat, bodyFor(APIChat, prompt, ""))
 	vllmPrefill(t, psrv.URL, APIChat, prompt)
 	vllmPrefill(t, psrv.URL, APIChat, "hi")
-	code, body := get(t, psrv.URL+"/metrics")
-	if code != 200 {
-		t.Fatalf("/metrics %d", code)
+	m, err := promtext.Fetch(t.Context(), psrv.Client(), psrv.URL+"/metrics")
+	if err != nil {
+		t.Fatal(err)
 	}
-	for _, want := range []string{
-		`switchyard_sim_pd_handoffs_held{model_name="sim-model"} 2`,
-		fmt.Sprintf(`switchyard_sim_pd_kv_held_blocks{model_name="sim-model"} %d`, blocks+1),
-		`switchyard_sim_pd_handoffs_expired_total{model_name="sim-model"} 0`,
-		`switchyard_sim_pd_handoffs_abandoned_total{model_name="sim-model"} 0`,
-		`# TYPE switchyard_sim_pd_kv_held_blocks gauge`,
-		`# TYPE switchyard_sim_pd_handoffs_expired_total counter`,
+	for _, want := range []struct {
+		name  string
+		typ   dto.MetricType
+		value float64
+	}{
+		{"switchyard_sim_pd_handoffs_held", dto.MetricType_GAUGE, 2},
+		{"switchyard_sim_pd_kv_held_blocks", dto.MetricType_GAUGE, float64(blocks + 1)},
+		{"switchyard_sim_pd_handoffs_expired_total", dto.MetricType_COUNTER, 0},
+		{"switchyard_sim_pd_handoffs_abandoned_total", dto.MetricType_COUNTER, 0},
 	} {
-		if !strings.Contains(body, want) {
-			t.Errorf("/metrics lacks %q:\n%s", want, body)
+		if typ := m[want.name].GetType(); typ != want.typ || len(m.Samples(want.name, "model_name", "sim-model")) != 1 {
+			t.Errorf("%s: a %v with %d sim-model series, want one %v", want.name, typ, len(m.Samples(want.name, "model_name", "sim-model")), want.typ)
+		}
+		if got := m.Sum(want.name, "model_name", "sim-model"); got != want.value {
+			t.Errorf("%s = %v, want %v", want.name, got, want.value)
 		}
 	}
 
 	// A regular engine reports zeros.
-	e := newTestEngine(t, testConfig())
-	_, body = get(t, newTestServer(t, e).URL+"/metrics")
-	if !strings.Contains(body, `switchyard_sim_pd_kv_held_blocks{model_name="sim-model"} 0`) {
-		t.Errorf("regular /metrics:\n%s", body)
+	rsrv := newTestServer(t, newTestEngine(t, testConfig()))
+	m, err = promtext.Fetch(t.Context(), rsrv.Client(), rsrv.URL+"/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := m.Samples("switchyard_sim_pd_kv_held_blocks", "model_name", "sim-model"); len(s) != 1 || s[0].Value != 0 {
+		t.Errorf("regular engine's held blocks: %+v, want one series at 0", s)
 	}
 }

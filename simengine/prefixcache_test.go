@@ -3,15 +3,16 @@ package simengine
 import (
 	"context"
 	"fmt"
-	"io"
-	"net/http"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
+
 	"github.com/switchyard-ai/switchyard/affinity"
+	"github.com/switchyard-ai/switchyard/internal/promtext"
 	"github.com/switchyard-ai/switchyard/internal/testwait"
 	"github.com/switchyard-ai/switchyard/kvevents"
 )
@@ -170,20 +171,22 @@ func TestPrefixCacheMetrics(t *testing.T) {
 	mustStream(t, e, APICompletion, body)
 	mustStream(t, e, APICompletion, body)
 	srv := newTestServer(t, e)
-	resp, err := http.Get(srv.URL + "/metrics")
+	m, err := promtext.Fetch(t.Context(), srv.Client(), srv.URL+"/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	for _, want := range []string{
-		`# TYPE vllm:prefix_cache_queries_total counter`,
-		`vllm:prefix_cache_queries_total{model_name="sim-model"} 40`,
-		`# TYPE vllm:prefix_cache_hits_total counter`,
-		`vllm:prefix_cache_hits_total{model_name="sim-model"} 16`,
+	for _, want := range []struct {
+		name  string
+		value float64
+	}{
+		{"vllm:prefix_cache_queries_total", 40},
+		{"vllm:prefix_cache_hits_total", 16},
 	} {
-		if !strings.Contains(string(b), want) {
-			t.Errorf("/metrics lacks %q", want)
+		if typ := m[want.name].GetType(); typ != dto.MetricType_COUNTER {
+			t.Errorf("%s is a %v, want a counter", want.name, typ)
+		}
+		if got := m.Sum(want.name, "model_name", "sim-model"); got != want.value {
+			t.Errorf("%s = %v, want %v", want.name, got, want.value)
 		}
 	}
 }

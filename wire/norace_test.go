@@ -6,7 +6,6 @@
 package wire
 
 import (
-	"google.golang.org/protobuf/proto"
 	"testing"
 )
 
@@ -42,29 +41,5 @@ func TestAppendChunkGrowsOnce(t *testing.T) {
 		if allocs := testing.AllocsPerRun(100, func() { _, _ = AppendChunk(nil, c) }); allocs > 1 {
 			t.Fatalf("chunk %d: %.0f allocations, want at most 1", i, allocs)
 		}
-	}
-}
-
-// A chunk's events are decoded into the Event values an earlier decode
-// left in the slice's capacity.
-func TestDecodeChunkReusesEvents(t *testing.T) {
-	c := reusedChunk(t)
-	first := c.Events[0]
-	data, err := proto.Marshal(frameChunks()[1])
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := DecodeChunk(data, c); err != nil {
-		t.Fatal(err)
-	}
-	if len(c.Events) != 1 || c.Events[0] != first {
-		t.Fatalf("events not reused: %d events, first %p, was %p", len(c.Events), c.Events[0], first)
-	}
-	if c.Events[0].GetFinishReason() != "" {
-		t.Fatalf("a reused event kept its old finish reason %q", c.Events[0].GetFinishReason())
-	}
-	// The strings alias the data: no copy per chunk.
-	if allocs := testing.AllocsPerRun(100, func() { _ = DecodeChunk(data, c) }); allocs != 0 {
-		t.Fatalf("DecodeChunk of a token chunk: %.1f allocations, want 0", allocs)
 	}
 }
