@@ -41,7 +41,9 @@ func quoteRaw(conf string) string {
 // each port of the pod to its loopback port, each address (the routes'
 // pod DNS names) to the loopback ports standing in for it, each path under
 // a volume mount (the store directory, the pid file) to the directory
-// standing in for the volume. The rest is left as rendered.
+// standing in for the volume, and each listener (the client port, which
+// the monitoring port follows, the cluster port) on 127.0.0.1 where it
+// would bind all the pod's interfaces. The rest is left as rendered.
 func (c *cluster) rewriteNATSConf(p *runPod, ct corev1.Container, conf string) (string, error) {
 	if includeDir.MatchString(conf) {
 		return "", fmt.Errorf("nats.conf has include directives, which the test does not follow")
@@ -60,6 +62,13 @@ func (c *cluster) rewriteNATSConf(p *runPod, ct corev1.Container, conf string) (
 		case map[string]any:
 			for k, e := range x {
 				x[k] = walk(k, e)
+			}
+			// A listener (the server's own, the cluster's, ...) binds the
+			// pod's interfaces: here loopback only.
+			if _, ok := x["port"]; ok {
+				if h, _ := x["host"].(string); h == "" || h == "0.0.0.0" || h == "::" {
+					x["host"] = "127.0.0.1"
+				}
 			}
 		case []any:
 			for i, e := range x {

@@ -93,6 +93,7 @@ data:
 
 	conf := `{
   "cluster": {
+    "name": "nats",
     "no_advertise": true,
     "port": 6222,
     "routes": [
@@ -129,6 +130,9 @@ data:
 		`"nats://` + at(p0, 6222) + `"`, `"nats://` + at(p1, 6222) + `"`,
 		`"pid_file": "` + pid + `/nats.pid"`, `"store_dir": "` + pid + `/js"`,
 		`"server_name": $SERVER_NAME`, `"password": $SY_PW`,
+		`"host": "127.0.0.1",
+  "http_port"`, `"host": "127.0.0.1",
+    "name"`,
 		`"max_memory_store": 0`, `"max_file_store": 10Gi`, `"lame_duck_duration": "30s"`, `"no_advertise": true`,
 	} {
 		if !strings.Contains(got, want) {

@@ -187,18 +187,21 @@ func runFleet(t *testing.T, bins map[string]string, natsObjs, objs []object) {
 	for _, n := range f.nats {
 		f.waitReady(n, 90*time.Second)
 	}
+	t.Logf("%v: %d NATS servers ready", time.Since(start).Round(100*time.Millisecond), len(f.nats))
 	for _, p := range brokerPods {
 		f.startBroker(p)
 	}
 	for _, b := range f.brokers {
 		f.waitReady(b, 60*time.Second)
 	}
+	t.Logf("%v: %d brokers ready", time.Since(start).Round(100*time.Millisecond), len(f.brokers))
 	for _, p := range poolPods {
 		f.startPoolPod(p)
 	}
 	for _, a := range f.agents {
 		f.waitReady(a, 60*time.Second)
 	}
+	t.Logf("%v: %d engine pods ready", time.Since(start).Round(100*time.Millisecond), len(f.agents))
 	if len(f.agents) == 0 {
 		// No engine pool: the brokers are ready on the NATS chart's
 		// cluster and answer through the ingress, with nothing to serve.
@@ -225,6 +228,8 @@ func runFleet(t *testing.T, bins map[string]string, natsObjs, objs []object) {
 			f.serveAll(b, fmt.Sprintf("before the faults %d", i))
 		}
 	}
+
+	t.Logf("%v: served through every broker", time.Since(start).Round(100*time.Millisecond))
 
 	// The loss: the NATS server leading the jobs stream, and a broker.
 	lost := f.streamLeader()

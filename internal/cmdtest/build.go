@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 )
@@ -39,6 +40,10 @@ func BuildBinary(t testing.TB, pkg, name string, reuse bool) string {
 	binMu.Unlock()
 	once.Do(func() {
 		dir := binDir()
+		if reuse {
+			// A reused binary is one of the version go.mod pins now.
+			name += "-" + moduleVersion(pkg)
+		}
 		path := filepath.Join(dir, name)
 		var err error
 		defer func() {
@@ -70,6 +75,17 @@ func BuildBinary(t testing.TB, pkg, name string, reuse bool) string {
 		t.Fatal(binErr[pkg])
 	}
 	return binPath[pkg]
+}
+
+// moduleVersion is the version of the module that provides pkg in this
+// module's build, "unknown" if go list cannot tell.
+func moduleVersion(pkg string) string {
+	out, err := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "list",
+		"-f", "{{with .Module}}{{if .Replace}}{{.Replace.Version}}{{else}}{{.Version}}{{end}}{{end}}", pkg).Output()
+	if v := strings.TrimSpace(string(out)); err == nil && v != "" {
+		return v
+	}
+	return "unknown"
 }
 
 // NATSServerBinary returns a nats-server built from the version go.mod
