@@ -6,6 +6,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"path"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -14,27 +16,39 @@ import (
 )
 
 // The NATS chart writes nats.conf as pretty JSON in which a value given as
-// "<< X >>" stands unquoted (a variable such as $SERVER_NAME) and a key
-// ending in $include becomes an include directive.
+// "<< X >>" stands unquoted (a variable such as $SERVER_NAME, a size such
+// as 10Gi) and a key ending in $include becomes an include directive.
 var (
-	jsonLine   = regexp.MustCompile(`^(\s*(?:"(?:[^"\\]|\\.)*":\s*)?)(.*?)(,?)\s*$`)
-	rawQuoted  = regexp.MustCompile(`"<<\s+(.*?)\s+>>"`)
-	includeDir = regexp.MustCompile(`(?m)^\s*include\s+`)
+	jsonLine      = regexp.MustCompile(`^(\s*(?:"(?:[^"\\]|\\.)*":\s*)?)(.*?)(,?)\s*$`)
+	includeLine   = regexp.MustCompile(`^(\s*)include\s+["']?(.*?)["']?\s*;?\s*$`)
+	trailingComma = regexp.MustCompile(`,(\s*[}\]])`)
+	rawQuoted     = regexp.MustCompile(`"<<\s+(.*?)\s+>>"`)
+	includeKey    = regexp.MustCompile(`(?m)^(\s*)"\$include\d+": "(.*)",?$`)
 )
 
-// quoteRaw turns the chart's pretty JSON with raw values ($VAR, 10Gi),
-// one value a line, into JSON: a raw value becomes the string "<< X >>"
-// that the chart was given.
-func quoteRaw(conf string) string {
+// toJSON turns the chart's form of nats.conf, one value a line, into JSON:
+// a raw value becomes the string "<< X >>" that the chart was given, an
+// include directive a key "$include<n>" whose value is the path.
+func toJSON(conf string) string {
 	lines := strings.Split(conf, "\n")
 	for i, l := range lines {
+		if m := includeLine.FindStringSubmatch(l); m != nil {
+			path, _ := json.Marshal(m[2])
+			lines[i] = fmt.Sprintf("%s\"$include%d\": %s,", m[1], i, path)
+			continue
+		}
 		m := jsonLine.FindStringSubmatch(l)
 		if m == nil || m[2] == "" || strings.ContainsAny(m[2][:1], `"{}[]`) || json.Valid([]byte(m[2])) {
 			continue
 		}
 		lines[i] = m[1] + `"<< ` + m[2] + ` >>"` + m[3]
 	}
-	return strings.Join(lines, "\n")
+	return trailingComma.ReplaceAllString(strings.Join(lines, "\n"), "$1")
+}
+
+// fromJSON is the inverse of toJSON.
+func fromJSON(js string) string {
+	return includeKey.ReplaceAllString(rawQuoted.ReplaceAllString(js, "$1"), "${1}include ${2};")
 }
 
 // rewriteNATSConf rewrites a rendered nats.conf for a pod on loopback:
@@ -44,12 +58,11 @@ func quoteRaw(conf string) string {
 // standing in for the volume, and each listener (the client port, which
 // the monitoring port follows, the cluster port) on 127.0.0.1 where it
 // would bind all the pod's interfaces. The rest is left as rendered.
-func (c *cluster) rewriteNATSConf(p *runPod, ct corev1.Container, conf string) (string, error) {
-	if includeDir.MatchString(conf) {
-		return "", fmt.Errorf("nats.conf has include directives, which the test does not follow")
-	}
-	// Quote the raw values so the text is JSON, and unquote them after.
-	js := quoteRaw(conf)
+//
+// confPath is where the container reads the file: an included file's path
+// is relative to it.
+func (c *cluster) rewriteNATSConf(p *runPod, ct corev1.Container, confPath, conf string) (string, error) {
+	js := toJSON(conf)
 	dec := json.NewDecoder(strings.NewReader(js))
 	dec.UseNumber()
 	var doc map[string]any
@@ -82,6 +95,16 @@ func (c *cluster) rewriteNATSConf(p *runPod, ct corev1.Container, conf string) (
 			if strings.HasPrefix(x, "<<") {
 				return x
 			}
+			if strings.HasPrefix(key, "$include") {
+				// nats-server reads an include relative to the including
+				// file's directory, even a path starting with /.
+				from := filepath.Dir(c.hostPath(p, ct, confPath))
+				to := c.hostPath(p, ct, path.Join(path.Dir(confPath), x))
+				if rel, err := filepath.Rel(from, to); err == nil {
+					return rel
+				}
+				return x
+			}
 			x = c.rewriteAddr(p, x)
 			return c.hostPath(p, ct, x)
 		}
@@ -95,5 +118,5 @@ func (c *cluster) rewriteNATSConf(p *runPod, ct corev1.Container, conf string) (
 	if err := enc.Encode(doc); err != nil {
 		return "", err
 	}
-	return rawQuoted.ReplaceAllString(buf.String(), "$1"), nil
+	return fromJSON(buf.String()), nil
 }

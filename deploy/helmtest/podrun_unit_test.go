@@ -4,9 +4,12 @@ package helmtest
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/nats-io/nats-server/v2/server"
 )
 
 // TestLoopbackRewrites: what the pods-as-processes test changes in a
@@ -118,7 +121,7 @@ data:
     }
   ]
 }`
-	got, err := c.rewriteNATSConf(p0, ct, conf)
+	got, err := c.rewriteNATSConf(p0, ct, "/etc/nats-config/nats.conf", conf)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -139,7 +142,50 @@ data:
 			t.Errorf("rewritten nats.conf lacks %s:\n%s", want, got)
 		}
 	}
-	if _, err := c.rewriteNATSConf(p0, ct, "include other.conf;\n{}"); err == nil {
-		t.Error("a config with include directives was rewritten")
+
+	// Included files: a path relative to the config's, one under another
+	// mount, as the chart writes them (a key ending in $include).
+	got, err = c.rewriteNATSConf(p0, ct, "/etc/nats-config/nats.conf", `{
+  include auth.conf;
+  "port": 4222,
+  include ../../var/run/nats/more.conf;
+}`)
+	if err != nil {
+		t.Fatal(err)
 	}
+	for _, want := range []string{
+		"include auth.conf;",
+		"include " + relPath(t, c.volume(p0, "config"), filepath.Join(pid, "more.conf")) + ";",
+		fmt.Sprintf(`"port": %d`, p0.port(t, 4222)),
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("rewritten nats.conf lacks %s:\n%s", want, got)
+		}
+	}
+	// nats-server reads what the rewrite wrote.
+	main := filepath.Join(c.volume(p0, "config"), "main.conf")
+	for file, text := range map[string]string{
+		main: got,
+		filepath.Join(c.volume(p0, "config"), "auth.conf"): "max_payload: 4096\n",
+		filepath.Join(pid, "more.conf"):                    "server_name: included\n",
+	} {
+		if err := os.WriteFile(file, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	opts, err := server.ProcessConfigFile(main)
+	if err != nil {
+		t.Fatalf("nats-server refuses the rewritten config: %v\n%s", err, got)
+	}
+	if opts.Port != p0.port(t, 4222) || opts.Host != "127.0.0.1" || opts.MaxPayload != 4096 || opts.ServerName != "included" {
+		t.Errorf("nats-server read port %d host %s max_payload %d server_name %q from:\n%s", opts.Port, opts.Host, opts.MaxPayload, opts.ServerName, got)
+	}
+}
+
+func relPath(t *testing.T, from, to string) string {
+	rel, err := filepath.Rel(from, to)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rel
 }

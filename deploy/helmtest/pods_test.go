@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"path"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -270,7 +271,7 @@ func (f *fleet) startNATS(p *runPod) {
 					if !strings.HasSuffix(key, ".conf") {
 						continue
 					}
-					conf, err := f.c.rewriteNATSConf(p, ct, text)
+					conf, err := f.c.rewriteNATSConf(p, ct, path.Join(m.MountPath, key), text)
 					if err != nil {
 						t.Fatalf("pod %s: %s: %v", p.name, key, err)
 					}
