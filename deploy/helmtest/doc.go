@@ -10,4 +10,11 @@
 // the agent's engine on localhost, NATS passwords from Secrets only,
 // images from values, the KEDA consumers against the names the agents
 // create, and the NATS chart's values against deploy/nats/server.conf.
+//
+// TestChartsAsProcesses runs both charts without a cluster: the official
+// NATS chart's pods as nats-server processes on their rendered nats.conf,
+// the brokers and agents as the real commands with their rendered command
+// lines and environment, sim-engines for the engines, everything on
+// loopback; it serves chat and PD through every broker, then loses a NATS
+// server and a broker and serves again.
 package helmtest
