@@ -204,20 +204,7 @@ func runFleet(t *testing.T, bins map[string]string, natsObjs, objs []object) {
 	}
 	t.Logf("%v: %d engine pods ready", time.Since(start).Round(100*time.Millisecond), len(f.agents))
 	if len(f.agents) == 0 {
-		// No engine pool: the brokers are ready on the NATS chart's
-		// cluster and answer through the ingress, with nothing to serve.
-		for _, b := range f.brokers {
-			resp, err := f.get(f.brokerURL(b) + "/v1/models")
-			if err != nil {
-				t.Fatalf("broker %s /v1/models: %v", b.pod.name, err)
-			}
-			resp.Body.Close()
-			if resp.StatusCode != http.StatusOK {
-				t.Fatalf("broker %s /v1/models: %s", b.pod.name, resp.Status)
-			}
-		}
-		t.Log("no engine pool rendered: the brokers are ready and answer, with no model to serve")
-		return
+		t.Log("no engine pool rendered: each broker answers its model list, with no model to serve")
 	}
 	for _, b := range f.brokers {
 		f.waitFleet(b)
@@ -512,7 +499,8 @@ func (f *fleet) models() map[string]map[string][]string {
 // serveAll sends, through broker b, one chat request and one streamed
 // chat request per model, and checks each answer against the simulator's
 // and the route against the fleet: PD where the model has prefill and
-// decode pools and no regular one.
+// decode pools and no regular one. A fleet without models gets its model
+// list.
 func (f *fleet) serveAll(b *podProc, tag string) {
 	t := f.t
 	t.Helper()
@@ -524,6 +512,17 @@ func (f *fleet) serveAll(b *podProc, tag string) {
 	client := openai.NewClient(option.WithBaseURL(base+"/v1/"), option.WithAPIKey(key), option.WithMaxRetries(0),
 		option.WithRequestTimeout(60*time.Second))
 	models := f.models()
+	if len(models) == 0 {
+		resp, err := f.get(base + "/v1/models")
+		if err != nil {
+			t.Fatalf("broker %s /v1/models: %v", b.pod.name, err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("broker %s /v1/models: %s", b.pod.name, resp.Status)
+		}
+		return
+	}
 	for _, m := range slices.Sorted(func(yield func(string) bool) {
 		for k := range models {
 			if !yield(k) {
