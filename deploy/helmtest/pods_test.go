@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/url"
 	"os"
@@ -68,13 +69,7 @@ func TestChartsAsProcesses(t *testing.T) {
 	natsObjs := renderNATSChart(t, natsChart, filepath.Join(root, "deploy", "helm", "nats-values.yaml"))
 
 	sets := valueSets(t)
-	for _, name := range slices.Sorted(func(yield func(string) bool) {
-		for k := range sets {
-			if !yield(k) {
-				return
-			}
-		}
-	}) {
+	for _, name := range slices.Sorted(maps.Keys(sets)) {
 		t.Run(name, func(t *testing.T) {
 			runFleet(t, bins, natsObjs, render(t, chartDir(t), sets[name]))
 		})
@@ -443,6 +438,13 @@ func (f *fleet) get(u string) (*http.Response, error) {
 	return probeClient.Do(req)
 }
 
+// fleetAgent is an agent as a broker's /v1/fleet lists it.
+type fleetAgent struct {
+	ID       string `json:"id"`
+	Eligible bool   `json:"eligible"`
+	Reason   string `json:"reason"`
+}
+
 // waitFleet waits until the broker holds every running agent as eligible.
 func (f *fleet) waitFleet(b *podProc) {
 	f.t.Helper()
@@ -457,23 +459,13 @@ func (f *fleet) waitFleet(b *podProc) {
 		}
 		defer resp.Body.Close()
 		var fl struct {
-			Agents []struct {
-				ID       string `json:"id"`
-				Eligible bool   `json:"eligible"`
-				Reason   string `json:"reason"`
-			} `json:"agents"`
+			Agents []fleetAgent `json:"agents"`
 		}
 		if err := json.NewDecoder(resp.Body).Decode(&fl); err != nil {
 			return fmt.Errorf("broker %s /v1/fleet: %s: %v", b.pod.name, resp.Status, err)
 		}
 		for _, id := range want {
-			i := slices.IndexFunc(fl.Agents, func(a struct {
-				ID       string `json:"id"`
-				Eligible bool   `json:"eligible"`
-				Reason   string `json:"reason"`
-			}) bool {
-				return a.ID == id
-			})
+			i := slices.IndexFunc(fl.Agents, func(a fleetAgent) bool { return a.ID == id })
 			if i < 0 || !fl.Agents[i].Eligible {
 				return fmt.Errorf("broker %s: agent %s not eligible in %+v", b.pod.name, id, fl.Agents)
 			}
@@ -523,13 +515,7 @@ func (f *fleet) serveAll(b *podProc, tag string) {
 		}
 		return
 	}
-	for _, m := range slices.Sorted(func(yield func(string) bool) {
-		for k := range models {
-			if !yield(k) {
-				return
-			}
-		}
-	}) {
+	for _, m := range slices.Sorted(maps.Keys(models)) {
 		roles := models[m]
 		pd := len(roles["regular"]) == 0 && len(roles["prefill"]) > 0 && len(roles["decode"]) > 0
 		for _, stream := range []bool{false, true} {
