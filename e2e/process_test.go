@@ -12,9 +12,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -36,70 +34,13 @@ func soak() bool { return os.Getenv("SWITCHYARD_SOAK") == "1" }
 
 // ---- binaries and child processes ----
 
-var (
-	binMu   sync.Mutex
-	binOnce = map[string]*sync.Once{}
-	binPath = map[string]string{}
-	binErr  = map[string]error{}
-)
-
-// binDir holds the test's binaries, keyed by Go version so a cached
-// nats-server is never one built by another toolchain.
-func binDir() string {
-	return filepath.Join(os.TempDir(), "switchyard-e2e-bin-"+runtime.Version())
-}
-
-// buildBinary builds pkg (a package path of this module or a dependency)
-// once per test binary. Commands of this module are built every run (the
-// build cache makes that quick) so they are never stale; nats-server, a
-// pinned dependency, is reused across runs.
+// buildBinary builds pkg once per test binary (cmdtest.BuildBinary).
 func buildBinary(t testing.TB, pkg, name string, reuse bool) string {
 	t.Helper()
-	binMu.Lock()
-	once := binOnce[pkg]
-	if once == nil {
-		once = new(sync.Once)
-		binOnce[pkg] = once
-	}
-	binMu.Unlock()
-	once.Do(func() {
-		dir := binDir()
-		path := filepath.Join(dir, name)
-		var err error
-		defer func() {
-			binMu.Lock()
-			binPath[pkg], binErr[pkg] = path, err
-			binMu.Unlock()
-		}()
-		if reuse {
-			if _, statErr := os.Stat(path); statErr == nil {
-				return
-			}
-		}
-		if err = os.MkdirAll(dir, 0o755); err != nil {
-			return
-		}
-		// Build beside and rename, so a concurrent test binary never runs a
-		// half-written file.
-		tmp := fmt.Sprintf("%s.%d", path, os.Getpid())
-		cmd := exec.Command("go", "build", "-o", tmp, pkg)
-		if out, berr := cmd.CombinedOutput(); berr != nil {
-			err = fmt.Errorf("go build %s: %v\n%s", pkg, berr, out)
-			return
-		}
-		err = os.Rename(tmp, path)
-	})
-	binMu.Lock()
-	defer binMu.Unlock()
-	if binErr[pkg] != nil {
-		t.Fatal(binErr[pkg])
-	}
-	return binPath[pkg]
+	return cmdtest.BuildBinary(t, pkg, name, reuse)
 }
 
-func natsServerBinary(t testing.TB) string {
-	return buildBinary(t, "github.com/nats-io/nats-server/v2", "nats-server", true)
-}
+func natsServerBinary(t testing.TB) string { return cmdtest.NATSServerBinary(t) }
 
 // child is a command running as a separate process.
 type child struct {

@@ -15,4 +15,11 @@
 // deploy/helm/nats-values.yaml: its configuration against
 // deploy/nats/server.conf, loaded into nats-server with bcrypt hashes,
 // reloaded, and serving the broker and agents the chart renders.
+//
+// TestChartsAsProcesses runs both charts without a cluster: the official
+// NATS chart's pods as nats-server processes on their rendered nats.conf,
+// the brokers and agents as the real commands with their rendered command
+// lines and environment, sim-engines for the engines, everything on
+// loopback; it serves chat and PD through every broker, then loses a NATS
+// server and a broker and serves again.
 package helmtest
