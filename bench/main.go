@@ -82,13 +82,20 @@ func main() {
 	}
 }
 
-var scenarios = []string{"overhead", "tokenpath", "scheduling", "transition", "dispatch", "rollout", "affinity", "goodput"}
+var scenarios = []string{"overhead", "tokenpath", "scheduling", "transition", "dispatch", "rollout", "affinity", "goodput", "fleet"}
+
+// peerScenarios are the scenarios of benchmarks-peers.md, the default.
+// fleet, whose table belongs to docs/performance.md, runs when asked for
+// by name and prints its table on stdout.
+var peerScenarios = scenarios[:len(scenarios)-1]
 
 func run(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	out := fs.String("out", "docs", "directory of benchmarks-peers.md (plots go to its img/)")
 	quick := fs.Bool("quick", false, "shorter measurement windows (a smoke run; figures are noisier)")
-	only := fs.String("only", strings.Join(scenarios, ","), "comma-separated scenarios: "+strings.Join(scenarios, ","))
+	only := fs.String("only", strings.Join(peerScenarios, ","), "comma-separated scenarios: "+strings.Join(scenarios, ","))
+	fleetSizesFlag := fs.String("fleet-sizes", joinInts(fleetSizes), "fleet: comma-separated numbers of simulated agents")
+	fleetWindow := fs.Duration("fleet-window", 8*time.Second, "fleet: CPU measurement window per fleet size")
 	goDefaults := fs.Bool("go-defaults", false, "run the broker and agents at the Go runtime's defaults instead of the settings the Dockerfile deploys them with (GOGC=400; agents GOMAXPROCS=2)")
 	keep := fs.Bool("keep", false, "keep the scratch directory (process logs, configs, profiles)")
 	profiles := fs.String("profiles", "", "directory to copy the tokenpath scenario's profiles to: CPU (broker-<n>tok.pprof, agent-<n>tok.pprof) and heap (broker-<n>tok.allocs.pprof, agent-<n>tok.allocs.pprof)")
@@ -105,6 +112,10 @@ func run(ctx context.Context, args []string) error {
 			return fmt.Errorf("--only: unknown scenario %q (want %s)", s, strings.Join(scenarios, ","))
 		}
 		want[s] = true
+	}
+	sizes, err := parseInts(*fleetSizesFlag)
+	if err != nil {
+		return fmt.Errorf("--fleet-sizes: %w", err)
 	}
 	if !fileExists("go.mod") || !fileExists("cmd/broker") {
 		return errors.New("run from the repository root: go run ./bench")
@@ -161,6 +172,7 @@ func run(ctx context.Context, args []string) error {
 		{"rollout", e.rollout},
 		{"affinity", e.affinityScenario},
 		{"goodput", e.goodput},
+		{"fleet", func(d *doc) error { return e.fleetScenario(d, sizes, *fleetWindow) }},
 	}
 	for _, s := range steps {
 		if !want[s.name] {
@@ -173,6 +185,10 @@ func run(ctx context.Context, args []string) error {
 		e.sup.stopAll()
 	}
 	d.elapsed = time.Since(start)
+	if len(want) == 1 && want["fleet"] {
+		// Its table went to stdout; benchmarks-peers.md keeps the peers'.
+		return nil
+	}
 	d.machine += fmt.Sprintf("\nLoad average (1, 5, 15 min) at the start: %s; at the end: %s.\n", loadStart, loadavg())
 	path := filepath.Join(*out, "benchmarks-peers.md")
 	if err := d.write(path); err != nil {
