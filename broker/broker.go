@@ -246,11 +246,11 @@ func (b *Broker) Run(ctx context.Context) error {
 	// Replies are the token path: let them queue deep rather than be dropped
 	// as a slow consumer; per-request bounds are enforced in Call.
 	_ = replySub.SetPendingLimits(1<<20, 1<<30)
-	hbSub, err := b.nc.Subscribe(b.subj.HeartbeatsAll(), b.onHeartbeat)
+	stopHeartbeats, err := b.subscribeHeartbeats(ctx)
 	if err != nil {
-		return fmt.Errorf("broker: subscribe heartbeats: %w", err)
+		return err
 	}
-	defer func() { _ = hbSub.Unsubscribe() }()
+	defer stopHeartbeats()
 	stopAffinity, err := b.startAffinity()
 	if err != nil {
 		return err

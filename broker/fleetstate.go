@@ -1,8 +1,12 @@
 package broker
 
 import (
+	"context"
+	"fmt"
 	"sync"
 	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/switchyard-ai/switchyard/dispatch"
 )
@@ -153,4 +157,47 @@ func nextFleet(old *dispatch.Fleet, due map[string]struct{}, byModel map[string]
 		models = append(models, dispatch.NewModel(name, as, now, cfg))
 	}
 	return dispatch.FleetOf(models)
+}
+
+// heartbeatDrain is how often the broker reads the heartbeats that
+// arrived. They wait in the subscription's channel meanwhile, so a fleet's
+// heartbeats, spread over their interval, wake the broker's heartbeat
+// goroutine once per drain rather than once each; a drain's delay is
+// small against the missed heartbeats that make an agent stale.
+const heartbeatDrain = 20 * time.Millisecond
+
+// heartbeatQueue bounds the heartbeats waiting for a drain; beyond it
+// NATS drops them (a slow consumer), as it would a subscription's.
+const heartbeatQueue = 1 << 14
+
+// subscribeHeartbeats reads every heartbeat into the capacity table until
+// ctx ends or stop is called.
+func (b *Broker) subscribeHeartbeats(ctx context.Context) (stop func(), err error) {
+	ch := make(chan *nats.Msg, heartbeatQueue)
+	sub, err := b.nc.ChanSubscribe(b.subj.HeartbeatsAll(), ch)
+	if err != nil {
+		return nil, fmt.Errorf("broker: subscribe heartbeats: %w", err)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(heartbeatDrain)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			for n := len(ch); n > 0; n-- {
+				b.onHeartbeat(<-ch)
+			}
+		}
+	}()
+	return func() {
+		_ = sub.Unsubscribe()
+		cancel()
+		<-done
+	}, nil
 }
