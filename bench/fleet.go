@@ -141,7 +141,7 @@ func (s *heartbeatSim) run(ctx context.Context) {
 }
 
 // fleetScenario measures each fleet size and prints the table.
-func (e *env) fleetScenario(d *doc, sizes []int, window time.Duration) error {
+func (e *env) fleetScenario(d *doc, sizes, realSizes []int, window time.Duration) error {
 	dir, err := os.MkdirTemp(e.tmp, "fleet-nats-")
 	if err != nil {
 		return err
@@ -168,7 +168,19 @@ func (e *env) fleetScenario(d *doc, sizes []int, window time.Duration) error {
 		rows = append(rows, r)
 		e.logf("fleet: %d agents: %.1f%% of a core, %.1f µs per heartbeat", n, r.cpuCore*100, r.usPerHB)
 	}
+	var real []realRow
+	for _, n := range realSizes {
+		r, err := e.fleetRealAgents(n)
+		if err != nil {
+			return fmt.Errorf("%d real agents: %w", n, err)
+		}
+		real = append(real, r)
+		e.logf("fleet: %d real agents: %d JetStream consumers, nats-server RSS %.1f MiB", n, r.consumers, r.natsMiB)
+	}
 	table := fleetTable(rows)
+	if len(real) > 0 {
+		table += "\n" + realTable(real)
+	}
 	fmt.Println(table)
 	var b strings.Builder
 	fmt.Fprintf(&b, "## A broker listening to a fleet at rest\n\n")
