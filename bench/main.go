@@ -111,7 +111,7 @@ func run(ctx context.Context, args []string) error {
 	fleetReal := fs.String("fleet-real", "8,32", "fleet: comma-separated numbers of real agents (agent package, in-process simulator) whose JetStream consumers and nats-server memory are read (empty: none)")
 	goDefaults := fs.Bool("go-defaults", false, "run the broker and agents at the Go runtime's defaults instead of the settings the Dockerfile deploys them with (GOGC=400; agents GOMAXPROCS=2)")
 	keep := fs.Bool("keep", false, "keep the scratch directory (process logs, configs, profiles)")
-	profiles := fs.String("profiles", "", "directory to copy the tokenpath scenario's profiles to: CPU (broker-<n>tok.pprof, agent-<n>tok.pprof) and heap (broker-<n>tok.allocs.pprof, agent-<n>tok.allocs.pprof)")
+	profiles := fs.String("profiles", "", "directory to copy the tokenpath scenario's profiles to: CPU (broker-<n>tok.pprof, agent-<n>tok.pprof) and heap (broker-<n>tok.allocs.pprof, agent-<n>tok.allocs.pprof); with it the fleet scenario's broker runs under a CPU profile too (fleet-<agents>.pprof)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil
