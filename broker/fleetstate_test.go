@@ -4,15 +4,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/switchyard-ai/switchyard/dispatch"
+	"github.com/switchyard-ai/switchyard/internal/natstest"
 	"github.com/switchyard-ai/switchyard/internal/testwait"
 	"github.com/switchyard-ai/switchyard/subjects"
 	"github.com/switchyard-ai/switchyard/wire"
@@ -118,5 +121,93 @@ func TestSilentAgentStopsCountingAtScale(t *testing.T) {
 	t.Logf("fleet-0 counted for %.2f intervals after its last heartbeat", silent)
 	if silent > bound {
 		t.Fatalf("fleet-0 counted for %.2f intervals after its last heartbeat, want at most %.2f", silent, bound)
+	}
+}
+
+// At rest a model's snapshot is kept: heartbeats that change nothing it
+// shows rebuild nothing, and a change in one model rebuilds that model
+// alone. The broker's clock stands still, so no agent goes stale and no
+// refresh is due; only heartbeats can move the table.
+func TestSnapshotKeptAtRest(t *testing.T) {
+	s := natstest.RunJetStream(t)
+	nc, err := nats.Connect(s.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	at := time.Unix(2_000_000_000, 0)
+	b, err := New(nc, Config{}, WithLogger(slog.New(slog.DiscardHandler)),
+		WithClock(func() time.Time { return at }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = b.Run(ctx)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+
+	sb := subjects.Must(subjects.DefaultPrefix)
+	var activeB atomic.Uint32
+	send := func() {
+		for _, a := range []struct{ model, id string }{{"A", "a1"}, {"A", "a2"}, {"B", "b1"}} {
+			hb := &wire.Heartbeat{AgentId: a.id, Model: a.model, Pool: subjects.PoolRegular, State: wire.StateReady,
+				Slots: 4, Interval: durationpb.New(time.Second)}
+			if a.model == "B" {
+				hb.Active = activeB.Load()
+			}
+			subj, err := sb.Heartbeat(a.model, subjects.PoolRegular, a.id)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			data, err := wire.MarshalHeartbeat(hb)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			_ = nc.Publish(subj, data)
+		}
+	}
+	eligible := func(model string, n int) func() error {
+		return func() error {
+			send()
+			m, ok := b.Fleet().Model(model)
+			if !ok || m.Pools()[dispatch.PoolRegular].Eligible != n {
+				return fmt.Errorf("model %s: not %d eligible agents yet", model, n)
+			}
+			return nil
+		}
+	}
+	testwait.For(t, 10*time.Second, 20*time.Millisecond, eligible("A", 2))
+	testwait.For(t, 10*time.Second, 20*time.Millisecond, eligible("B", 1))
+	mA, _ := b.Fleet().Model("A")
+	mB, _ := b.Fleet().Model("B")
+	for range 10 { // the same heartbeats again, over several ticks
+		send()
+		time.Sleep(rebuildEvery / 2)
+	}
+	if m, _ := b.Fleet().Model("A"); m != mA {
+		t.Fatal("model A rebuilt by heartbeats that changed nothing")
+	}
+	if m, _ := b.Fleet().Model("B"); m != mB {
+		t.Fatal("model B rebuilt by heartbeats that changed nothing")
+	}
+	activeB.Store(1)
+	testwait.For(t, 10*time.Second, 20*time.Millisecond, func() error {
+		send()
+		m, _ := b.Fleet().Model("B")
+		if m.Pools()[dispatch.PoolRegular].Active != 1 {
+			return errors.New("model B does not show b1's job yet")
+		}
+		return nil
+	})
+	if m, _ := b.Fleet().Model("A"); m != mA {
+		t.Fatal("model A rebuilt for a change in model B")
 	}
 }
