@@ -32,8 +32,8 @@ type fleetState struct {
 	// before Broker.mu.
 	building sync.Mutex
 	// dirty holds the models to rebuild at the next rebuild; all, every
-	// model (the broker was deaf or paused, and every agent's last-heard
-	// time moved).
+	// model (the broker was deaf, and every agent's last-heard time
+	// moved).
 	dirty map[string]struct{}
 	all   bool
 	// built is when each model's snapshot was last built.
