@@ -9,6 +9,7 @@
 //	go run ./bench --quick              # shorter windows, for a smoke run
 //	go run ./bench --only overhead,dispatch
 //	go run ./bench --only goodput       # about 50 minutes
+//	go run ./bench --only fleet         # about 2 minutes; table on stdout
 //
 // Scenarios: overhead (added TTFT/ITL and relayed tokens/s, plus a CPU
 // profile of the broker and an agent), scheduling (a heterogeneous fleet
@@ -22,7 +23,11 @@
 // (multi-turn chat with prefix caching, affinity versus pure pull and
 // nginx), goodput (the highest rate at which 90% of requests meet
 // latency targets, per dispatch mode and step of a rollout from regular
-// to PD, on batch-model engines). nginx and HAProxy are installed with
+// to PD, on batch-model engines), and, only when named, fleet (a broker
+// listening to 100 to 5,000 simulated agents at rest: its CPU per
+// heartbeat, RSS, the time a new broker takes to see the fleet and a
+// silent agent to stop counting; its table goes to stdout, for
+// docs/performance.md). nginx and HAProxy are installed with
 // apt-get when missing (Debian, as root). Every process the runner starts
 // is stopped when it ends, fails or is interrupted.
 package main
@@ -47,6 +52,13 @@ func main() {
 	if len(os.Args) > 2 && (os.Args[1] == "__broker" || os.Args[1] == "__agent") {
 		if err := profiled(os.Args[1], os.Args[2], os.Args[3:]); err != nil {
 			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	if len(os.Args) == 3 && os.Args[1] == natsArg {
+		if err := runNATS(os.Args[2]); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", natsArg, err)
 			os.Exit(1)
 		}
 		return
@@ -82,16 +94,24 @@ func main() {
 	}
 }
 
-var scenarios = []string{"overhead", "tokenpath", "scheduling", "transition", "dispatch", "rollout", "affinity", "goodput"}
+var scenarios = []string{"overhead", "tokenpath", "scheduling", "transition", "dispatch", "rollout", "affinity", "goodput", "fleet"}
+
+// peerScenarios are the scenarios of benchmarks-peers.md, the default.
+// fleet, whose table belongs to docs/performance.md, runs when asked for
+// by name and prints its table on stdout.
+var peerScenarios = scenarios[:len(scenarios)-1]
 
 func run(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	out := fs.String("out", "docs", "directory of benchmarks-peers.md (plots go to its img/)")
 	quick := fs.Bool("quick", false, "shorter measurement windows (a smoke run; figures are noisier)")
-	only := fs.String("only", strings.Join(scenarios, ","), "comma-separated scenarios: "+strings.Join(scenarios, ","))
+	only := fs.String("only", strings.Join(peerScenarios, ","), "comma-separated scenarios: "+strings.Join(scenarios, ","))
+	fleetSizesFlag := fs.String("fleet-sizes", joinInts(fleetSizes), "fleet: comma-separated numbers of simulated agents")
+	fleetWindow := fs.Duration("fleet-window", 8*time.Second, "fleet: CPU measurement window per fleet size")
+	fleetReal := fs.String("fleet-real", "8,32", "fleet: comma-separated numbers of real agents (agent package, in-process simulator) whose JetStream consumers and nats-server memory are read (empty: none)")
 	goDefaults := fs.Bool("go-defaults", false, "run the broker and agents at the Go runtime's defaults instead of the settings the Dockerfile deploys them with (GOGC=400; agents GOMAXPROCS=2)")
 	keep := fs.Bool("keep", false, "keep the scratch directory (process logs, configs, profiles)")
-	profiles := fs.String("profiles", "", "directory to copy the tokenpath scenario's profiles to: CPU (broker-<n>tok.pprof, agent-<n>tok.pprof) and heap (broker-<n>tok.allocs.pprof, agent-<n>tok.allocs.pprof)")
+	profiles := fs.String("profiles", "", "directory to copy the tokenpath scenario's profiles to: CPU (broker-<n>tok.pprof, agent-<n>tok.pprof) and heap (broker-<n>tok.allocs.pprof, agent-<n>tok.allocs.pprof); with it the fleet scenario's broker runs under a CPU profile too (fleet-<agents>.pprof)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil
@@ -105,6 +125,16 @@ func run(ctx context.Context, args []string) error {
 			return fmt.Errorf("--only: unknown scenario %q (want %s)", s, strings.Join(scenarios, ","))
 		}
 		want[s] = true
+	}
+	sizes, err := parseInts(*fleetSizesFlag)
+	if err != nil {
+		return fmt.Errorf("--fleet-sizes: %w", err)
+	}
+	var realSizes []int
+	if *fleetReal != "" {
+		if realSizes, err = parseInts(*fleetReal); err != nil {
+			return fmt.Errorf("--fleet-real: %w", err)
+		}
 	}
 	if !fileExists("go.mod") || !fileExists("cmd/broker") {
 		return errors.New("run from the repository root: go run ./bench")
@@ -161,6 +191,7 @@ func run(ctx context.Context, args []string) error {
 		{"rollout", e.rollout},
 		{"affinity", e.affinityScenario},
 		{"goodput", e.goodput},
+		{"fleet", func(d *doc) error { return e.fleetScenario(d, sizes, realSizes, *fleetWindow) }},
 	}
 	for _, s := range steps {
 		if !want[s.name] {
@@ -173,6 +204,10 @@ func run(ctx context.Context, args []string) error {
 		e.sup.stopAll()
 	}
 	d.elapsed = time.Since(start)
+	if len(want) == 1 && want["fleet"] {
+		// Its table went to stdout; benchmarks-peers.md keeps the peers'.
+		return nil
+	}
 	d.machine += fmt.Sprintf("\nLoad average (1, 5, 15 min) at the start: %s; at the end: %s.\n", loadStart, loadavg())
 	path := filepath.Join(*out, "benchmarks-peers.md")
 	if err := d.write(path); err != nil {

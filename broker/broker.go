@@ -42,8 +42,9 @@ type Broker struct {
 	// may be lost, heartbeats unread.
 	reconnected atomic.Int64
 
-	mu     sync.Mutex // guards agents, known, deaf and lastRebuild
+	mu     sync.Mutex // guards agents, fleet, known, deaf and lastRebuild
 	agents map[agentKey]*agentEntry
+	fleet  fleetState           // what rebuild keeps between snapshots (fleetstate.go)
 	known  map[string]time.Time // model -> last heartbeat of any agent
 	deaf   bool                 // the last rebuild found NATS unreachable
 	// lastRebuild is when rebuild last ran (see rebuildLate).
@@ -86,8 +87,9 @@ type Broker struct {
 type agentKey struct{ model, id string }
 
 type agentEntry struct {
-	agent dispatch.Agent
-	hb    *wire.Heartbeat
+	agent   dispatch.Agent
+	hb      *wire.Heartbeat
+	counted counted // what the model's snapshot counts (fleetstate.go)
 }
 
 type jobsKey struct{ model, pool, pair string }
@@ -244,11 +246,11 @@ func (b *Broker) Run(ctx context.Context) error {
 	// Replies are the token path: let them queue deep rather than be dropped
 	// as a slow consumer; per-request bounds are enforced in Call.
 	_ = replySub.SetPendingLimits(1<<20, 1<<30)
-	hbSub, err := b.nc.Subscribe(b.subj.HeartbeatsAll(), b.onHeartbeat)
+	stopHeartbeats, err := b.subscribeHeartbeats(ctx)
 	if err != nil {
-		return fmt.Errorf("broker: subscribe heartbeats: %w", err)
+		return err
 	}
-	defer func() { _ = hbSub.Unsubscribe() }()
+	defer stopHeartbeats()
 	stopAffinity, err := b.startAffinity()
 	if err != nil {
 		return err
@@ -487,16 +489,24 @@ func (b *Broker) onHeartbeat(m *nats.Msg) {
 	}
 	b.mu.Lock()
 	k := agentKey{key.Model, key.Agent}
-	prev := b.agents[k]
-	b.agents[k] = &agentEntry{agent: a, hb: hb}
-	b.known[key.Model] = now
-	b.mu.Unlock()
+	e := b.agents[k]
 	// An agent heard again after a silence of more than one interval and a
 	// half may be stale in the snapshot (a NATS failover, a pause of the
 	// broker): rebuild now rather than at the next tick.
-	late := prev != nil && a.Interval > 0 && now.Sub(prev.agent.LastSeen) > a.Interval*3/2
-	if late || prev == nil || prev.agent.State != a.State || prev.agent.Pool != a.Pool || prev.agent.Slots != a.Slots || prev.agent.Active != a.Active ||
-		prev.agent.PullLimit != a.PullLimit || prev.agent.StateReason != a.StateReason || prev.agent.PDProtocol != a.PDProtocol || prev.agent.PDLabels != a.PDLabels {
+	changed := e == nil || agentChanged(&e.agent, &a) || (a.Interval > 0 && now.Sub(e.agent.LastSeen) > a.Interval*3/2)
+	if e == nil {
+		e = &agentEntry{}
+		b.agents[k] = e
+	}
+	// Folded into the entry: a heartbeat that changes nothing the snapshot
+	// shows costs no rebuild.
+	e.agent, e.hb = a, hb
+	if changed {
+		b.markDirty(key.Model)
+	}
+	b.known[key.Model] = now
+	b.mu.Unlock()
+	if changed {
 		select {
 		case b.dirty <- struct{}{}:
 		default:
@@ -511,6 +521,9 @@ func (b *Broker) forgetAgent(k agentKey) {
 	b.mu.Lock()
 	_, ok := b.agents[k]
 	delete(b.agents, k)
+	if ok {
+		b.markDirty(k.model)
+	}
 	b.mu.Unlock()
 	if !ok {
 		return
@@ -541,6 +554,8 @@ const forgetAfter = 5 * time.Minute
 // flight must not abandon their attempts for that. After a reconnect every
 // agent gets a fresh grace of missed intervals before it counts as gone.
 func (b *Broker) rebuild() {
+	b.fleet.building.Lock()
+	defer b.fleet.building.Unlock()
 	now := b.now()
 	if !b.nc.IsConnected() {
 		b.mu.Lock()
@@ -548,7 +563,6 @@ func (b *Broker) rebuild() {
 		b.mu.Unlock()
 		return
 	}
-	byModel := make(map[string][]dispatch.Agent)
 	b.mu.Lock()
 	// A rebuild later than its tick means the broker itself did not run
 	// (starved of CPU, throttled, a long GC pause): heartbeats that arrived
@@ -567,33 +581,32 @@ func (b *Broker) rebuild() {
 	switch {
 	case b.deaf:
 		b.deaf = false
+		b.fleet.all = true
 		for _, e := range b.agents {
 			if e.agent.LastSeen.Before(now) {
 				e.agent.LastSeen = now
 			}
 		}
 	case stalled > 0:
+		// The shift is small at a tick only a little late; an agent it
+		// makes fresh again is found by dueModels like any other change.
 		for _, e := range b.agents {
 			e.agent.LastSeen = minTime(e.agent.LastSeen.Add(stalled), now)
 		}
 	}
-	for k, e := range b.agents {
-		if now.Sub(e.agent.LastSeen) > forgetAfter {
-			delete(b.agents, k)
-			b.timing.drop(k)
-			continue
-		}
-		a := e.agent
-		a.Timing = b.timing.of(k.model, k.id)
-		byModel[k.model] = append(byModel[k.model], a)
-	}
+	due := b.dueModels(now)
 	for m, t := range b.known {
 		if now.Sub(t) > forgetAfter {
 			delete(b.known, m)
 		}
 	}
+	if len(due) == 0 {
+		b.mu.Unlock()
+		return // nothing any snapshot shows has changed
+	}
+	byModel := b.buildModels(due, now)
 	b.mu.Unlock()
-	f := dispatch.NewFleet(byModel, now, b.cfg.Dispatch)
+	f := nextFleet(b.table.Load(), due, byModel, now, b.cfg.Dispatch)
 	b.table.Store(f)
 	b.pruneAffinity(f)
 }

@@ -69,7 +69,8 @@ func (c *fleetCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(c.eligibleActive, g, float64(p.EligibleActive), name, pool)
 		}
 		counts := map[[2]string]int{}
-		for _, a := range m.Agents() {
+		for i := range m.AgentsView() {
+			a := &m.AgentsView()[i] // read in place: a scrape copies no fleet
 			state := a.State.String()
 			if a.Reason == dispatch.ReasonStale {
 				state = "stale"

@@ -79,6 +79,9 @@ func secondsDuration(s float64) time.Duration { return time.Duration(s * float64
 type timings struct {
 	mu     sync.Mutex
 	agents map[agentKey]*agentTiming
+	// changed holds the models with figures updated since takeChanged:
+	// their snapshots are rebuilt with the new figures.
+	changed map[string]struct{}
 	// attainment counts per (model, route) the requests with targets
 	// that met them ([0]) or missed them ([1]).
 	attainment sync.Map // obsKey -> *attainment
@@ -110,7 +113,26 @@ func (t *timings) observe(model, id string, now time.Time, sample bool, f func(*
 		a.samples++
 	}
 	a.updated = now
+	if t.changed == nil {
+		t.changed = make(map[string]struct{})
+	}
+	if _, ok := t.changed[model]; !ok {
+		t.changed[strings.Clone(model)] = struct{}{}
+	}
 	t.mu.Unlock()
+}
+
+// takeChanged returns the models with figures updated since the last
+// call. The caller may hold Broker.mu.
+func (t *timings) takeChanged() []string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make([]string, 0, len(t.changed))
+	for m := range t.changed {
+		out = append(out, m)
+	}
+	clear(t.changed)
+	return out
 }
 
 // of returns what was learned of model's agent id; the zero Timing when

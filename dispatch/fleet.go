@@ -83,3 +83,26 @@ func (f *Fleet) AllModels() []string {
 	slices.Sort(out)
 	return out
 }
+
+// FleetOf returns the Fleet of models, built by NewModel (a later model
+// of the same name wins): the broker rebuilds only the models whose agents
+// changed and keeps the others' snapshots.
+func FleetOf(models []*Model) *Fleet {
+	f := &Fleet{models: make(map[string]*Model, len(models))}
+	for _, m := range models {
+		f.models[m.name] = m
+	}
+	for name, m := range f.models {
+		if m.anyEligible() {
+			f.names = append(f.names, name)
+		}
+	}
+	slices.Sort(f.names)
+	return f
+}
+
+// Fresh reports whether a model built at now counts a as heard: its last
+// heartbeat is within cfg.MissedHeartbeats of its intervals.
+func Fresh(a Agent, now time.Time, cfg Config) bool {
+	return fresh(a, now, cfg.normalized().MissedHeartbeats)
+}

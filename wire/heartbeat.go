@@ -33,9 +33,15 @@ func MarshalHeartbeat(hb *Heartbeat) ([]byte, error) {
 	return hbMarshal.Marshal(hb)
 }
 
-// UnmarshalHeartbeat parses a heartbeat published by MarshalHeartbeat.
+// UnmarshalHeartbeat parses a heartbeat published by MarshalHeartbeat, as
+// protojson does (unknown fields discarded); the form MarshalHeartbeat
+// writes takes a fast path (decodeHeartbeat).
 func UnmarshalHeartbeat(data []byte) (*Heartbeat, error) {
 	hb := new(Heartbeat)
+	if decodeHeartbeat(data, hb) {
+		return hb, nil
+	}
+	hb = new(Heartbeat)
 	if err := hbUnmarshal.Unmarshal(data, hb); err != nil {
 		return nil, fmt.Errorf("wire: heartbeat: %w", err)
 	}
