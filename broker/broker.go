@@ -71,6 +71,7 @@ type Broker struct {
 	routes   sync.Map      // model -> *routeStats
 	depth    atomic.Pointer[depthReading]
 	stream   atomic.Pointer[jetstream.Stream] // the jobs stream, once EnsureStream made it
+	health   streamHealth                     // whether the stream takes jobs (streamhealth.go)
 	flight   inFlight                         // jobs dispatched and not yet ended, per queue
 	aff      affinityState                    // prefix-cache affinity (affinity.go)
 	timing   timings                          // latency learned per agent (timing.go)
@@ -184,21 +185,28 @@ func (b *Broker) EnsureStream(ctx context.Context) error {
 		Replicas:             b.cfg.Replicas,
 	}
 	st, err := b.js.CreateOrUpdateStream(ctx, cfg)
+	if err != nil && ctx.Err() != nil && errors.Is(err, context.Canceled) {
+		return err
+	}
 	if err != nil {
 		// JetStream cannot change the storage of a stream: one created
 		// with the other storage keeps it (delete the stream, which holds
 		// only jobs in flight, to change it).
-		if st, serr := b.js.Stream(ctx, b.cfg.Stream); serr == nil && st.CachedInfo().Config.Storage != cfg.Storage {
-			b.log.Warn("jobs stream keeps the storage it was created with", "stream", b.cfg.Stream,
-				"storage", st.CachedInfo().Config.Storage.String(), "wanted", cfg.Storage.String())
-			cfg.Storage = st.CachedInfo().Config.Storage
+		if found, serr := b.js.Stream(ctx, b.cfg.Stream); serr == nil && found.CachedInfo().Config.Storage != cfg.Storage {
+			b.log.Warn("jobs stream keeps the storage it was created with; docs/operations.md says how to change it", "stream", b.cfg.Stream,
+				"storage", found.CachedInfo().Config.Storage.String(), "wanted", cfg.Storage.String())
+			cfg.Storage = found.CachedInfo().Config.Storage
 			st, err = b.js.CreateOrUpdateStream(ctx, cfg)
 		}
 	}
 	if err != nil {
+		err = b.explainJS(err)
+		b.noteCreate(err)
 		return fmt.Errorf("broker: stream %s: %w", b.cfg.Stream, err)
 	}
 	b.stream.Store(&st)
+	b.noteCreate(nil)
+	b.noteInfo(st.CachedInfo(), nil)
 	return nil
 }
 
@@ -229,7 +237,7 @@ func (b *Broker) Run(ctx context.Context) error {
 		if err == nil {
 			break
 		}
-		b.log.Warn("jobs stream not ready, retrying", "err", err)
+		b.log.Debug("jobs stream not ready, retrying", "err", err)
 		select {
 		case <-ctx.Done():
 			return nil
@@ -258,6 +266,10 @@ func (b *Broker) Run(ctx context.Context) error {
 		// NATS went away again: the subscriptions are sent at reconnect.
 		b.log.Warn("broker: subscriptions not confirmed yet", "err", err)
 	}
+	// A stream the servers cannot store in (a memory stream where
+	// max_memory_store is 0) is created all the same: one write says so
+	// before the broker says it is ready.
+	b.probeWrite(ctx)
 	b.started.Store(b.now().UnixNano())
 	b.log.Info("broker running", "id", b.cfg.ID, "stream", b.cfg.Stream, "prefix", b.cfg.Prefix)
 
@@ -369,20 +381,39 @@ func (b *Broker) repairStream(ctx context.Context, reconnected bool) error {
 	if !b.nc.IsConnected() {
 		return nil
 	}
-	if !reconnected {
+	b.health.mu.Lock()
+	createFailed := b.health.create != nil
+	b.health.mu.Unlock()
+	if !reconnected && !createFailed {
 		sctx, cancel := context.WithTimeout(ctx, b.publishTimeout)
-		_, err := b.js.Stream(sctx, b.cfg.Stream)
+		st, err := b.js.Stream(sctx, b.cfg.Stream)
 		cancel()
 		if !errors.Is(err, jetstream.ErrStreamNotFound) {
-			return nil // there, or not answerable now: check again later
+			// There, or not answerable now: check again later.
+			if err != nil {
+				b.noteInfo(nil, b.explainJS(err))
+				return nil
+			}
+			b.noteInfo(st.CachedInfo(), nil)
+			if b.writeRefused() {
+				b.probeWrite(ctx)
+			}
+			return nil
 		}
 		b.log.Warn("jobs stream missing, recreating it", "stream", b.cfg.Stream)
+		// What the servers refused concerned the stream that is gone.
+		b.health.mu.Lock()
+		b.health.write = nil
+		b.health.mu.Unlock()
 	}
 	if err := b.EnsureStream(ctx); err != nil {
 		return err
 	}
-	if !reconnected {
+	if !reconnected && !createFailed {
 		b.log.Info("jobs stream recreated", "stream", b.cfg.Stream)
+	}
+	if b.writeRefused() {
+		b.probeWrite(ctx)
 	}
 	return nil
 }
@@ -432,6 +463,9 @@ func (b *Broker) Ready() error {
 		return ErrClosed
 	}
 	if err := b.ConnErr(); err != nil {
+		return err
+	}
+	if err := b.streamProblem(); err != nil {
 		return err
 	}
 	st := b.started.Load()

@@ -39,12 +39,14 @@ type Config struct {
 	// Replicas of the jobs stream: 1 on a single server, 3 on a cluster.
 	Replicas int
 	// FileStorage keeps queued jobs on disk, so they outlive a restart of
-	// the NATS server that holds them. The default is memory: a job lives
-	// for as long as a client waits on it, the broker dispatches again a job
-	// lost with its server, and a work queue that drains after every job
-	// costs a file store a block file deleted and created per job (~7% of
-	// the broker's CPU, ~30% of its TTFT at 64 streams on 2 cores). An
-	// existing stream keeps the storage it was created with.
+	// the NATS server that holds them, and fits servers that give
+	// JetStream disk only (max_memory_store 0, as the NATS Helm chart's).
+	// False is memory: a job lives for as long as a client waits on it,
+	// the broker dispatches again a job lost with its server, and a work
+	// queue that drains after every job costs a file store a block file
+	// deleted and created per job (docs/performance.md). An existing
+	// stream keeps the storage it was created with. The broker command's
+	// default is file.
 	FileStorage bool
 	// QueueMax bounds the jobs waiting per (model, pool); beyond it Submit
 	// fails with ErrQueueFull.

@@ -49,7 +49,12 @@ func (b *Broker) publishJob(ctx context.Context, subject string, data []byte, ms
 			}
 			return ack, nil
 		}
-		if !jserr.NotNow(err) || ctx.Err() != nil || b.nc.IsClosed() {
+		if !jserr.NotNow(err) {
+			b.noteWrite(err)
+			return nil, err
+		}
+		if ctx.Err() != nil || b.nc.IsClosed() {
+			b.noteWrite(err)
 			return nil, err
 		}
 		b.metrics.publishRetries.Inc()

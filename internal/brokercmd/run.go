@@ -127,7 +127,7 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*o
 	fs.StringVar(&o.prefix, "prefix", subjects.DefaultPrefix, "first token(s) of every NATS subject")
 	fs.StringVar(&o.id, "id", "", "broker id in reply subjects, unique per NATS (default random)")
 	fs.IntVar(&o.replicas, "replicas", 1, "replicas of the jobs stream (3 on a cluster)")
-	fs.StringVar(&o.jobsStorage, "jobs-storage", "memory", "storage of the jobs stream: memory, or file to keep queued jobs through a NATS server restart")
+	fs.StringVar(&o.jobsStorage, "jobs-storage", "file", "storage of the jobs stream: file (queued jobs outlive a NATS server's restart, and it fits servers that keep JetStream on disk only, as the NATS Helm chart's with max_memory_store 0) or memory (faster; a job queued on a server that restarts is dispatched again). An existing stream keeps the storage it was created with")
 	fs.IntVar(&o.queueMax, "queue-max", broker.DefaultQueueMax, "jobs waiting per model and pool before 429")
 	fs.DurationVar(&o.hbInterval, "heartbeat-interval", broker.DefaultHeartbeatInterval, "agents' heartbeat interval; /readyz waits one")
 	fs.DurationVar(&o.reqTimeout, "request-timeout", broker.DefaultRequestTimeout, "deadline of a request")
@@ -366,9 +366,40 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		in.shutdown(o, b, log)
 		return nil
 	})
-	log.Info("broker ready", "http", in.ln.Addr().String(), "grpc", o.grpcAddr, "nats", natsURL, "id", b.ID(), "demo_agents", o.demo)
+	g.Go(func() error {
+		watchReady(gctx, b, log)
+		return nil
+	})
+	log.Info("broker listening", "http", in.ln.Addr().String(), "grpc", o.grpcAddr, "nats", natsURL, "id", b.ID(), "demo_agents", o.demo)
 	fmt.Fprintf(stdout, "switchyard broker listening: http=%s://%s nats=%s%s\n", in.scheme(), in.ln.Addr(), natsURL, in.grpcLine())
 	return g.Wait()
+}
+
+// watchReady logs the broker's readiness as /readyz reports it: "broker
+// ready" once it takes requests, and each change after, with why it does
+// not (a problem of the jobs stream is logged by the broker with its
+// cause when it appears). A broker shutting down is not reported.
+func watchReady(ctx context.Context, b *broker.Broker, log *slog.Logger) {
+	t := time.NewTicker(250 * time.Millisecond)
+	defer t.Stop()
+	was := false // ready at the last look
+	for {
+		err := b.Ready()
+		switch {
+		case errors.Is(err, broker.ErrClosed):
+			return
+		case err == nil && !was:
+			log.Info("broker ready", "id", b.ID())
+		case err != nil && was:
+			log.Warn("broker not ready", "id", b.ID(), "reason", err)
+		}
+		was = err == nil
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // security is the client-facing security: API keys and TLS.

@@ -1,0 +1,223 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/switchyard-ai/switchyard/internal/cmdtest"
+	"github.com/switchyard-ai/switchyard/internal/natsauth"
+	"github.com/switchyard-ai/switchyard/internal/natstest"
+	"github.com/switchyard-ai/switchyard/internal/testwait"
+)
+
+// chartBrokerPerms are the broker user's permissions of the NATS Helm
+// values (deploy/helm/nats-values.yaml): it may create, update and read
+// the jobs stream, not delete it.
+const chartBrokerPerms = `{
+  publish: { allow: ["sy.jobs.>", "sy.cancel.*", "sy.learn.*.*.*",
+    "$JS.API.STREAM.CREATE.SWITCHYARD_JOBS", "$JS.API.STREAM.UPDATE.SWITCHYARD_JOBS",
+    "$JS.API.STREAM.INFO.SWITCHYARD_JOBS", "$JS.API.CONSUMER.INFO.SWITCHYARD_JOBS.*",
+    "$JS.API.STREAM.MSG.DELETE.SWITCHYARD_JOBS"] }
+  subscribe: { allow: ["sy.hb.>", "sy.learn.>", "sy.kv.>", "sy.reply.*.*", "_INBOX.broker.>"] }
+}`
+
+// startChartNATS runs a nats-server configured as the NATS chart's is:
+// JetStream with a file store and max_memory_store as given ("0" in the
+// chart), an account with the chart's broker user and an admin user (the
+// agents', the test's and the operator's recipes', also for clients
+// without credentials), and returns its URL.
+func startChartNATS(t *testing.T, maxMemory string) string {
+	t.Helper()
+	dir := t.TempDir()
+	conf := fmt.Sprintf(`listen: "127.0.0.1:-1"
+max_payload: 8388608
+jetstream { store_dir: %q, max_memory_store: %s, max_file_store: 1G }
+accounts {
+  SWITCHYARD {
+    jetstream: enabled
+    users: [
+      { user: broker, password: bpw, permissions: %s }
+      { user: admin, password: apw }
+    ]
+  }
+}
+no_auth_user: admin
+`, dir, maxMemory, chartBrokerPerms)
+	path := filepath.Join(dir, "nats.conf")
+	if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	opts, err := natsauth.ServerOptions(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts.NoLog, opts.NoSigs = true, true
+	return natstest.RunServer(t, opts).ClientURL()
+}
+
+// adminJS connects as the chart NATS's admin user.
+func adminJS(t *testing.T, url string) jetstream.JetStream {
+	t.Helper()
+	nc, err := nats.Connect(url, nats.UserInfo("admin", "apw"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js
+}
+
+// readyz returns the status and body of a broker's /readyz.
+func readyz(base string) (int, string, error) {
+	resp, err := http.Get(base + "/readyz")
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body), err
+}
+
+// waitReadyz waits until a broker's /readyz answers status with a body
+// holding every one of want.
+func waitReadyz(t *testing.T, base string, status int, want ...string) string {
+	t.Helper()
+	var body string
+	testwait.For(t, 30*time.Second, 50*time.Millisecond, func() error {
+		code, b, err := readyz(base)
+		if err != nil {
+			return err
+		}
+		body = b
+		if code != status {
+			return fmt.Errorf("/readyz %d %s, want %d", code, b, status)
+		}
+		for _, w := range want {
+			if !strings.Contains(b, w) {
+				return fmt.Errorf("/readyz %d %s, want %q in it", code, b, w)
+			}
+		}
+		return nil
+	})
+	return body
+}
+
+// TestJobsStorageOnChartNATS runs the broker against a NATS configured as
+// the NATS Helm chart's (JetStream on disk only, max_memory_store 0) with
+// the chart's broker user, which may not delete the stream.
+func TestJobsStorageOnChartNATS(t *testing.T) {
+	brokerUser := []string{"--nats-user", "broker", "--nats-password", "bpw"}
+
+	// The default storage fits: the fleet serves.
+	t.Run("default serves", func(t *testing.T) {
+		url := startChartNATS(t, "0")
+		b := cmdtest.StartBroker(t, append(brokerUser, "--nats-url", url)...)
+		e := fastEngine(t, 2)
+		startAgent(t, url, "a1", e, 2)
+		cmdtest.WaitEligible(t, b.HTTP, "a1")
+		for i := range 3 {
+			if r, err := rawStream(context.Background(), b.HTTP, fmt.Sprintf("on disk %d", i), 4); err != nil || !r.done || r.status != http.StatusOK {
+				t.Fatalf("request %d: %+v %v", i, r, err)
+			}
+		}
+		st, err := adminJS(t, url).Stream(context.Background(), "SWITCHYARD_JOBS")
+		if err != nil || st.CachedInfo().Config.Storage != jetstream.FileStorage {
+			t.Fatalf("stream %v, want file storage", err)
+		}
+	})
+
+	// Memory the server does not have: the broker says so on /readyz and
+	// in its log, with JetStream's words and code, and never says ready.
+	t.Run("memory refused", func(t *testing.T) {
+		url := startChartNATS(t, "0")
+		p := cmdtest.Start(t, brokerRun, append(brokerUser, "--nats-url", url, "--jobs-storage", "memory",
+			"--http", "127.0.0.1:0", "--grpc", "", "--heartbeat-interval", "100ms", "--log-level", "info")...)
+		base, _, _ := cmdtest.WaitListening(t, p.Out, p.Exited)
+		body := waitReadyz(t, base, http.StatusServiceUnavailable, "jobs stream SWITCHYARD_JOBS", "insufficient memory resources available (JetStream error 10028)")
+		testwait.For(t, 10*time.Second, 20*time.Millisecond, func() error {
+			if !strings.Contains(p.Err.String(), "jobs stream cannot take jobs") || !strings.Contains(p.Err.String(), "10028") {
+				return fmt.Errorf("the log does not name the cause:\n%s", p.Err.String())
+			}
+			return nil
+		})
+		if strings.Contains(p.Err.String(), "broker ready") {
+			t.Fatalf("the broker logged ready while NATS refuses its stream:\n%s", p.Err.String())
+		}
+		t.Logf("/readyz: %s", body)
+	})
+
+	// A memory stream from before (created when memory was the default)
+	// on a server whose memory is full: the broker keeps the stream it
+	// finds, and says that the servers refuse its writes. The operator
+	// deletes the stream as docs/operations.md says (the broker's user may
+	// not); the broker makes it again with its own storage and is ready,
+	// without a restart.
+	t.Run("memory stream replaced in place", func(t *testing.T) {
+		url := startChartNATS(t, "1")
+		admin := adminJS(t, url)
+		ctx := context.Background()
+		if _, err := admin.CreateStream(ctx, jetstream.StreamConfig{Name: "SWITCHYARD_JOBS", Subjects: []string{"sy.jobs.>"},
+			Retention: jetstream.WorkQueuePolicy, Storage: jetstream.MemoryStorage}); err != nil {
+			t.Fatal(err)
+		}
+		// What the memory holds already fills it.
+		if _, err := admin.Publish(ctx, "sy.jobs.earlier", []byte("a job of before")); err != nil {
+			t.Fatal(err)
+		}
+		p := cmdtest.Start(t, brokerRun, append(brokerUser, "--nats-url", url,
+			"--http", "127.0.0.1:0", "--grpc", "", "--heartbeat-interval", "100ms", "--log-level", "info")...)
+		base, _, _ := cmdtest.WaitListening(t, p.Out, p.Exited)
+		waitReadyz(t, base, http.StatusServiceUnavailable, "jobs stream SWITCHYARD_JOBS (Memory", "refuse to store jobs", "insufficient resources (JetStream error 10023)")
+		if !strings.Contains(p.Err.String(), "keeps the storage it was created with") {
+			t.Fatalf("no warning about the kept storage:\n%s", p.Err.String())
+		}
+
+		// The broker's own user cannot delete the stream.
+		bnc, err := nats.Connect(url, nats.UserInfo("broker", "bpw"), nats.CustomInboxPrefix("_INBOX.broker"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer bnc.Close()
+		bjs, _ := jetstream.New(bnc)
+		dctx, cancel := context.WithTimeout(ctx, time.Second)
+		err = bjs.DeleteStream(dctx, "SWITCHYARD_JOBS")
+		cancel()
+		if err == nil {
+			t.Fatal("the broker's user deleted the stream: the test shows nothing")
+		}
+
+		if err := admin.DeleteStream(ctx, "SWITCHYARD_JOBS"); err != nil {
+			t.Fatal(err)
+		}
+		waitReadyz(t, base, http.StatusOK)
+		testwait.For(t, 10*time.Second, 20*time.Millisecond, func() error {
+			if !strings.Contains(p.Err.String(), "jobs stream takes jobs again") {
+				return fmt.Errorf("no recovery in the log:\n%s", p.Err.String())
+			}
+			return nil
+		})
+		st, err := admin.Stream(ctx, "SWITCHYARD_JOBS")
+		if err != nil || st.CachedInfo().Config.Storage != jetstream.FileStorage {
+			t.Fatalf("stream %v, want it made again on disk", err)
+		}
+		e := fastEngine(t, 2)
+		startAgent(t, url, "a1", e, 2)
+		cmdtest.WaitEligible(t, base, "a1")
+		if r, err := rawStream(ctx, base, "after the change", 4); err != nil || !r.done || r.status != http.StatusOK {
+			t.Fatalf("request after the change: %+v %v", r, err)
+		}
+	})
+}
