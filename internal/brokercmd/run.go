@@ -51,6 +51,7 @@ const DefaultMaxConns = 8192
 
 type options struct {
 	httpAddr      string
+	metricsAddr   string
 	natsURL       string
 	natsListen    string
 	natsListenSet bool // given on the command line or in the environment
@@ -119,6 +120,7 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*o
 	fs := flag.NewFlagSet("broker", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&o.httpAddr, "http", "127.0.0.1:8080", "HTTP listen address of the OpenAI API, /metrics and health")
+	fs.StringVar(&o.metricsAddr, "metrics-listen", "", "serve /metrics, /healthz and /readyz also on this address, without API keys, e.g. 0.0.0.0:9091 in a pod for Prometheus and the probes (empty: only on --http, where /metrics needs a key when keys are set); bind it where only the scraper reaches it")
 	fs.StringVar(&o.natsURL, "nats-url", "", "external NATS server URLs, comma-separated; empty runs an embedded server")
 	fs.StringVar(&o.natsListen, "nats-listen", "127.0.0.1:4222", "embedded NATS: client listen address for agents (port 0 = random)")
 	fs.StringVar(&o.dataDir, "data-dir", "", "embedded NATS: JetStream store directory (default $TMPDIR/switchyard-nats-<port>; with --demo, removed on exit)")
@@ -191,7 +193,7 @@ Usage:
 		{Title: "Dispatch", Flags: []string{"dispatch-mode", "slo-ttft", "slo-itl", "pd-threshold", "slow-start", "heartbeat-interval", "queue-max", "queue-timeout", "request-timeout", "stall-timeout", "retry-limit", "migration-limit", "publish-wait"}},
 		{Title: "NATS", Flags: []string{"nats-url", "nats-listen", "nats-config", "nats-monitor", "data-dir", "nats-max-payload", "replicas", "jobs-storage", "prefix", "id",
 			"nats-creds", "nats-nkey", "nats-user", "nats-password", "nats-token", "nats-tls-ca", "nats-tls-cert", "nats-tls-key", "nats-inbox-prefix"}},
-		{Title: "Lifecycle and logs", Flags: []string{"shutdown-grace", "shutdown-delay", "log-format", "log-level"}},
+		{Title: "Lifecycle, metrics and logs", Flags: []string{"shutdown-grace", "shutdown-delay", "metrics-listen", "log-format", "log-level"}},
 		{Title: "Demo", Flags: []string{"demo", "demo-agents", "demo-model", "demo-pd-protocol", "demo-slots", "demo-ttft", "demo-itl"}},
 	})
 	if err := fs.Parse(args); err != nil {
@@ -358,6 +360,9 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return err
 	}
 	g.Go(in.serveHTTP)
+	if in.metrics != nil {
+		g.Go(in.serveMetrics)
+	}
 	if in.grpc != nil {
 		g.Go(in.serveGRPC)
 	}
@@ -370,8 +375,8 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		watchReady(gctx, b, log)
 		return nil
 	})
-	log.Info("broker listening", "http", in.ln.Addr().String(), "grpc", o.grpcAddr, "nats", natsURL, "id", b.ID(), "demo_agents", o.demo)
-	fmt.Fprintf(stdout, "switchyard broker listening: http=%s://%s nats=%s%s\n", in.scheme(), in.ln.Addr(), natsURL, in.grpcLine())
+	log.Info("broker listening", "http", in.ln.Addr().String(), "grpc", o.grpcAddr, "metrics", in.metricsAddr(), "nats", natsURL, "id", b.ID(), "demo_agents", o.demo)
+	fmt.Fprintf(stdout, "switchyard broker listening: http=%s://%s nats=%s%s%s\n", in.scheme(), in.ln.Addr(), natsURL, in.grpcLine(), in.metricsLine())
 	return g.Wait()
 }
 
@@ -498,6 +503,9 @@ type ingresses struct {
 	gln  net.Listener
 	grpc *grpc.Server // nil: no gRPC ingress
 	gapi *grpcapi.Server
+	// The metrics listener (--metrics-listen); nil: none.
+	mln     net.Listener
+	metrics *http.Server
 }
 
 // listenIngresses opens the HTTP and gRPC listeners and builds their
@@ -536,6 +544,13 @@ func listenIngresses(o *options, sec security, b *broker.Broker, reg *prometheus
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}}
+	if o.metricsAddr != "" {
+		if in.mln, err = cli.Listen("metrics", o.metricsAddr, "metrics-listen"); err != nil {
+			_ = ln.Close()
+			return nil, err
+		}
+		in.metrics = metricsServer(api, promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}), log)
+	}
 	if o.grpcAddr == "" {
 		return in, nil
 	}
@@ -547,6 +562,9 @@ func listenIngresses(o *options, sec security, b *broker.Broker, reg *prometheus
 	}
 	if in.gln, err = cli.Listen("gRPC API", o.grpcAddr, "grpc"); err != nil {
 		_ = ln.Close()
+		if in.mln != nil {
+			_ = in.mln.Close()
+		}
 		return nil, err
 	}
 	in.grpc = grpc.NewServer(gopts...)
@@ -567,6 +585,45 @@ func (in *ingresses) serveHTTP() error {
 		return nil
 	}
 	return fmt.Errorf("http server: %w", err)
+}
+
+// metricsServer serves /metrics, and /healthz and /readyz as the API's
+// listener answers them, without API keys: for a Prometheus scrape and the
+// probes, on an address only they reach. Nothing else is served there.
+func metricsServer(api http.Handler, metrics http.Handler, log *slog.Logger) *http.Server {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", metrics)
+	mux.Handle("GET /healthz", api)
+	mux.Handle("GET /readyz", api)
+	return &http.Server{
+		Handler:           mux,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       120 * time.Second,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+}
+
+// serveMetrics serves the metrics listener until shutdown.
+func (in *ingresses) serveMetrics() error {
+	if err := in.metrics.Serve(in.mln); !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("metrics server: %w", err)
+	}
+	return nil
+}
+
+func (in *ingresses) metricsAddr() string {
+	if in.mln == nil {
+		return ""
+	}
+	return in.mln.Addr().String()
+}
+
+func (in *ingresses) metricsLine() string {
+	if in.mln == nil {
+		return ""
+	}
+	return " metrics=http://" + in.mln.Addr().String()
 }
 
 // serveGRPC serves gRPC until shutdown; an error before is the server's.
@@ -616,6 +673,10 @@ func (in *ingresses) shutdown(o *options, b *broker.Broker, log *slog.Logger) {
 	select {
 	case <-grpcDone:
 	case <-graceCtx.Done():
+	}
+	if in.metrics != nil {
+		// The last to close: the probes and a scrape see the shutdown.
+		defer in.metrics.Close()
 	}
 	if graceCtx.Err() == nil {
 		return
