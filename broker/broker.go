@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -42,10 +43,12 @@ type Broker struct {
 	// may be lost, heartbeats unread.
 	reconnected atomic.Int64
 
-	mu     sync.Mutex // guards agents, known, deaf and lastRebuild
+	mu     sync.Mutex // guards agents, known, poolsHeard, deaf and lastRebuild
 	agents map[agentKey]*agentEntry
 	known  map[string]time.Time // model -> last heartbeat of any agent
-	deaf   bool                 // the last rebuild found NATS unreachable
+	// poolsHeard: (model, pool) -> last heartbeat of any agent in it.
+	poolsHeard map[modelPool]time.Time
+	deaf       bool // the last rebuild found NATS unreachable
 	// lastRebuild is when rebuild last ran (see rebuildLate).
 	lastRebuild time.Time
 	dirty       chan struct{}
@@ -73,6 +76,7 @@ type Broker struct {
 	stream   atomic.Pointer[jetstream.Stream] // the jobs stream, once EnsureStream made it
 	health   streamHealth                     // whether the stream takes jobs (streamhealth.go)
 	flight   inFlight                         // jobs dispatched and not yet ended, per queue
+	waits    capacityWaits                    // requests waiting for capacity (scaling.go)
 	aff      affinityState                    // prefix-cache affinity (affinity.go)
 	timing   timings                          // latency learned per agent (timing.go)
 	// jobDeletes tracks deletions of abandoned jobs in the background.
@@ -108,6 +112,7 @@ func New(nc *nats.Conn, cfg Config, opts ...Option) (*Broker, error) {
 		subj:           subjects.Must(cfg.Prefix),
 		agents:         make(map[agentKey]*agentEntry),
 		known:          make(map[string]time.Time),
+		poolsHeard:     make(map[modelPool]time.Time),
 		dirty:          make(chan struct{}, 1),
 		publishTimeout: DefaultPublishTimeout,
 	}
@@ -524,6 +529,7 @@ func (b *Broker) onHeartbeat(m *nats.Msg) {
 	prev := b.agents[k]
 	b.agents[k] = &agentEntry{agent: a, hb: hb}
 	b.known[key.Model] = now
+	b.poolsHeard[modelPool{key.Model, key.Pool}] = now
 	b.mu.Unlock()
 	// An agent heard again after a silence of more than one interval and a
 	// half may be stale in the snapshot (a NATS failover, a pause of the
@@ -626,6 +632,11 @@ func (b *Broker) rebuild() {
 			delete(b.known, m)
 		}
 	}
+	for k, t := range b.poolsHeard {
+		if now.Sub(t) > forgetAfter {
+			delete(b.poolsHeard, k)
+		}
+	}
 	b.mu.Unlock()
 	f := dispatch.NewFleet(byModel, now, b.cfg.Dispatch)
 	b.table.Store(f)
@@ -666,6 +677,9 @@ func (b *Broker) InFlight(model string) dispatch.InFlight { return b.flight.mode
 func (b *Broker) Models() []string { return b.table.Load().Models() }
 
 func (b *Broker) knownModel(model string) bool {
+	if slices.Contains(b.cfg.Models, model) {
+		return true
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	_, ok := b.known[model]

@@ -96,6 +96,7 @@ type options struct {
 	queueTimeout  time.Duration
 	kvHold        time.Duration
 	capacityWait  time.Duration
+	models        string
 	publishWait   time.Duration
 	readHeader    time.Duration
 	readBody      time.Duration
@@ -168,6 +169,7 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*o
 	fs.DurationVar(&o.kvHold, "kv-hold", broker.DefaultKVHold, "PD: how long prefill engines hold a hand-off's KV; a decode job not taken within it is retried (match the agents' --kv-hold)")
 	fs.DurationVar(&o.publishWait, "publish-wait", broker.DefaultPublishWait, "how long a request waits for NATS to take its job (a leader election or a reconnect to another node on a cluster) before 503 with Retry-After; retries and migrations wait as long")
 	fs.DurationVar(&o.capacityWait, "capacity-wait", 0, "a request for a model that no agent serves right now waits this long for one to become ready, then 503 with Retry-After (0: at once; a retry or migration waits --publish-wait)")
+	fs.StringVar(&o.models, "models", "", "models the fleet serves even while no agent does (a pool scaled to zero), comma-separated: a request for one waits --capacity-wait for an agent instead of 404, and its pools' metrics read 0 (models heard from agents are known for five minutes after the last)")
 	fs.IntVar(&o.migrationLim, "migration-limit", broker.DefaultMigrationLimit, "migrations of a stream to another agent after its first token (-1: none; the client then gets one error event)")
 	fs.IntVar(&o.retryLimit, "retry-limit", broker.DefaultRetryLimit, "retries of a request before its first token (another agent or route)")
 	fs.StringVar(&o.affinity, "affinity", broker.DefaultAffinity.String(), "prefix-cache affinity within a pool: off (pure pull), approx (remember which agent took which prompt, shared with the other brokers), or precise (also the KV events agents forward; approximate for agents without)")
@@ -190,7 +192,7 @@ Usage:
   broker --nats-url nats://a,nats://b use an existing NATS server or cluster
   broker --demo                       also run simulated agents, ready for curl`, []cli.Section{
 		{Title: "Client API", Flags: []string{"http", "grpc", "max-body", "read-header-timeout", "read-body-timeout", "idle-timeout", "max-conns", "write-timeout", "stream-write-timeout", "grpc-max-recv-bytes", "grpc-max-send-bytes", "api-key", "api-keys-file", "tls-cert", "tls-key"}},
-		{Title: "Dispatch", Flags: []string{"dispatch-mode", "slo-ttft", "slo-itl", "pd-threshold", "slow-start", "heartbeat-interval", "queue-max", "queue-timeout", "request-timeout", "stall-timeout", "retry-limit", "migration-limit", "publish-wait"}},
+		{Title: "Dispatch", Flags: []string{"dispatch-mode", "slo-ttft", "slo-itl", "pd-threshold", "slow-start", "heartbeat-interval", "queue-max", "queue-timeout", "capacity-wait", "models", "request-timeout", "stall-timeout", "retry-limit", "migration-limit", "publish-wait"}},
 		{Title: "NATS", Flags: []string{"nats-url", "nats-listen", "nats-config", "nats-monitor", "data-dir", "nats-max-payload", "replicas", "jobs-storage", "prefix", "id",
 			"nats-creds", "nats-nkey", "nats-user", "nats-password", "nats-token", "nats-tls-ca", "nats-tls-cert", "nats-tls-key", "nats-inbox-prefix"}},
 		{Title: "Lifecycle, metrics and logs", Flags: []string{"shutdown-grace", "shutdown-delay", "metrics-listen", "log-format", "log-level"}},
@@ -380,6 +382,17 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	return g.Wait()
 }
 
+// splitList splits a comma-separated flag value, dropping empty items.
+func splitList(v string) []string {
+	var out []string
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
 // watchReady logs the broker's readiness as /readyz reports it: "broker
 // ready" once it takes requests, and each change after, with why it does
 // not (a problem of the jobs stream is logged by the broker with its
@@ -454,6 +467,7 @@ func newBroker(o *options, log *slog.Logger, dcfg dispatch.Config, ns *server.Se
 		QueueTimeout:      o.queueTimeout,
 		KVHold:            o.kvHold,
 		CapacityWait:      o.capacityWait,
+		Models:            splitList(o.models),
 		PublishWait:       o.publishWait,
 		Dispatch:          dcfg,
 		Targets:           broker.Targets{TTFT: o.sloTTFT, ITL: o.sloITL},
