@@ -43,12 +43,14 @@ type Broker struct {
 	// may be lost, heartbeats unread.
 	reconnected atomic.Int64
 
-	mu     sync.Mutex // guards agents, known, poolsHeard, deaf and lastRebuild
+	mu     sync.Mutex // guards agents, known, poolsHeard, pending, deaf and lastRebuild
 	agents map[agentKey]*agentEntry
 	known  map[string]time.Time // model -> last heartbeat of any agent
 	// poolsHeard: (model, pool) -> last heartbeat of any agent in it.
 	poolsHeard map[modelPool]time.Time
-	deaf       bool // the last rebuild found NATS unreachable
+	// pending: agents whose engine has not named its model yet, by id.
+	pending map[string]PendingAgent
+	deaf    bool // the last rebuild found NATS unreachable
 	// lastRebuild is when rebuild last ran (see rebuildLate).
 	lastRebuild time.Time
 	dirty       chan struct{}
@@ -113,6 +115,7 @@ func New(nc *nats.Conn, cfg Config, opts ...Option) (*Broker, error) {
 		agents:         make(map[agentKey]*agentEntry),
 		known:          make(map[string]time.Time),
 		poolsHeard:     make(map[modelPool]time.Time),
+		pending:        make(map[string]PendingAgent),
 		dirty:          make(chan struct{}, 1),
 		publishTimeout: DefaultPublishTimeout,
 	}
@@ -494,6 +497,10 @@ func (b *Broker) onHeartbeat(m *nats.Msg) {
 		b.log.Debug("bad heartbeat", "subject", m.Subject, "err", err)
 		return
 	}
+	if key.Model == wire.ModelPending {
+		b.notePending(key.Agent, key.Pool, hb)
+		return
+	}
 	if hb.GetState() == wire.StateStopped {
 		b.forgetAgent(agentKey{key.Model, key.Agent})
 		return
@@ -635,6 +642,11 @@ func (b *Broker) rebuild() {
 	for k, t := range b.poolsHeard {
 		if now.Sub(t) > forgetAfter {
 			delete(b.poolsHeard, k)
+		}
+	}
+	for id, p := range b.pending {
+		if now.Sub(p.LastHeartbeat) > 3*max(p.Interval, b.cfg.HeartbeatInterval) {
+			delete(b.pending, id) // missed three heartbeats: gone
 		}
 	}
 	b.mu.Unlock()
