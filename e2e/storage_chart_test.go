@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -220,4 +221,60 @@ func TestJobsStorageOnChartNATS(t *testing.T) {
 			t.Fatalf("request after the change: %+v %v", r, err)
 		}
 	})
+}
+
+// TestJobsStreamWithoutQuorum: on a 3-node cluster that gives JetStream
+// (almost) no memory, a memory stream of 3 replicas is created, takes a
+// message, refuses the next and loses its leader, as on the NATS chart
+// with the memory storage. The broker says so on /readyz once the stream
+// has gone without a leader for --publish-wait, and an agent that cannot
+// make its consumer logs why, not only that its try timed out.
+func TestJobsStreamWithoutQuorum(t *testing.T) {
+	c := natstest.RunClusterWith(t, "noquorum", 3, func(o *server.Options) { o.JetStreamMaxMemory = 1 })
+	urls := c.URLs(0)
+	p := cmdtest.Start(t, brokerRun, "--nats-url", urls, "--replicas", "3", "--jobs-storage", "memory", "--publish-wait", "2s",
+		"--http", "127.0.0.1:0", "--grpc", "", "--heartbeat-interval", "100ms", "--log-level", "info")
+	base, _, _ := cmdtest.WaitListening(t, p.Out, p.Exited)
+
+	// Jobs fill what memory there is: the stream refuses one and loses
+	// its leader.
+	nc, err := nats.Connect(urls)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	testwait.For(t, 30*time.Second, 10*time.Millisecond, func() error {
+		if _, err := js.Stream(context.Background(), "SWITCHYARD_JOBS"); err != nil {
+			return err
+		}
+		return nil
+	})
+	var refused error
+	for i := 0; i < 5 && refused == nil; i++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_, refused = js.Publish(ctx, "sy.jobs.filler", []byte("a job"))
+		cancel()
+	}
+	if refused == nil {
+		t.Fatal("the memory stream took every job: the test shows nothing")
+	}
+	body := waitReadyz(t, base, http.StatusServiceUnavailable, "jobs stream SWITCHYARD_JOBS (Memory storage, replicas 3)", "no leader")
+	t.Logf("/readyz: %s", body)
+	if out := p.Err.String(); !strings.Contains(out, "jobs stream cannot take jobs") || !strings.Contains(out, "no leader") {
+		t.Fatalf("the broker's log does not name the cause:\n%s", out)
+	}
+
+	a := cmdtest.Start(t, agentRun, "--nats-url", urls, "--engine", "sim", "--id", "a1", "--heartbeat", "100ms", "--log-level", "warn")
+	testwait.For(t, 60*time.Second, 50*time.Millisecond, func() error {
+		out := a.Err.String()
+		if !strings.Contains(out, "jobs consumer not ready") {
+			return fmt.Errorf("no consumer failure logged yet:\n%s", out)
+		}
+		if !strings.Contains(out, "has no leader") && !strings.Contains(out, "does not answer about the consumer either") {
+			t.Fatalf("the agent's log does not say why its consumer is not ready:\n%s", out)
+		}
+		return nil
+	})
+	t.Logf("agent: %s", cmdtest.Tail(a.Err.String(), 600))
 }
