@@ -25,8 +25,10 @@ type streamHealth struct {
 	// it exists as configured.
 	create error
 	// write is the last write the servers refused (insufficient
-	// resources, a permission); cleared by a probe write that succeeds.
-	write error
+	// resources, a permission), at writeAt; cleared by a probe write that
+	// succeeds writeRefusalHold after it.
+	write   error
+	writeAt time.Time
 	// leaderless is when the stream was first found without a leader, and
 	// unanswered when its info first went unanswered; zero: not now.
 	leaderless, unanswered time.Time
@@ -131,10 +133,16 @@ func (b *Broker) noteWrite(err error) {
 		err = fmt.Errorf("permission denied: %w", last)
 	}
 	b.health.mu.Lock()
-	b.health.write = err
+	b.health.write, b.health.writeAt = err, time.Now()
 	b.health.mu.Unlock()
 	b.logStreamHealth()
 }
+
+// writeRefusalHold is how long a refused write keeps the broker not ready
+// at least, however a probe fares meanwhile: a server whose memory frees
+// between bursts of jobs would otherwise make readiness flap with every
+// burst.
+const writeRefusalHold = 5 * time.Second
 
 // noteInfo records what a check of the stream found: its info, or the
 // error of asking for it.
@@ -188,6 +196,12 @@ func (b *Broker) logStreamHealth() {
 // queue's consumer takes, and deletes it: whether the servers store what
 // the broker writes. It records the outcome.
 func (b *Broker) probeWrite(ctx context.Context) {
+	b.health.mu.Lock()
+	held := b.health.write != nil && time.Since(b.health.writeAt) < writeRefusalHold
+	b.health.mu.Unlock()
+	if held {
+		return
+	}
 	subj, err := b.subj.JobsProbe(b.cfg.ID)
 	if err != nil {
 		return
