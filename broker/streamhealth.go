@@ -73,7 +73,7 @@ func (b *Broker) streamProblem() error {
 	if h.write != nil && h.create == nil && !strings.Contains(why, "refuse") {
 		why += "; last write refused: " + describeJSError(h.write)
 	}
-	return fmt.Errorf("%w: jobs stream %s: %s", ErrStreamUnusable, name, why)
+	return fmt.Errorf("%w: %s: %s", ErrStreamUnusable, name, why)
 }
 
 // describeJSError says what JetStream answered: its description and error
