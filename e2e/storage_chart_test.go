@@ -34,7 +34,9 @@ const chartBrokerPerms = `{
 
 // startChartNATS runs a nats-server configured as the NATS chart's is:
 // JetStream with a file store and max_memory_store as given ("0" in the
-// chart), an account with the chart's broker user and an admin user (the
+// chart), an account with the chart's broker user, a reader with the
+// broker's permissions but those to create and update the stream, and an
+// admin user (the
 // agents', the test's and the operator's recipes', also for clients
 // without credentials), and returns its URL.
 func startChartNATS(t *testing.T, maxMemory string) string {
@@ -49,11 +51,12 @@ accounts {
     users: [
       { user: broker, password: bpw, permissions: %s }
       { user: admin, password: apw }
+      { user: reader, password: rpw, permissions: %s }
     ]
   }
 }
 no_auth_user: admin
-`, dir, maxMemory, chartBrokerPerms)
+`, dir, maxMemory, chartBrokerPerms, strings.NewReplacer(`"$JS.API.STREAM.CREATE.SWITCHYARD_JOBS", "$JS.API.STREAM.UPDATE.SWITCHYARD_JOBS",`, "", "_INBOX.broker.>", "_INBOX.reader.>").Replace(chartBrokerPerms))
 	path := filepath.Join(dir, "nats.conf")
 	if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
 		t.Fatal(err)
@@ -158,6 +161,19 @@ func TestJobsStorageOnChartNATS(t *testing.T) {
 			t.Fatalf("the broker logged ready while NATS refuses its stream:\n%s", p.Err.String())
 		}
 		t.Logf("/readyz: %s", body)
+	})
+
+	// A user that may not create the stream: the broker says which
+	// permission the server denied.
+	t.Run("permission denied", func(t *testing.T) {
+		url := startChartNATS(t, "0")
+		p := cmdtest.Start(t, brokerRun, "--nats-user", "reader", "--nats-password", "rpw", "--nats-url", url,
+			"--http", "127.0.0.1:0", "--grpc", "", "--heartbeat-interval", "100ms", "--log-level", "info")
+		base, _, _ := cmdtest.WaitListening(t, p.Out, p.Exited)
+		waitReadyz(t, base, http.StatusServiceUnavailable, "jobs stream unusable: SWITCHYARD_JOBS", "cannot create it", "permission denied", "$JS.API.STREAM.")
+		if strings.Contains(p.Err.String(), "broker ready") {
+			t.Fatalf("the broker logged ready without its stream:\n%s", p.Err.String())
+		}
 	})
 
 	// A memory stream from before (created when memory was the default)
