@@ -456,13 +456,11 @@ func (a *Agent) bindConsumer(ctx context.Context, name, filter string, inactive 
 		if err == nil {
 			return cons, nil
 		}
-		// A request the server refused for permissions gets no answer:
-		// the try times out, and only the connection's last error says
-		// why, which an operator needs to see (a NATS user that does not
-		// fit the agent's --role).
-		if last := a.nc.LastError(); errors.Is(last, nats.ErrPermissionViolation) {
-			err = fmt.Errorf("%w (%v: check that this agent's NATS user may serve --role %s)", err, last, a.cfg.Pool)
-		}
+		// A try that timed out says nothing of why: the permission the
+		// server denied (a NATS user that does not fit the agent's
+		// --role), or a consumer without a leader, is what an operator
+		// needs to see.
+		err = a.consumerCause(ctx, name, err)
 		a.log.Warn("jobs consumer not ready, retrying", "stream", a.cfg.Stream, "consumer", name, "err", err)
 		if a.State() == wire.StateWarming {
 			a.setState(wire.StateWarming, "jobs queue not ready: "+err.Error())

@@ -84,6 +84,11 @@ func (c *Call) startFirst(ctx context.Context) error {
 	if wait <= 0 {
 		return err
 	}
+	// While it waits, the request is in no queue: it is counted apart, so
+	// that a scaler sees it (CapacityWaiting).
+	pools := c.waitPools()
+	c.b.waits.add(c.Model, pools, 1)
+	defer c.b.waits.add(c.Model, pools, -1)
 	give := time.NewTimer(min(wait, time.Until(c.Deadline)))
 	defer give.Stop()
 	poll := time.NewTicker(c.b.cfg.WatchInterval)

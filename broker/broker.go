@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -42,11 +43,15 @@ type Broker struct {
 	// may be lost, heartbeats unread.
 	reconnected atomic.Int64
 
-	mu     sync.Mutex // guards agents, fleet, known, deaf and lastRebuild
+	mu     sync.Mutex // guards agents, fleet, known, poolsHeard, pending, deaf and lastRebuild
 	agents map[agentKey]*agentEntry
 	fleet  fleetState           // what rebuild keeps between snapshots (fleetstate.go)
 	known  map[string]time.Time // model -> last heartbeat of any agent
-	deaf   bool                 // the last rebuild found NATS unreachable
+	// poolsHeard: (model, pool) -> last heartbeat of any agent in it.
+	poolsHeard map[modelPool]time.Time
+	// pending: agents whose engine has not named its model yet, by id.
+	pending map[string]PendingAgent
+	deaf    bool // the last rebuild found NATS unreachable
 	// lastRebuild is when rebuild last ran (see rebuildLate).
 	lastRebuild time.Time
 	dirty       chan struct{}
@@ -72,7 +77,9 @@ type Broker struct {
 	routes   sync.Map      // model -> *routeStats
 	depth    atomic.Pointer[depthReading]
 	stream   atomic.Pointer[jetstream.Stream] // the jobs stream, once EnsureStream made it
+	health   streamHealth                     // whether the stream takes jobs (streamhealth.go)
 	flight   inFlight                         // jobs dispatched and not yet ended, per queue
+	waits    capacityWaits                    // requests waiting for capacity (scaling.go)
 	aff      affinityState                    // prefix-cache affinity (affinity.go)
 	timing   timings                          // latency learned per agent (timing.go)
 	// jobDeletes tracks deletions of abandoned jobs in the background.
@@ -109,6 +116,8 @@ func New(nc *nats.Conn, cfg Config, opts ...Option) (*Broker, error) {
 		subj:           subjects.Must(cfg.Prefix),
 		agents:         make(map[agentKey]*agentEntry),
 		known:          make(map[string]time.Time),
+		poolsHeard:     make(map[modelPool]time.Time),
+		pending:        make(map[string]PendingAgent),
 		dirty:          make(chan struct{}, 1),
 		publishTimeout: DefaultPublishTimeout,
 	}
@@ -186,21 +195,28 @@ func (b *Broker) EnsureStream(ctx context.Context) error {
 		Replicas:             b.cfg.Replicas,
 	}
 	st, err := b.js.CreateOrUpdateStream(ctx, cfg)
+	if err != nil && ctx.Err() != nil && errors.Is(err, context.Canceled) {
+		return err
+	}
 	if err != nil {
 		// JetStream cannot change the storage of a stream: one created
 		// with the other storage keeps it (delete the stream, which holds
 		// only jobs in flight, to change it).
-		if st, serr := b.js.Stream(ctx, b.cfg.Stream); serr == nil && st.CachedInfo().Config.Storage != cfg.Storage {
-			b.log.Warn("jobs stream keeps the storage it was created with", "stream", b.cfg.Stream,
-				"storage", st.CachedInfo().Config.Storage.String(), "wanted", cfg.Storage.String())
-			cfg.Storage = st.CachedInfo().Config.Storage
+		if found, serr := b.js.Stream(ctx, b.cfg.Stream); serr == nil && found.CachedInfo().Config.Storage != cfg.Storage {
+			b.log.Warn("jobs stream keeps the storage it was created with; docs/operations.md says how to change it", "stream", b.cfg.Stream,
+				"storage", found.CachedInfo().Config.Storage.String(), "wanted", cfg.Storage.String())
+			cfg.Storage = found.CachedInfo().Config.Storage
 			st, err = b.js.CreateOrUpdateStream(ctx, cfg)
 		}
 	}
 	if err != nil {
+		err = b.explainJS(err)
+		b.noteCreate(err)
 		return fmt.Errorf("broker: stream %s: %w", b.cfg.Stream, err)
 	}
 	b.stream.Store(&st)
+	b.noteCreate(nil)
+	b.noteInfo(st.CachedInfo(), nil)
 	return nil
 }
 
@@ -231,7 +247,7 @@ func (b *Broker) Run(ctx context.Context) error {
 		if err == nil {
 			break
 		}
-		b.log.Warn("jobs stream not ready, retrying", "err", err)
+		b.log.Debug("jobs stream not ready, retrying", "err", err)
 		select {
 		case <-ctx.Done():
 			return nil
@@ -260,6 +276,10 @@ func (b *Broker) Run(ctx context.Context) error {
 		// NATS went away again: the subscriptions are sent at reconnect.
 		b.log.Warn("broker: subscriptions not confirmed yet", "err", err)
 	}
+	// A stream the servers cannot store in (a memory stream where
+	// max_memory_store is 0) is created all the same: one write says so
+	// before the broker says it is ready.
+	b.probeWrite(ctx)
 	b.started.Store(b.now().UnixNano())
 	b.log.Info("broker running", "id", b.cfg.ID, "stream", b.cfg.Stream, "prefix", b.cfg.Prefix)
 
@@ -371,20 +391,39 @@ func (b *Broker) repairStream(ctx context.Context, reconnected bool) error {
 	if !b.nc.IsConnected() {
 		return nil
 	}
-	if !reconnected {
+	b.health.mu.Lock()
+	createFailed := b.health.create != nil
+	b.health.mu.Unlock()
+	if !reconnected && !createFailed {
 		sctx, cancel := context.WithTimeout(ctx, b.publishTimeout)
-		_, err := b.js.Stream(sctx, b.cfg.Stream)
+		st, err := b.js.Stream(sctx, b.cfg.Stream)
 		cancel()
 		if !errors.Is(err, jetstream.ErrStreamNotFound) {
-			return nil // there, or not answerable now: check again later
+			// There, or not answerable now: check again later.
+			if err != nil {
+				b.noteInfo(nil, b.explainJS(err))
+				return nil
+			}
+			b.noteInfo(st.CachedInfo(), nil)
+			if b.writeRefused() {
+				b.probeWrite(ctx)
+			}
+			return nil
 		}
 		b.log.Warn("jobs stream missing, recreating it", "stream", b.cfg.Stream)
+		// What the servers refused concerned the stream that is gone.
+		b.health.mu.Lock()
+		b.health.write = nil
+		b.health.mu.Unlock()
 	}
 	if err := b.EnsureStream(ctx); err != nil {
 		return err
 	}
-	if !reconnected {
+	if !reconnected && !createFailed {
 		b.log.Info("jobs stream recreated", "stream", b.cfg.Stream)
+	}
+	if b.writeRefused() {
+		b.probeWrite(ctx)
 	}
 	return nil
 }
@@ -436,6 +475,9 @@ func (b *Broker) Ready() error {
 	if err := b.ConnErr(); err != nil {
 		return err
 	}
+	if err := b.streamProblem(); err != nil {
+		return err
+	}
 	st := b.started.Load()
 	if st == 0 {
 		return errors.New("broker not started")
@@ -455,6 +497,10 @@ func (b *Broker) onHeartbeat(m *nats.Msg) {
 	hb, err := wire.UnmarshalHeartbeat(m.Data)
 	if err != nil {
 		b.log.Debug("bad heartbeat", "subject", m.Subject, "err", err)
+		return
+	}
+	if key.Model == wire.ModelPending {
+		b.notePending(key.Agent, key.Pool, hb)
 		return
 	}
 	if hb.GetState() == wire.StateStopped {
@@ -505,6 +551,7 @@ func (b *Broker) onHeartbeat(m *nats.Msg) {
 		b.markDirty(key.Model)
 	}
 	b.known[key.Model] = now
+	b.poolsHeard[modelPool{key.Model, key.Pool}] = now
 	b.mu.Unlock()
 	if changed {
 		select {
@@ -600,6 +647,16 @@ func (b *Broker) rebuild() {
 			delete(b.known, m)
 		}
 	}
+	for k, t := range b.poolsHeard {
+		if now.Sub(t) > forgetAfter {
+			delete(b.poolsHeard, k)
+		}
+	}
+	for id, p := range b.pending {
+		if now.Sub(p.LastHeartbeat) > 3*max(p.Interval, b.cfg.HeartbeatInterval) {
+			delete(b.pending, id) // missed three heartbeats: gone
+		}
+	}
 	if len(due) == 0 {
 		b.mu.Unlock()
 		return // nothing any snapshot shows has changed
@@ -645,6 +702,9 @@ func (b *Broker) InFlight(model string) dispatch.InFlight { return b.flight.mode
 func (b *Broker) Models() []string { return b.table.Load().Models() }
 
 func (b *Broker) knownModel(model string) bool {
+	if slices.Contains(b.cfg.Models, model) {
+		return true
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	_, ok := b.known[model]

@@ -12,7 +12,9 @@ type fleetCollector struct {
 	b                                *Broker
 	weight, agents, slots, eff, free *prometheus.Desc
 	active, eligibleActive, queue    *prometheus.Desc
-	hitRate, treeBlocks              *prometheus.Desc
+	// The autoscaling signal (scaling.go).
+	demand, waiting     *prometheus.Desc
+	hitRate, treeBlocks *prometheus.Desc
 	// The latency learned per pool (timing.go).
 	ttft, itl, wait, prefillRate *prometheus.Desc
 }
@@ -34,6 +36,10 @@ func (b *Broker) Collector() prometheus.Collector {
 			"Jobs the pool's eligible agents hold: what dispatch subtracts from effective slots to get free slots.", mp, nil),
 		queue: prometheus.NewDesc("switchyard_queue_depth",
 			"Jobs waiting in the pool's queue; 0 for every pool of a model in the capacity table whose queue is empty.", mp, nil),
+		demand: prometheus.NewDesc("switchyard_pool_demand_jobs",
+			"Work the pool has: jobs its agents hold (their heartbeats) plus jobs waiting in its queue (the jobs stream). The same on every broker of a fleet (take the max over brokers); 0 for every pool of a known model, agents or not. With switchyard_capacity_waiting_requests, what a pool's autoscaler reads.", mp, nil),
+		waiting: prometheus.NewDesc("switchyard_capacity_waiting_requests",
+			"Requests this broker holds waiting for an agent (--capacity-wait) because no agent serves their model now, counted in each pool that could serve them (regular, and prefill and decode unless PD cannot serve the request): they are in no queue, and are how a pool scaled to zero is asked to start. Per broker (sum over brokers); 0 for every pool of a known model.", mp, nil),
 		hitRate: prometheus.NewDesc("switchyard_pool_prefix_cache_hit_ratio",
 			"Prompt tokens found in the engines' prefix caches over those looked up, as the pool's agents report their engines' counters (since the engines started).", mp, nil),
 		treeBlocks: prometheus.NewDesc("switchyard_affinity_tree_blocks", "(block, agent) entries in the pool's prefix-affinity tree.", mp, nil),
@@ -47,7 +53,7 @@ func (b *Broker) Collector() prometheus.Collector {
 }
 
 func (c *fleetCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.weight, c.agents, c.slots, c.eff, c.free, c.active, c.eligibleActive, c.queue, c.hitRate, c.treeBlocks, c.ttft, c.itl, c.wait, c.prefillRate} {
+	for _, d := range []*prometheus.Desc{c.weight, c.agents, c.slots, c.eff, c.free, c.active, c.eligibleActive, c.queue, c.demand, c.waiting, c.hitRate, c.treeBlocks, c.ttft, c.itl, c.wait, c.prefillRate} {
 		ch <- d
 	}
 }
@@ -119,16 +125,52 @@ func (c *fleetCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(c.hitRate, g, r.h/r.q, k[0], k[1])
 		}
 	}
-	for k, n := range queueDepths(f, c.b.QueueDepth()) {
+	known := c.b.knownPools()
+	depths := queueDepths(f, known, c.b.QueueDepth())
+	for k, n := range depths {
 		ch <- prometheus.MustNewConstMetric(c.queue, g, float64(n), k[0], k[1])
+	}
+	for k, n := range poolDemand(f, depths) {
+		ch <- prometheus.MustNewConstMetric(c.demand, g, float64(n), k[0], k[1])
+	}
+	waiting := c.b.CapacityWaiting()
+	for _, k := range known {
+		if _, ok := waiting[k]; !ok {
+			waiting[k] = 0
+		}
+	}
+	for k, n := range waiting {
+		ch <- prometheus.MustNewConstMetric(c.waiting, g, float64(n), k[0], k[1])
 	}
 }
 
+// poolDemand is the work of every pool of depths (every queue there is):
+// the jobs the pool's agents in f hold plus those in its queue.
+func poolDemand(f *dispatch.Fleet, depths map[[2]string]int) map[[2]string]int {
+	out := make(map[[2]string]int, len(depths))
+	for k, n := range depths {
+		out[k] = n
+	}
+	for _, name := range f.AllModels() {
+		m, _ := f.Model(name)
+		for _, p := range m.Pools() {
+			if p.Agents > 0 {
+				out[[2]string{name, p.Pool.String()}] += p.Active
+			}
+		}
+	}
+	return out
+}
+
 // queueDepths is the depth of every queue there is: each pool with agents
-// of each model in f (an empty queue reads 0, not absent), and any queue
-// the last reading of the jobs stream found jobs in.
-func queueDepths(f *dispatch.Fleet, depth map[string]map[string]int) map[[2]string]int {
+// of each model in f and each known pool, agents or not (an empty queue
+// reads 0, not absent), and any queue the last reading of the jobs stream
+// found jobs in.
+func queueDepths(f *dispatch.Fleet, known [][2]string, depth map[string]map[string]int) map[[2]string]int {
 	out := make(map[[2]string]int)
+	for _, k := range known {
+		out[k] = 0
+	}
 	for _, name := range f.AllModels() {
 		m, _ := f.Model(name)
 		for _, p := range m.Pools() {

@@ -39,12 +39,14 @@ type Config struct {
 	// Replicas of the jobs stream: 1 on a single server, 3 on a cluster.
 	Replicas int
 	// FileStorage keeps queued jobs on disk, so they outlive a restart of
-	// the NATS server that holds them. The default is memory: a job lives
-	// for as long as a client waits on it, the broker dispatches again a job
-	// lost with its server, and a work queue that drains after every job
-	// costs a file store a block file deleted and created per job, in CPU
-	// and in time to first token (docs/performance.md). An existing stream
-	// keeps the storage it was created with.
+	// the NATS server that holds them, and fits servers that give
+	// JetStream disk only (max_memory_store 0, as the NATS Helm chart's).
+	// False is memory: a job lives for as long as a client waits on it,
+	// the broker dispatches again a job lost with its server, and a work
+	// queue that drains after every job costs a file store a block file
+	// deleted and created per job (docs/performance.md). An existing
+	// stream keeps the storage it was created with. The broker command's
+	// default is file.
 	FileStorage bool
 	// QueueMax bounds the jobs waiting per (model, pool); beyond it Submit
 	// fails with ErrQueueFull.
@@ -99,6 +101,13 @@ type Config struct {
 	// Affinity configures prefix-cache affinity within a pool (see
 	// affinity.go); its zero value is DefaultAffinity with defaults.
 	Affinity AffinityConfig
+	// Models are models the fleet serves even while no agent does, as a
+	// fleet scaled to zero: a request for one is not refused as unknown
+	// (it waits CapacityWait for an agent), and the pool metrics of each
+	// of its pools read 0 rather than nothing, however long no agent has
+	// served it. Models heard from agents are known without it, until
+	// none has been heard for five minutes.
+	Models []string
 	// LearnListeners, when set, returns how many subscriptions a message
 	// on subject would reach in the broker's NATS account, the broker's
 	// own included. A broker that alone listens to learn messages then
@@ -169,6 +178,11 @@ func (c Config) Validate() error {
 	}
 	if _, err := subjects.Must(subjects.DefaultPrefix).Reply(c.ID, "x"); err != nil {
 		errs = append(errs, fmt.Errorf("broker id %q: only letters, digits, '-' and '_'", c.ID))
+	}
+	for _, m := range c.Models {
+		if _, err := subjects.Must(subjects.DefaultPrefix).Jobs(m, subjects.PoolRegular); err != nil {
+			errs = append(errs, fmt.Errorf("model %q: %w", m, err))
+		}
 	}
 	if c.Replicas < 1 || c.Replicas > 5 {
 		errs = append(errs, fmt.Errorf("replicas %d: want 1 to 5", c.Replicas))

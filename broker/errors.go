@@ -19,6 +19,10 @@ var (
 	// ErrQueueTimeout: no agent took the job within the queue timeout (503
 	// with Retry-After); the job is cancelled and never starts.
 	ErrQueueTimeout = errors.New("no agent took the job in time")
+	// ErrStreamUnusable: the jobs stream cannot take jobs (the broker could
+	// not create it, the servers refuse its writes, or it has no leader);
+	// Ready says why.
+	ErrStreamUnusable = errors.New("jobs stream unusable")
 	// ErrNotConnected: NATS is unreachable right now (503).
 	ErrNotConnected = errors.New("not connected to NATS")
 	// ErrTimeout: the request's deadline passed before it finished (504).

@@ -48,6 +48,9 @@ func (b *Broker) publishJob(ctx context.Context, subject string, data []byte, ms
 	if err == nil && tries > 1 {
 		b.log.Info("job published after a failover", "subject", subject, "msg_id", msgID, "tries", tries, "duplicate", ack.Duplicate)
 	}
+	if err != nil {
+		b.noteWrite(err)
+	}
 	return ack, err
 }
 

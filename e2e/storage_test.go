@@ -41,25 +41,25 @@ func jobsStorage(t *testing.T, natsURL string) jetstream.StorageType {
 	return st.CachedInfo().Config.Storage
 }
 
-// TestJobsStorage: the jobs stream is in memory unless --jobs-storage file
-// asks for disk; a stream created with the other storage keeps it (with a
+// TestJobsStorage: the jobs stream is on disk unless --jobs-storage memory
+// asks for memory; a stream created with the other storage keeps it (with a
 // warning) and the broker serves on it.
 func TestJobsStorage(t *testing.T) {
-	t.Run("default memory", func(t *testing.T) {
+	t.Run("default file", func(t *testing.T) {
 		b := cmdtest.StartBroker(t)
-		if got := jobsStorage(t, b.NATS); got != jetstream.MemoryStorage {
-			t.Fatalf("storage %v, want memory", got)
-		}
-	})
-	t.Run("file", func(t *testing.T) {
-		b := cmdtest.StartBroker(t, "--jobs-storage", "file")
 		if got := jobsStorage(t, b.NATS); got != jetstream.FileStorage {
 			t.Fatalf("storage %v, want file", got)
 		}
 	})
+	t.Run("memory", func(t *testing.T) {
+		b := cmdtest.StartBroker(t, "--jobs-storage", "memory")
+		if got := jobsStorage(t, b.NATS); got != jetstream.MemoryStorage {
+			t.Fatalf("storage %v, want memory", got)
+		}
+	})
 	t.Run("existing stream keeps its storage", func(t *testing.T) {
 		ns := startNATSProcess(t, t.TempDir())
-		first := cmdtest.StartBroker(t, "--nats-url", ns.URL(), "--jobs-storage", "file")
+		first := cmdtest.StartBroker(t, "--nats-url", ns.URL(), "--jobs-storage", "memory")
 		if err := first.Stop(t); err != nil {
 			t.Fatal(err)
 		}
@@ -70,8 +70,8 @@ func TestJobsStorage(t *testing.T) {
 		if r, err := rawStream(context.Background(), b.HTTP, "still served", 4); err != nil || !r.done {
 			t.Fatalf("request on the kept stream: %+v %v", r, err)
 		}
-		if got := jobsStorage(t, ns.URL()); got != jetstream.FileStorage {
-			t.Fatalf("storage %v, want the file storage it was created with", got)
+		if got := jobsStorage(t, ns.URL()); got != jetstream.MemoryStorage {
+			t.Fatalf("storage %v, want the memory storage it was created with", got)
 		}
 		if !strings.Contains(b.Err.String(), "keeps the storage it was created with") {
 			t.Fatalf("no warning in the broker's log:\n%s", b.Err.String())
@@ -93,7 +93,7 @@ func TestQueuedJobOutlivesMemoryStream(t *testing.T) {
 	ns := startNATSProcess(t, t.TempDir())
 	// Heartbeats every second: the agent stays in the table (3 missed
 	// intervals) while the server restarts.
-	b := cmdtest.StartBroker(t, "--nats-url", ns.URL(), "--heartbeat-interval", "1s")
+	b := cmdtest.StartBroker(t, "--nats-url", ns.URL(), "--heartbeat-interval", "1s", "--jobs-storage", "memory")
 	e := startEngine(t, simengine.Config{Model: model, TTFT: time.Millisecond, ITL: 40 * time.Millisecond, Slots: 1})
 	startAgent(t, ns.URL(), "a1", e, 1, "--heartbeat", "1s")
 	cmdtest.WaitEligible(t, b.HTTP, "a1")

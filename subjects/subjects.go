@@ -213,6 +213,17 @@ func (b Builder) ParseLearn(subject string) (Heartbeat, error) {
 	return b.parseModelPoolAgent(subject, kindLearn)
 }
 
+// JobsProbe returns the subject a broker writes to, and deletes from at
+// once, to learn whether the jobs stream stores what it writes:
+// <prefix>.jobs.<broker>, one token after "jobs" where every queue has at
+// least two, so no agent's consumer takes it and ParseJobs refuses it.
+func (b Builder) JobsProbe(broker string) (string, error) {
+	if !validID(broker) {
+		return "", fmt.Errorf("%w: broker id %q", ErrBadToken, broker)
+	}
+	return b.dot + kindJobs + "." + broker, nil
+}
+
 // JobsAll is the filter of the jobs stream: every model and pool.
 func (b Builder) JobsAll() string { return b.dot + kindJobs + ".>" }
 

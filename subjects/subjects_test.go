@@ -320,3 +320,19 @@ func TestCanonicalLabels(t *testing.T) {
 		t.Fatal("PairKey")
 	}
 }
+
+// TestJobsProbe: the probe subject is inside the jobs stream's filter, and
+// no queue's subject, so ParseJobs refuses it; a bad broker id is refused.
+func TestJobsProbe(t *testing.T) {
+	b := Must("sy")
+	s, err := b.JobsProbe("b1")
+	if err != nil || s != "sy.jobs.b1" {
+		t.Fatalf("JobsProbe = %q, %v", s, err)
+	}
+	if _, err := b.ParseJobs(s); err == nil {
+		t.Fatalf("ParseJobs(%q) parsed a probe as a queue", s)
+	}
+	if _, err := b.JobsProbe("a.b"); err == nil {
+		t.Fatal("JobsProbe took an id with a dot")
+	}
+}

@@ -19,6 +19,12 @@ const (
 	StateStopped = "stopped"
 )
 
+// ModelPending is the model of the heartbeats of an agent whose engine has
+// not yet said which model it serves (started without --model, its engine
+// still loading): brokers list such an agent as pending, apart from every
+// model, and no request or metric ever names it.
+const ModelPending = "(model pending)"
+
 var (
 	hbMarshal = protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true}
 	// Unknown fields are discarded so that an older broker reads heartbeats

@@ -146,6 +146,9 @@ type fleetView struct {
 	NotReady string       `json:"not_ready,omitempty"`
 	Models   []fleetModel `json:"models"`
 	Agents   []fleetAgent `json:"agents"`
+	// Pending are the agents whose engine has not named its model yet
+	// (started without --model, the engine loading): in no model.
+	Pending []broker.PendingAgent `json:"pending"`
 }
 
 func poolView(ps broker.PoolStats) fleetPool {
@@ -163,7 +166,7 @@ func (s *Server) fleet(w http.ResponseWriter, r *http.Request) {
 	for _, hb := range hbs {
 		engines[[2]string{hb.GetModel(), hb.GetAgentId()}] = [3]string{hb.GetEngine(), hb.GetTransport(), hb.GetStateReason()}
 	}
-	view := fleetView{At: time.Now().UTC(), Models: []fleetModel{}, Agents: []fleetAgent{}}
+	view := fleetView{At: time.Now().UTC(), Models: []fleetModel{}, Agents: []fleetAgent{}, Pending: s.backend.Pending()}
 	if err := s.backend.Ready(); err != nil {
 		view.NotReady = err.Error()
 	}

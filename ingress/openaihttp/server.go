@@ -23,6 +23,7 @@ type Backend interface {
 	Ready() error
 	Fleet() *broker.Fleet
 	Heartbeats() []*wire.Heartbeat
+	Pending() []broker.PendingAgent
 	RecentRoutes(model string, window time.Duration) broker.Recent
 	QueueDepth() map[string]map[string]int
 	InFlight(model string) broker.InFlight

@@ -16,10 +16,10 @@ import (
 // PendingModel is the model an agent's heartbeats name while its engine
 // has not yet said which model it serves (no --model: the agent asks the
 // engine's /v1/models, which answers only once the weights are loaded). The
-// agent then shows in the fleet view as warming, with why, instead of not
-// at all while its engine loads for minutes. No request names this model,
-// and a model with no eligible agent is never listed in /v1/models.
-const PendingModel = "(model pending)"
+// agent then shows in the fleet view as pending, with why, instead of not
+// at all while its engine loads for minutes; brokers keep it apart from
+// every model (wire.ModelPending).
+const PendingModel = wire.ModelPending
 
 // pending announces an agent whose model is not known yet: warming
 // heartbeats under PendingModel, and a last "stopped" one when the model is
@@ -33,6 +33,18 @@ type pending struct {
 	seq       uint32
 	announced bool
 	last      time.Time
+	reason    string // the last warming reason; "" before the first
+}
+
+// why says what the agent waits for before it has an engine: its engine
+// to name the model, or the engine to be set up.
+func (p *pending) why() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.reason != "" {
+		return p.reason
+	}
+	return "starting: setting up the engine"
 }
 
 func newPending(nc *nats.Conn, o *options) (*pending, error) {
@@ -52,6 +64,7 @@ func newPending(nc *nats.Conn, o *options) (*pending, error) {
 func (p *pending) warming(reason string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.reason = reason
 	if p.announced && time.Since(p.last) < p.o.heartbeat/2 {
 		return
 	}
@@ -83,6 +96,7 @@ func (p *pending) wait(ctx context.Context, d time.Duration, reason string) erro
 func (p *pending) done() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.reason = "engine named its model: starting"
 	if p.announced {
 		p.publish(wire.StateStopped, "engine named its model")
 		p.announced = false

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -220,6 +221,15 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if o.pending, err = newPending(nc, o); err != nil {
 		return err
 	}
+	// The probes answer from the start: while the engine loads and names
+	// its model, /readyz says so.
+	var probes *probeServer
+	if o.metrics != "" {
+		if probes, err = serveProbes(o.metrics, func() error { return link.Err(nc) }, o.pending, log); err != nil {
+			return err
+		}
+		defer probes.stop()
+	}
 	eng, transport, err := buildEngine(ctx, o)
 	defer func() {
 		for _, c := range o.closers {
@@ -248,12 +258,10 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err != nil {
 		return err
 	}
-	if o.metrics != "" {
-		stopMetrics, err := serveMetrics(o.metrics, a, func() error { return link.Err(nc) }, log)
-		if err != nil {
+	if probes != nil {
+		if err := probes.setAgent(a); err != nil {
 			return err
 		}
-		defer stopMetrics()
 	}
 	fmt.Fprintf(stdout, "switchyard agent %s serving %s (%s) on %s\n", a.ID(), o.model, o.role, o.natsURL)
 	if err := a.Run(ctx); err != nil {
@@ -268,6 +276,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 // firstModel asks the engine what it serves, waiting for it to come up.
 // Meanwhile it heartbeats as warming under PendingModel, with the reason.
 func firstModel(ctx context.Context, oa *openai.Adapter, log *slog.Logger, p *pending) (string, error) {
+	p.warming("engine has not named its model yet: asking its /v1/models")
 	for delay := 200 * time.Millisecond; ; delay = min(2*delay, 5*time.Second) {
 		mctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		models, err := oa.Models(mctx)
@@ -410,13 +419,33 @@ func grpcEngine(o *options) (agent.Engine, string, error) {
 	return a, "grpc", nil
 }
 
-// serveMetrics serves the agent's /metrics until the returned func is called.
-func serveMetrics(addr string, a *agent.Agent, natsErr func() error, log *slog.Logger) (func(), error) {
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	if err := a.Metrics().Register(reg); err != nil {
-		return nil, err
+// probeServer serves the agent's /metrics, /healthz and /readyz
+// (--metrics-listen) from the agent's start; the agent's own metrics and
+// state join once it is built (setAgent).
+type probeServer struct {
+	reg   *prometheus.Registry
+	srv   *http.Server
+	agent atomic.Pointer[agent.Agent]
+}
+
+// setAgent makes the probes report a and its metrics.
+func (p *probeServer) setAgent(a *agent.Agent) error {
+	if err := a.Metrics().Register(p.reg); err != nil {
+		return err
 	}
+	p.agent.Store(a)
+	return nil
+}
+
+func (p *probeServer) stop() { _ = p.srv.Close() }
+
+// serveProbes serves the agent's /metrics and probes until stop. Before
+// the agent is built, /readyz is 503 with what the agent waits for: its
+// engine to name the model (pending), or its start.
+func serveProbes(addr string, natsErr func() error, pend *pending, log *slog.Logger) (*probeServer, error) {
+	p := &probeServer{reg: prometheus.NewRegistry()}
+	p.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg := p.reg
 	ln, err := cli.Listen("agent metrics", addr, "metrics-listen")
 	if err != nil {
 		return nil, err
@@ -436,6 +465,12 @@ func serveMetrics(addr string, a *agent.Agent, natsErr func() error, log *slog.L
 			_, _ = fmt.Fprintf(w, "not ready: NATS: %v\n", err)
 			return
 		}
+		a := p.agent.Load()
+		if a == nil {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = fmt.Fprintf(w, "not ready: %s: %s\n", wire.StateWarming, pend.why())
+			return
+		}
 		if st := a.State(); st != wire.StateReady {
 			w.WriteHeader(http.StatusServiceUnavailable)
 			if why := a.StateReason(); why != "" {
@@ -446,12 +481,12 @@ func serveMetrics(addr string, a *agent.Agent, natsErr func() error, log *slog.L
 		}
 		_, _ = io.WriteString(w, "ready\n")
 	})
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	p.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := p.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Warn("metrics server", "err", err)
 		}
 	}()
 	log.Info("agent metrics", "addr", ln.Addr().String())
-	return func() { _ = srv.Close() }, nil
+	return p, nil
 }

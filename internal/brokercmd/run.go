@@ -60,6 +60,7 @@ const DefaultWriteTimeout = 30 * time.Second
 
 type options struct {
 	httpAddr      string
+	metricsAddr   string
 	natsURL       string
 	natsListen    string
 	natsListenSet bool // given on the command line or in the environment
@@ -107,6 +108,7 @@ type options struct {
 	queueTimeout  time.Duration
 	kvHold        time.Duration
 	capacityWait  time.Duration
+	models        string
 	publishWait   time.Duration
 	readHeader    time.Duration
 	readBody      time.Duration
@@ -132,6 +134,7 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*o
 	fs := flag.NewFlagSet("broker", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&o.httpAddr, "http", "127.0.0.1:8080", "HTTP listen address of the OpenAI API, /metrics and health")
+	fs.StringVar(&o.metricsAddr, "metrics-listen", "", "serve /metrics, /healthz and /readyz also on this address, without API keys, e.g. 0.0.0.0:9091 in a pod for Prometheus and the probes (empty: only on --http, where /metrics needs a key when keys are set); bind it where only the scraper reaches it")
 	fs.StringVar(&o.natsURL, "nats-url", "", "external NATS server URLs, comma-separated; empty runs an embedded server")
 	fs.StringVar(&o.natsListen, "nats-listen", "127.0.0.1:4222", "embedded NATS: client listen address for agents (port 0 = random)")
 	fs.StringVar(&o.dataDir, "data-dir", "", "embedded NATS: JetStream store directory (default $TMPDIR/switchyard-nats-<port>; with --demo, removed on exit)")
@@ -140,7 +143,7 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*o
 	fs.StringVar(&o.prefix, "prefix", subjects.DefaultPrefix, "first token(s) of every NATS subject")
 	fs.StringVar(&o.id, "id", "", "broker id in reply subjects, unique per NATS (default random)")
 	fs.IntVar(&o.replicas, "replicas", 1, "replicas of the jobs stream (3 on a cluster)")
-	fs.StringVar(&o.jobsStorage, "jobs-storage", "memory", "storage of the jobs stream: memory, or file to keep queued jobs through a NATS server restart")
+	fs.StringVar(&o.jobsStorage, "jobs-storage", "file", "storage of the jobs stream: file (queued jobs outlive a NATS server's restart, and it fits servers that keep JetStream on disk only, as the NATS Helm chart's with max_memory_store 0) or memory (faster; a job queued on a server that restarts is dispatched again). An existing stream keeps the storage it was created with")
 	fs.IntVar(&o.queueMax, "queue-max", broker.DefaultQueueMax, "jobs waiting per model and pool before 429")
 	fs.DurationVar(&o.hbInterval, "heartbeat-interval", broker.DefaultHeartbeatInterval, "agents' heartbeat interval; /readyz waits one")
 	fs.DurationVar(&o.reqTimeout, "request-timeout", broker.DefaultRequestTimeout, "deadline of a request")
@@ -183,6 +186,7 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*o
 	fs.DurationVar(&o.kvHold, "kv-hold", broker.DefaultKVHold, "PD: how long prefill engines hold a hand-off's KV; a decode job not taken within it is retried (match the agents' --kv-hold)")
 	fs.DurationVar(&o.publishWait, "publish-wait", broker.DefaultPublishWait, "how long a request waits for NATS to take its job (a leader election or a reconnect to another node on a cluster) before 503 with Retry-After; retries and migrations wait as long")
 	fs.DurationVar(&o.capacityWait, "capacity-wait", 0, "a request for a model that no agent serves right now waits this long for one to become ready, then 503 with Retry-After (0: at once; a retry or migration waits --publish-wait)")
+	fs.StringVar(&o.models, "models", "", "models the fleet serves even while no agent does (a pool scaled to zero), comma-separated: a request for one waits --capacity-wait for an agent instead of 404, and its pools' metrics read 0 (models heard from agents are known for five minutes after the last)")
 	fs.IntVar(&o.migrationLim, "migration-limit", broker.DefaultMigrationLimit, "migrations of a stream to another agent after its first token (-1: none; the client then gets one error event)")
 	fs.IntVar(&o.retryLimit, "retry-limit", broker.DefaultRetryLimit, "retries of a request before its first token (another agent or route)")
 	fs.StringVar(&o.affinity, "affinity", broker.DefaultAffinity.String(), "prefix-cache affinity within a pool: off (pure pull), approx (remember which agent took which prompt, shared with the other brokers), or precise (also the KV events agents forward; approximate for agents without)")
@@ -205,10 +209,10 @@ Usage:
   broker --nats-url nats://a,nats://b use an existing NATS server or cluster
   broker --demo                       also run simulated agents, ready for curl`, []cli.Section{
 		{Title: "Client API", Flags: []string{"http", "grpc", "max-body", "read-header-timeout", "read-body-timeout", "idle-timeout", "max-conns", "max-conns-per-client", "write-timeout", "stream-write-timeout", "grpc-max-recv-bytes", "grpc-max-send-bytes", "grpc-max-header-bytes", "grpc-max-streams", "grpc-max-watches", "api-key", "api-keys-file", "tls-cert", "tls-key"}},
-		{Title: "Dispatch", Flags: []string{"dispatch-mode", "slo-ttft", "slo-itl", "pd-threshold", "slow-start", "heartbeat-interval", "queue-max", "queue-timeout", "request-timeout", "stall-timeout", "retry-limit", "migration-limit", "publish-wait"}},
+		{Title: "Dispatch", Flags: []string{"dispatch-mode", "slo-ttft", "slo-itl", "pd-threshold", "slow-start", "heartbeat-interval", "queue-max", "queue-timeout", "capacity-wait", "models", "request-timeout", "stall-timeout", "retry-limit", "migration-limit", "publish-wait"}},
 		{Title: "NATS", Flags: []string{"nats-url", "nats-listen", "nats-config", "nats-monitor", "data-dir", "nats-max-payload", "replicas", "jobs-storage", "prefix", "id",
 			"nats-creds", "nats-nkey", "nats-user", "nats-password", "nats-token", "nats-tls-ca", "nats-tls-cert", "nats-tls-key", "nats-inbox-prefix"}},
-		{Title: "Lifecycle and logs", Flags: []string{"shutdown-grace", "shutdown-delay", "log-format", "log-level"}},
+		{Title: "Lifecycle, metrics and logs", Flags: []string{"shutdown-grace", "shutdown-delay", "metrics-listen", "log-format", "log-level"}},
 		{Title: "Demo", Flags: []string{"demo", "demo-agents", "demo-model", "demo-pd-protocol", "demo-slots", "demo-ttft", "demo-itl"}},
 	})
 	if err := fs.Parse(args); err != nil {
@@ -382,6 +386,9 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return err
 	}
 	g.Go(in.serveHTTP)
+	if in.metrics != nil {
+		g.Go(in.serveMetrics)
+	}
 	if in.grpc != nil {
 		g.Go(in.serveGRPC)
 	}
@@ -390,9 +397,51 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		in.shutdown(o, b, log)
 		return nil
 	})
-	log.Info("broker ready", "http", in.ln.Addr().String(), "grpc", o.grpcAddr, "nats", natsURL, "id", b.ID(), "demo_agents", o.demo)
-	fmt.Fprintf(stdout, "switchyard broker listening: http=%s://%s nats=%s%s\n", in.scheme(), in.ln.Addr(), natsURL, in.grpcLine())
+	g.Go(func() error {
+		watchReady(gctx, b, log)
+		return nil
+	})
+	log.Info("broker listening", "http", in.ln.Addr().String(), "grpc", o.grpcAddr, "metrics", in.metricsAddr(), "nats", natsURL, "id", b.ID(), "demo_agents", o.demo)
+	fmt.Fprintf(stdout, "switchyard broker listening: http=%s://%s nats=%s%s%s\n", in.scheme(), in.ln.Addr(), natsURL, in.grpcLine(), in.metricsLine())
 	return g.Wait()
+}
+
+// splitList splits a comma-separated flag value, dropping empty items.
+func splitList(v string) []string {
+	var out []string
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// watchReady logs the broker's readiness as /readyz reports it: "broker
+// ready" once it takes requests, and each change after, with why it does
+// not (a problem of the jobs stream is logged by the broker with its
+// cause when it appears). A broker shutting down is not reported.
+func watchReady(ctx context.Context, b *broker.Broker, log *slog.Logger) {
+	t := time.NewTicker(250 * time.Millisecond)
+	defer t.Stop()
+	was := false // ready at the last look
+	for {
+		err := b.Ready()
+		switch {
+		case errors.Is(err, broker.ErrClosed):
+			return
+		case err == nil && !was:
+			log.Info("broker ready", "id", b.ID())
+		case err != nil && was:
+			log.Warn("broker not ready", "id", b.ID(), "reason", err)
+		}
+		was = err == nil
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // security is the client-facing security: API keys and TLS.
@@ -442,6 +491,7 @@ func newBroker(o *options, log *slog.Logger, dcfg dispatch.Config, ns *server.Se
 		QueueTimeout:      o.queueTimeout,
 		KVHold:            o.kvHold,
 		CapacityWait:      o.capacityWait,
+		Models:            splitList(o.models),
 		PublishWait:       o.publishWait,
 		Dispatch:          dcfg,
 		Targets:           broker.Targets{TTFT: o.sloTTFT, ITL: o.sloITL},
@@ -491,6 +541,9 @@ type ingresses struct {
 	gln  net.Listener
 	grpc *grpc.Server // nil: no gRPC ingress
 	gapi *grpcapi.Server
+	// The metrics listener (--metrics-listen); nil: none.
+	mln     net.Listener
+	metrics *http.Server
 }
 
 // listenIngresses opens the HTTP and gRPC listeners and builds their
@@ -533,6 +586,13 @@ func listenIngresses(o *options, sec security, b *broker.Broker, reg *prometheus
 		MaxHeaderBytes: 64 << 10,
 		ErrorLog:       slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}}
+	if o.metricsAddr != "" {
+		if in.mln, err = cli.Listen("metrics", o.metricsAddr, "metrics-listen"); err != nil {
+			_ = ln.Close()
+			return nil, err
+		}
+		in.metrics = metricsServer(api, promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}), log)
+	}
 	if o.grpcAddr == "" {
 		return in, nil
 	}
@@ -549,6 +609,9 @@ func listenIngresses(o *options, sec security, b *broker.Broker, reg *prometheus
 	}
 	if in.gln, err = cli.Listen("gRPC API", o.grpcAddr, "grpc"); err != nil {
 		_ = ln.Close()
+		if in.mln != nil {
+			_ = in.mln.Close()
+		}
 		return nil, err
 	}
 	in.gln = conns.Listener(in.gln, refuseClose)
@@ -570,6 +633,45 @@ func (in *ingresses) serveHTTP() error {
 		return nil
 	}
 	return fmt.Errorf("http server: %w", err)
+}
+
+// metricsServer serves /metrics, and /healthz and /readyz as the API's
+// listener answers them, without API keys: for a Prometheus scrape and the
+// probes, on an address only they reach. Nothing else is served there.
+func metricsServer(api http.Handler, metrics http.Handler, log *slog.Logger) *http.Server {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", metrics)
+	mux.Handle("GET /healthz", api)
+	mux.Handle("GET /readyz", api)
+	return &http.Server{
+		Handler:           mux,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       120 * time.Second,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+}
+
+// serveMetrics serves the metrics listener until shutdown.
+func (in *ingresses) serveMetrics() error {
+	if err := in.metrics.Serve(in.mln); !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("metrics server: %w", err)
+	}
+	return nil
+}
+
+func (in *ingresses) metricsAddr() string {
+	if in.mln == nil {
+		return ""
+	}
+	return in.mln.Addr().String()
+}
+
+func (in *ingresses) metricsLine() string {
+	if in.mln == nil {
+		return ""
+	}
+	return " metrics=http://" + in.mln.Addr().String()
 }
 
 // serveGRPC serves gRPC until shutdown; an error before is the server's.
@@ -619,6 +721,10 @@ func (in *ingresses) shutdown(o *options, b *broker.Broker, log *slog.Logger) {
 	select {
 	case <-grpcDone:
 	case <-graceCtx.Done():
+	}
+	if in.metrics != nil {
+		// The last to close: the probes and a scrape see the shutdown.
+		defer in.metrics.Close()
 	}
 	if graceCtx.Err() == nil {
 		return

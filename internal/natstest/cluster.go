@@ -40,6 +40,13 @@ func FreePort(t testing.TB) int {
 // current, and shuts them down at test cleanup.
 func RunCluster(t testing.TB, name string, n int) *Cluster {
 	t.Helper()
+	return RunClusterWith(t, name, n, nil)
+}
+
+// RunClusterWith is RunCluster with configure applied to each server's
+// options before it starts (nil: none), e.g. JetStream limits.
+func RunClusterWith(t testing.TB, name string, n int, configure func(*server.Options)) *Cluster {
+	t.Helper()
 	c := &Cluster{t: t, Name: name}
 	routes := make([]string, n)
 	clusterPorts := make([]int, n)
@@ -53,6 +60,9 @@ func RunCluster(t testing.TB, name string, n int) *Cluster {
 		o.Port = FreePort(t)
 		o.Cluster = server.ClusterOpts{Name: name, Host: "127.0.0.1", Port: clusterPorts[i]}
 		o.Routes = server.RoutesFromStr(strings.Join(routes, ","))
+		if configure != nil {
+			configure(o)
+		}
 		c.Opts = append(c.Opts, o)
 	}
 	c.Servers = make([]*server.Server, n)

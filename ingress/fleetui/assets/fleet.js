@@ -388,7 +388,12 @@
   function render(view) {
     const at = Date.parse(view.at) || Date.now();
     const models = view.models || [];
-    const agents = view.agents || [];
+    const agents = (view.agents || []).slice();
+    // An agent whose engine has not named its model yet is in no model.
+    for (const p of view.pending || []) {
+      agents.push({ id: p.id, model: '', pool: p.pool, state: 'warming', slots: p.slots, active: 0, effective_slots: 0,
+        engine: p.engine, last_heartbeat: p.last_heartbeat, reason: 'model pending: ' + (p.state_reason || '') });
+    }
 
     keyed($('models'), models, 'div', (m) => 'm:' + m.model, (el, m) => {
       el.className = 'model';
