@@ -80,29 +80,46 @@ func checkEmbeddingInput(raw json.RawMessage) *apiError {
 		}
 		return nil
 	}
-	var many []json.RawMessage
-	if json.Unmarshal(raw, &many) != nil {
+	if raw[0] != '[' {
 		return invalid("input must be a string or an array", "input", "invalid_type")
 	}
-	if len(many) == 0 || len(many) > maxEmbeddingInputs {
-		return invalid(fmt.Sprintf("input must hold 1 to %d items", maxEmbeddingInputs), "input", "invalid_value")
-	}
-	var ids []int64
-	if json.Unmarshal(raw, &ids) == nil {
-		return nil
-	}
-	for i, m := range many {
+	// Walked element by element, not past the bound: a long array of
+	// tiny items is refused having read the bound's worth of it.
+	n, ints, firstInt, firstBad := 0, 0, -1, -1
+	err := oaiformat.Elements(raw, maxEmbeddingInputs, func(i int, m json.RawMessage) error {
+		n++
+		var id int64
 		var s string
 		var t []int64
 		switch {
+		case json.Unmarshal(m, &id) == nil:
+			ints++
+			if firstInt < 0 {
+				firstInt = i
+			}
 		case json.Unmarshal(m, &s) == nil && s != "":
 		case json.Unmarshal(m, &t) == nil && len(t) > 0:
 		default:
-			p := fmt.Sprintf("input[%d]", i)
-			return invalid(p+" must be a non-empty string or a non-empty array of token ids", p, "invalid_value")
+			if firstBad < 0 {
+				firstBad = i
+			}
 		}
+		return nil
+	})
+	if err != nil || n == 0 {
+		return invalid(fmt.Sprintf("input must hold 1 to %d items", maxEmbeddingInputs), "input", "invalid_value")
 	}
-	return nil
+	// An array of token ids, or of strings and arrays of token ids: a
+	// token id among the others is out of place.
+	if ints == n || (ints == 0 && firstBad < 0) {
+		return nil
+	}
+	bad := firstBad
+	if firstInt >= 0 && (bad < 0 || firstInt < bad) {
+		bad = firstInt
+	}
+	p := fmt.Sprintf("input[%d]", bad)
+	return invalid(p+" must be a non-empty string or a non-empty array of token ids", p, "invalid_value")
 }
 
 // embeddings serves POST /v1/embeddings: validated, dispatched to the
