@@ -204,12 +204,12 @@ type fields struct {
 	messages                          []message
 	// The members kept as written.
 	prompt, stop, tools, functions json.RawMessage
-	handoff                        uint8  // bit i: HandoffFields[i] is present
+	handoff                        uint8 // bit i: HandoffFields[i] is present
 	// tooMany: a messages array held more than MaxMessages elements (it
 	// was not read past them); tooManyStops: the stop array more than
 	// MaxStops.
 	tooMany, tooManyStops bool
-	err                            *Error // the first value of the wrong type
+	err                   *Error // the first value of the wrong type
 }
 
 // objectType names a JSON object in a type refusal.
