@@ -97,6 +97,13 @@ func fromBroker(err error) *apiError {
 	return &apiError{Status: http.StatusBadGateway, Message: err.Error(), Type: "server_error", Code: strp("upstream_error")}
 }
 
+// outputTooLarge is the 502 of an engine answer larger than the broker
+// relays: the engine request is cancelled, and no retry would answer
+// differently.
+func outputTooLarge(msg string) *apiError {
+	return &apiError{Status: http.StatusBadGateway, Message: msg, Type: "server_error", Code: strp(wire.CodeEngineOutputTooLarge)}
+}
+
 func fromWire(we *wire.Error) *apiError {
 	switch we.GetCode() {
 	case wire.CodeBadRequest:
