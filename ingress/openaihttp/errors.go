@@ -89,6 +89,8 @@ func fromBroker(err error) *apiError {
 		return &apiError{Status: http.StatusServiceUnavailable, Message: err.Error(), Type: "server_error", Code: strp("unavailable"), RetryAfter: 1}
 	case errors.Is(err, broker.ErrTimeout), errors.Is(err, context.DeadlineExceeded):
 		return &apiError{Status: http.StatusGatewayTimeout, Message: err.Error(), Type: "server_error", Code: strp("timeout")}
+	case errors.Is(err, broker.ErrAnswerTooLarge):
+		return outputTooLarge(err.Error())
 	case errors.Is(err, broker.ErrSlowReader):
 		return &apiError{Status: http.StatusServiceUnavailable, Message: err.Error(), Type: "server_error", Code: strp("slow_reader")}
 	case errors.As(err, &we):
@@ -118,6 +120,8 @@ func fromWire(we *wire.Error) *apiError {
 		return &apiError{Status: http.StatusTooManyRequests, Message: we.GetMessage(), Type: "rate_limit_error", Code: strp("queue_full"), RetryAfter: 1}
 	case wire.CodeUnsupportedAPI:
 		return &apiError{Status: http.StatusNotImplemented, Message: we.GetMessage(), Type: "invalid_request_error", Code: strp(we.GetCode())}
+	case wire.CodeEngineOutputTooLarge:
+		return outputTooLarge(we.GetMessage())
 	case wire.CodeEngineDown, wire.CodeDraining, wire.CodeHandoffExpired, wire.CodeEngineMisconfigured:
 		// A misconfigured engine is the operator's to fix, never the
 		// client's 401: the request was retried, and nobody could serve it.
