@@ -885,7 +885,11 @@ func (a *Agent) callEngine(ctx context.Context, run *jobRun) {
 		return
 	}
 	out.called = time.Now()
-	err := a.engine.Stream(ctx, req, out.emit)
+	ectx, ecancel := context.WithCancelCause(ctx)
+	stop := a.watchProgress(out, ecancel)
+	err := stalledError(ectx, a.engine.Stream(ectx, req, out.emit))
+	stop()
+	ecancel(nil)
 	a.metrics.duration.Observe(time.Since(out.called).Seconds())
 	a.finish(ctx, run, err)
 }

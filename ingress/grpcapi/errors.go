@@ -87,7 +87,7 @@ func fromWire(we *wire.Error) error {
 		return status.Error(codes.Canceled, msg)
 	case wire.CodeQueueFull:
 		return retryable(codes.ResourceExhausted, msg, time.Second)
-	case wire.CodeEngineDown, wire.CodeDraining, wire.CodeHandoffExpired:
+	case wire.CodeEngineDown, wire.CodeEngineStalled, wire.CodeDraining, wire.CodeHandoffExpired:
 		return retryable(codes.Unavailable, msg, time.Second)
 	case wire.CodeEngine:
 		return status.Error(codes.Unavailable, msg)

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"time"
 	"unicode/utf8"
 
 	"github.com/switchyard-ai/switchyard/broker"
@@ -155,8 +154,10 @@ func (s *Server) embeddings(w http.ResponseWriter, r *http.Request) {
 	}
 	defer call.Close()
 	setRoute(w.Header(), call.Route)
+	// The write deadline starts with the response, not before the wait
+	// for the engine: a 504 at the request's deadline is written too.
 	if s.cfg.WriteTimeout > 0 {
-		_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
+		w = &deadlineWriter{ResponseWriter: w, timeout: s.cfg.WriteTimeout}
 	}
 	for {
 		c, err := call.Next(r.Context())
@@ -173,8 +174,10 @@ func (s *Server) embeddings(w http.ResponseWriter, r *http.Request) {
 		case wire.Chunk_KIND_ACCEPTED:
 			w.Header().Set("X-Switchyard-Agent", agentHeader(c))
 		case wire.Chunk_KIND_FINAL:
-			if len(c.GetRaw()) == 0 {
-				writeError(w, &apiError{Status: http.StatusBadGateway, Message: "the engine's embeddings answer was empty", Type: "server_error", Code: strp("upstream_error")})
+			if raw := bytes.TrimSpace(c.GetRaw()); len(raw) == 0 || raw[0] != '{' || !json.Valid(raw) {
+				// Relayed as application/json, it must be JSON.
+				call.SetOutcome(broker.OutcomeError)
+				writeError(w, &apiError{Status: http.StatusBadGateway, Message: "the engine's embeddings answer is not a JSON object", Type: "server_error", Code: strp("upstream_error")})
 				return
 			}
 			writeRaw(w, http.StatusOK, c.GetRaw())

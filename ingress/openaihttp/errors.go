@@ -122,7 +122,7 @@ func fromWire(we *wire.Error) *apiError {
 		return &apiError{Status: http.StatusNotImplemented, Message: we.GetMessage(), Type: "invalid_request_error", Code: strp(we.GetCode())}
 	case wire.CodeEngineOutputTooLarge:
 		return outputTooLarge(we.GetMessage())
-	case wire.CodeEngineDown, wire.CodeDraining, wire.CodeHandoffExpired, wire.CodeEngineMisconfigured:
+	case wire.CodeEngineDown, wire.CodeEngineStalled, wire.CodeDraining, wire.CodeHandoffExpired, wire.CodeEngineMisconfigured:
 		// A misconfigured engine is the operator's to fix, never the
 		// client's 401: the request was retried, and nobody could serve it.
 		return &apiError{Status: http.StatusServiceUnavailable, Message: we.GetMessage(), Type: "server_error", Code: strp(we.GetCode()), RetryAfter: 1}
