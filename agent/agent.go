@@ -49,6 +49,7 @@ type Agent struct {
 	lastHandoff atomic.Int64 // unix nanos of the last decode job published
 	stateCh     chan struct{}
 	gate        gate // out of service while the engine refuses the agent
+	avoid       avoidList
 	// slots counts the jobs held from the shared and the directed queue
 	// together, against the one pull limit (see directed.go).
 	slots slotCount
@@ -665,7 +666,7 @@ func (a *Agent) admit(msg jobMessage) *jobRun {
 		}
 		return nil
 	}
-	if a.heldBack(msg) {
+	if a.heldBack(msg) || a.avoided(run) {
 		return nil
 	}
 	return run
@@ -924,6 +925,9 @@ func (a *Agent) finish(ctx context.Context, run *jobRun, err error) {
 		we.Retryable = out.tokens == 0 && wire.Repeatable(we.Code)
 		a.log.Warn("engine request failed", "request", id, "err", err)
 		a.engineRefused(we) // before the error goes out: the retry must not come back here
+		if we.Retryable {
+			a.avoid.failedHere(id, run.key.attempt, time.Now())
+		}
 		out.fail(we)
 	}
 }

@@ -57,6 +57,7 @@ func (a *Agent) embed(ctx context.Context, job *wire.Job, out *stream) {
 			Message: fmt.Sprintf("engine answered %d: %s", status, engineMessage(body))}
 		if status >= 500 || status == http.StatusTooManyRequests {
 			we.Code, we.Retryable = wire.CodeEngine, true
+			a.avoid.failedHere(job.GetRequestId(), job.GetAttempt(), time.Now())
 		}
 		a.metrics.jobs.WithLabelValues(errorOutcome(we)).Inc()
 		out.ended = true
@@ -80,6 +81,9 @@ func (a *Agent) embed(ctx context.Context, job *wire.Job, out *stream) {
 		we.Retryable = wire.Repeatable(we.Code)
 		a.log.Warn("engine embeddings request failed", "request", job.GetRequestId(), "err", err)
 		a.engineRefused(we)
+		if we.Retryable {
+			a.avoid.failedHere(job.GetRequestId(), job.GetAttempt(), time.Now())
+		}
 		out.fail(we)
 	}
 }
