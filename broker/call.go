@@ -627,8 +627,7 @@ func (b *Broker) relay(c *Call, chunk *wire.Chunk, size int, arrived int64) bool
 		c.answered += answerBytes(chunk)
 		if c.answered > c.b.cfg.MaxAnswerBytes {
 			c.failErr = fmt.Errorf("%w: request %s: the engine's answer passed %d bytes (--max-answer-bytes)", ErrAnswerTooLarge, c.ID, c.b.cfg.MaxAnswerBytes)
-			c.mu.Unlock()
-			c.wake()
+			c.endAtBound()
 			return false
 		}
 	}
@@ -638,8 +637,7 @@ func (b *Broker) relay(c *Call, chunk *wire.Chunk, size int, arrived int64) bool
 		// bounded by MaxAnswerBytes alone. One chunk, however large,
 		// always fits an empty queue.
 		c.failErr = fmt.Errorf("%w: request %s: client reads too slowly (%d bytes waiting, --answer-buffer-bytes %d)", ErrSlowReader, c.ID, c.qbytes, c.b.cfg.BufferBytes)
-		c.mu.Unlock()
-		c.wake()
+		c.endAtBound()
 		return false
 	}
 	c.qbytes += cost
@@ -655,6 +653,18 @@ func (b *Broker) relay(c *Call, chunk *wire.Chunk, size int, arrived int64) bool
 		}
 	}
 	return true
+}
+
+// endAtBound ends a call that passed a bound on its bytes (failErr is
+// set, c.mu held and released here): the engine request is cancelled at
+// once, not when the reader gets to Close, which a client that stopped
+// reading may delay until its write timeout, its engine slot held and its
+// output dropped meanwhile.
+func (c *Call) endAtBound() {
+	attempt := c.attempt
+	c.mu.Unlock()
+	c.wake()
+	c.cancelAttempt(attempt)
 }
 
 // next takes the first queued chunk. When there is none it returns the
