@@ -925,7 +925,8 @@ func (a *Agent) finish(ctx context.Context, run *jobRun, err error) {
 		we.Retryable = out.tokens == 0 && wire.Repeatable(we.Code)
 		a.log.Warn("engine request failed", "request", id, "err", err)
 		a.engineRefused(we) // before the error goes out: the retry must not come back here
-		if wire.Repeatable(we.Code) { // retried or migrated: elsewhere, preferably
+		if wire.Repeatable(we.Code) {
+			// Retried or migrated: elsewhere, preferably.
 			a.avoid.failedHere(id, run.key.attempt, time.Now())
 		}
 		out.fail(we)
