@@ -107,10 +107,10 @@ type inbox struct {
 	// a channel of the bound's size per call; past the bound the call
 	// fails with ErrSlowReader, so the reply goroutine never waits for a
 	// reader. answered is the bytes of answer relayed to the call (see
-	// answerBytes), bounded by Config.MaxAnswerBytes. waiting tells that the reader found it
-	// empty and waits on Call.ready, so a chunk wakes the reader only then:
-	// a reader busy writing takes the next chunk without a channel
-	// operation.
+	// answerBytes), bounded by Config.MaxAnswerBytes. waiting tells that
+	// the reader found it empty and waits on Call.ready, so a chunk wakes
+	// the reader only then: a reader busy writing takes the next chunk
+	// without a channel operation.
 	queue    []queuedChunk
 	qhead    int
 	qbytes   int64
