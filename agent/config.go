@@ -245,6 +245,9 @@ func (c Config) Validate() error {
 	if c.Model == "" {
 		errs = append(errs, errors.New("model is required"))
 	}
+	if c.MaxAnswerBytes < 1 {
+		errs = append(errs, fmt.Errorf("max answer bytes %d: want at least 1", c.MaxAnswerBytes))
+	}
 	b, err := subjects.New(c.Prefix)
 	if err != nil {
 		errs = append(errs, err)
