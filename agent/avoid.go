@@ -6,9 +6,10 @@ import (
 	"time"
 )
 
-// A request whose attempt failed here with a retryable error (an engine
-// that hung, stalled or broke) is retried by the broker on whichever
-// agent pulls its next job first, and a hung engine's agent has free
+// A request whose attempt failed here with an error another engine may
+// not meet (an engine that hung, stalled or broke) is retried (before its
+// first token) or migrated (after it) by the broker on whichever agent
+// pulls its next job first, and a hung engine's agent has free
 // slots: without more, the retry often comes back here. So the agent
 // remembers such requests for avoidWindow and hands a later attempt of one
 // back to the queue, after avoidDelay, up to avoidDeclines times, for
@@ -41,8 +42,8 @@ type avoided struct {
 	declined int
 }
 
-// failedHere records that attempt of request failed here with a retryable
-// error.
+// failedHere records that attempt of request failed here with an error
+// the broker runs it again for.
 func (l *avoidList) failedHere(request string, attempt uint32, now time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -72,8 +73,8 @@ func (l *avoidList) decline(request string, attempt uint32, now time.Time) bool 
 	return true
 }
 
-// avoided hands msg, a later attempt of a request that failed here, back
-// to the queue (see avoidList) and reports whether it did.
+// avoided hands run's job, a later attempt of a request that failed here,
+// back to the queue (see avoidList) and reports whether it did.
 func (a *Agent) avoided(run *jobRun) bool {
 	if !a.avoid.decline(run.key.request, run.key.attempt, time.Now()) {
 		return false
