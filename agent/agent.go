@@ -49,6 +49,7 @@ type Agent struct {
 	lastHandoff atomic.Int64 // unix nanos of the last decode job published
 	stateCh     chan struct{}
 	gate        gate // out of service while the engine refuses the agent
+	avoid       avoidList
 	// slots counts the jobs held from the shared and the directed queue
 	// together, against the one pull limit (see directed.go).
 	slots slotCount
@@ -663,7 +664,7 @@ func (a *Agent) admit(msg jobMessage) *jobRun {
 		}
 		return nil
 	}
-	if a.heldBack(msg) {
+	if a.heldBack(msg) || a.avoided(run) {
 		return nil
 	}
 	return run
@@ -883,7 +884,11 @@ func (a *Agent) callEngine(ctx context.Context, run *jobRun) {
 		return
 	}
 	out.called = time.Now()
-	err := a.engine.Stream(ctx, req, out.emit)
+	ectx, ecancel := context.WithCancelCause(ctx)
+	stop := a.watchProgress(out, ecancel)
+	err := stalledError(ectx, a.engine.Stream(ectx, req, out.emit))
+	stop()
+	ecancel(nil)
 	a.metrics.duration.Observe(time.Since(out.called).Seconds())
 	a.finish(ctx, out, run.key.request, err)
 }
@@ -922,6 +927,10 @@ func (a *Agent) finish(ctx context.Context, out *stream, id string, err error) {
 		we.Retryable = out.tokens == 0 && wire.Repeatable(we.Code)
 		a.log.Warn("engine request failed", "request", id, "err", err)
 		a.engineRefused(we) // before the error goes out: the retry must not come back here
+		if wire.Repeatable(we.Code) {
+			// Retried or migrated: elsewhere, preferably.
+			a.avoid.failedHere(id, out.job.GetAttempt(), time.Now())
+		}
 		out.fail(we)
 	}
 }

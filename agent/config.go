@@ -47,6 +47,19 @@ const (
 	// trades a bounded ITL delay for fewer, larger messages and less
 	// broker and agent CPU per request (figures in docs/performance.md).
 	DefaultReplyLinger = 2 * time.Millisecond
+	// DefaultMaxAnswerBytes bounds what the agent relays of one engine
+	// answer (the broker's own bound is the same).
+	DefaultMaxAnswerBytes = 64 << 20
+	// DefaultFirstEventTimeout bounds the wait for an engine's first event
+	// after the request was sent: a prefill of a long prompt on a busy
+	// engine (its queue included) produces nothing for a while, so it is
+	// generous; the request's deadline bounds it too.
+	DefaultFirstEventTimeout = 5 * time.Minute
+	// DefaultProgressTimeout bounds the silence between an engine's events
+	// once the first came: an engine decodes a token in milliseconds, so
+	// a minute without one (whatever else it sends: headers, comments, a
+	// byte at a time) is a hung engine.
+	DefaultProgressTimeout = time.Minute
 )
 
 // Config is what an agent needs; zero fields take the defaults.
@@ -126,6 +139,19 @@ type Config struct {
 	// KVBlockSize is the engine's block size in tokens until its first
 	// event tells it (default 16, vLLM's).
 	KVBlockSize int
+	// MaxAnswerBytes bounds the engine output the agent relays for one
+	// attempt (its events' JSON, an embeddings answer); past it the attempt
+	// fails with wire.CodeEngineOutputTooLarge and its engine request is
+	// cancelled. Zero takes DefaultMaxAnswerBytes.
+	MaxAnswerBytes int64
+	// FirstEventTimeout and ProgressTimeout end an engine request that
+	// stops producing events, with a retryable wire.CodeEngineStalled
+	// error: FirstEventTimeout from the request to its first event,
+	// ProgressTimeout between events after it. Zero takes the default, a
+	// negative value turns the bound off. An attempt's silence is noticed
+	// within twice its bound.
+	FirstEventTimeout time.Duration
+	ProgressTimeout   time.Duration
 	// AffinityBlockSize is the brokers' words per prefix block (their
 	// --affinity-block-size, default 16): KVHashVLLM translates to the
 	// keys they compute.
@@ -182,6 +208,15 @@ func (c *Config) setDefaults() {
 	if c.ReplyLinger == 0 {
 		c.ReplyLinger = DefaultReplyLinger
 	}
+	if c.MaxAnswerBytes == 0 {
+		c.MaxAnswerBytes = DefaultMaxAnswerBytes
+	}
+	if c.FirstEventTimeout == 0 {
+		c.FirstEventTimeout = DefaultFirstEventTimeout
+	}
+	if c.ProgressTimeout == 0 {
+		c.ProgressTimeout = DefaultProgressTimeout
+	}
 	if c.KVEventsHash == "" {
 		c.KVEventsHash = KVHashBroker
 	}
@@ -209,6 +244,9 @@ func (c Config) Validate() error {
 	var errs []error
 	if c.Model == "" {
 		errs = append(errs, errors.New("model is required"))
+	}
+	if c.MaxAnswerBytes < 1 {
+		errs = append(errs, fmt.Errorf("max answer bytes %d: want at least 1", c.MaxAnswerBytes))
 	}
 	b, err := subjects.New(c.Prefix)
 	if err != nil {

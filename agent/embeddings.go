@@ -33,8 +33,14 @@ func (a *Agent) embed(ctx context.Context, job *wire.Job, out *stream) {
 		return
 	}
 	out.called = time.Now()
-	status, body, err := em.Embed(ctx, &Request{RequestID: job.GetRequestId(), API: job.GetApi(), Body: job.GetBody(), Job: job})
+	limit := a.answerLimit()
+	status, body, err := em.Embed(ctx, &Request{RequestID: job.GetRequestId(), API: job.GetApi(), Body: job.GetBody(), Job: job, MaxAnswer: limit})
 	a.metrics.duration.Observe(time.Since(out.called).Seconds())
+	if err == nil && int64(len(body)) > limit {
+		// An adapter that does not bound its read: the answer would not
+		// reach the broker in one message.
+		err = &wire.Error{Code: wire.CodeEngineOutputTooLarge, Message: fmt.Sprintf("the engine's embeddings answer has %d bytes, more than the %d the agent relays", len(body), limit)}
+	}
 	switch {
 	case err == nil && status == http.StatusOK:
 		a.metrics.jobs.WithLabelValues(JobOK).Inc()
@@ -50,6 +56,7 @@ func (a *Agent) embed(ctx context.Context, job *wire.Job, out *stream) {
 			Message: fmt.Sprintf("engine answered %d: %s", status, engineMessage(body))}
 		if status >= 500 || status == http.StatusTooManyRequests {
 			we.Code, we.Retryable = wire.CodeEngine, true
+			a.avoid.failedHere(job.GetRequestId(), job.GetAttempt(), time.Now())
 		}
 		a.metrics.jobs.WithLabelValues(errorOutcome(we)).Inc()
 		out.ended = true
@@ -59,6 +66,22 @@ func (a *Agent) embed(ctx context.Context, job *wire.Job, out *stream) {
 	default:
 		a.finish(ctx, out, job.GetRequestId(), err)
 	}
+}
+
+// replyOverhead is room in a reply message for what a one-piece answer's
+// chunk carries beside the answer: ids, secret, framing.
+const replyOverhead = 4 << 10
+
+// answerLimit is the most bytes of a one-piece answer the agent relays:
+// Config.MaxAnswerBytes, and what one NATS message carries. A larger one
+// is an error the client gets at once, not a reply NATS refuses and a
+// client that waits for its deadline.
+func (a *Agent) answerLimit() int64 {
+	limit := a.cfg.MaxAnswerBytes
+	if mp := a.nc.MaxPayload() - replyOverhead; mp > 0 && mp < limit {
+		limit = mp
+	}
+	return limit
 }
 
 // engineMessage is the message of an OpenAI-shaped error body, or the body.
@@ -71,14 +94,11 @@ func engineMessage(body []byte) string {
 	}
 	if json.Unmarshal(body, &e) == nil {
 		if e.Error.Message != "" {
-			return e.Error.Message
+			return wire.EngineText(e.Error.Message)
 		}
 		if e.Message != "" {
-			return e.Message
+			return wire.EngineText(e.Message)
 		}
 	}
-	if len(body) > 512 {
-		body = body[:512]
-	}
-	return string(body)
+	return wire.EngineText(string(body))
 }

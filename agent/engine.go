@@ -33,6 +33,12 @@ type Request struct {
 	// it in one pass (see oaiformat's leg bodies).
 	Body []byte
 	Job  *wire.Job
+	// MaxAnswer, when positive, is the most bytes of a one-piece answer
+	// (an embeddings answer) the agent relays: an adapter reads no more
+	// than one byte past it, and fails a larger answer with
+	// wire.CodeEngineOutputTooLarge. A stream's events are bounded by the
+	// agent as they are emitted.
+	MaxAnswer int64
 }
 
 // Load is what an engine reports about its own queue.

@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"encoding/binary"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -32,9 +33,14 @@ type stream struct {
 	usageRaw     []byte
 	finishReason string
 	tokens       int
-	ended        bool
-	stage        wire.Chunk_Stage
-	called       time.Time // when the engine was called
+	// answered is the bytes of engine output emitted, bounded by
+	// Config.MaxAnswerBytes; events counts the engine's events for the
+	// progress watch, which reads it from its own goroutine.
+	answered int64
+	events   atomic.Uint64
+	ended    bool
+	stage    wire.Chunk_Stage
+	called   time.Time // when the engine was called
 
 	// The token message being gathered: events held while the engine's
 	// next chunk is already at hand.
@@ -285,6 +291,10 @@ func (s *stream) emit(raw []byte, more bool) error {
 			abort(errCancelled)
 			return errCancelled
 		}
+	}
+	s.events.Add(1)
+	if s.answered += int64(len(raw)); s.answered > s.a.cfg.MaxAnswerBytes {
+		return &wire.Error{Code: wire.CodeEngineOutputTooLarge, Message: fmt.Sprintf("the engine's answer passed %d bytes (--max-answer-bytes)", s.a.cfg.MaxAnswerBytes)}
 	}
 	// Only the few fields the broker needs are read; everything else
 	// travels in Event.raw untouched.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -308,8 +309,8 @@ func (c *Call) prefer(m *dispatch.Model, pool, pair, shared string) string {
 	solo := time.Since(time.Unix(0, b.aff.lastPeer.Load())) > peerWindow
 	wantPool, _ := dispatch.ParsePool(pool)
 	for _, v := range m.AgentsView() {
-		if v.Pool != wantPool || v.Pair != pair {
-			continue
+		if v.Pool != wantPool || v.Pair != pair || c.ranBefore(v.ID) {
+			continue // an agent an earlier attempt of the call left is not offered it again
 		}
 		l := b.agentLoad(c.Model, v.ID)
 		held := int(l.held.Load())
@@ -697,4 +698,10 @@ func (b *Broker) affinityPools() []poolKey {
 		return true
 	})
 	return out
+}
+
+// ranBefore reports whether agent ran an earlier attempt of the call, the
+// one being left included (dispatch moves it to ranOn after the offer).
+func (c *Call) ranBefore(agent string) bool {
+	return agent == c.agent || agent == c.prefillAgent || slices.Contains(c.ranOn, agent)
 }

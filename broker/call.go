@@ -101,23 +101,56 @@ type Call struct {
 // goroutine appends relayed chunks (relay) and records a failure or a
 // gap; the reader takes them (next). Call.mu guards every field.
 type inbox struct {
-	// queue holds the chunks relayed and not yet read, from qhead on, at
-	// most Config.ChunkBuffer of them: a slice that grows with what a slow
-	// reader leaves, not a channel of the bound's size per call; past the
-	// bound the call fails with ErrSlowReader, so the reply goroutine
-	// never waits for a reader. waiting tells that the reader found it
-	// empty and waits on Call.ready, so a chunk wakes the reader only then:
-	// a reader busy writing takes the next chunk without a channel
-	// operation.
-	queue   []*wire.Chunk
-	qhead   int
-	waiting bool
+	// queue holds the chunks relayed and not yet read, from qhead on, and
+	// qbytes what they cost (see queuedCost), at most Config.BufferBytes
+	// for a stream: a slice that grows with what a slow reader leaves, not
+	// a channel of the bound's size per call; past the bound the call
+	// fails with ErrSlowReader, so the reply goroutine never waits for a
+	// reader. answered is the bytes of answer relayed to the call (see
+	// answerBytes), bounded by Config.MaxAnswerBytes. waiting tells that
+	// the reader found it empty and waits on Call.ready, so a chunk wakes
+	// the reader only then: a reader busy writing takes the next chunk
+	// without a channel operation.
+	queue    []queuedChunk
+	qhead    int
+	qbytes   int64
+	answered int64
+	waiting  bool
 	// failErr, once set, ends the call (see fail); broken is a gap found
 	// in an attempt's sequence, for the reader to repair. Both wake the
 	// reader through ready: its select waits on ready, the context and one
 	// timer, not on a channel per event.
 	failErr error
 	broken  *brokenAttempt
+}
+
+// queuedChunk is a chunk in a call's inbox and what it costs there.
+type queuedChunk struct {
+	ch   *wire.Chunk
+	cost int64
+}
+
+// What a queued chunk holds beyond its encoding (which its decoding
+// aliases): the decoded chunk, and each event's struct and pointer.
+const (
+	chunkOverhead = 192
+	eventOverhead = 96
+)
+
+// queuedCost is what chunk, decoded from an encoding of n bytes, holds
+// while it waits in an inbox.
+func queuedCost(n int, chunk *wire.Chunk) int64 {
+	return int64(n + chunkOverhead + eventOverhead*len(chunk.GetEvents()))
+}
+
+// answerBytes is the engine output chunk carries: what the client gets
+// of it, its events' JSON and the final chunk's.
+func answerBytes(chunk *wire.Chunk) int64 {
+	n := len(chunk.GetRaw())
+	for _, ev := range chunk.GetEvents() {
+		n += len(ev.GetRaw())
+	}
+	return int64(n)
 }
 
 // attemptIdentity tells the reply goroutine which chunks are the current
@@ -502,16 +535,23 @@ func (b *Broker) onChunk(data []byte, arrived int64) error {
 		return nil
 	}
 	c := v.(*Call)
-	if !b.relay(c, chunk, arrived) {
+	if !b.relay(c, chunk, len(data), arrived) {
 		b.putChunk(chunk)
 	}
 	return nil
 }
 
-// relay hands chunk, which arrived at the given unix nanos, to c if it is
-// the current attempt's next, and reports whether it did.
-func (b *Broker) relay(c *Call, chunk *wire.Chunk, arrived int64) bool {
+// relay hands chunk, decoded from size bytes, which arrived at the given
+// unix nanos, to c if it is the current attempt's next, and reports
+// whether it did.
+func (b *Broker) relay(c *Call, chunk *wire.Chunk, size int, arrived int64) bool {
 	c.mu.Lock()
+	if c.failErr != nil {
+		// The call has ended: what comes after is nobody's (its cancel is
+		// on the way, or it is already closed).
+		c.mu.Unlock()
+		return false
+	}
 	if chunk.GetSecret() != c.secret {
 		a := chunk.GetAttempt()
 		abandoned := a < c.attempt
@@ -583,12 +623,25 @@ func (b *Broker) relay(c *Call, chunk *wire.Chunk, arrived int64) bool {
 		}
 		c.nextSeq++
 	}
-	if len(c.queue)-c.qhead >= c.b.cfg.ChunkBuffer {
-		c.mu.Unlock()
-		c.fail(fmt.Errorf("%w: request %s: client reads too slowly (%d chunks buffered)", ErrSlowReader, c.ID, c.b.cfg.ChunkBuffer))
+	if k := chunk.GetKind(); k == wire.Chunk_KIND_TOKEN || k == wire.Chunk_KIND_FINAL {
+		c.answered += answerBytes(chunk)
+		if c.answered > c.b.cfg.MaxAnswerBytes {
+			c.failErr = fmt.Errorf("%w: request %s: the engine's answer passed %d bytes (--max-answer-bytes)", ErrAnswerTooLarge, c.ID, c.b.cfg.MaxAnswerBytes)
+			c.endAtBound()
+			return false
+		}
+	}
+	cost := queuedCost(size, chunk)
+	if c.req.Stream && c.qbytes+cost > c.b.cfg.BufferBytes && c.qhead < len(c.queue) {
+		// A stream's client reads as it goes; an answer read whole is
+		// bounded by MaxAnswerBytes alone. One chunk, however large,
+		// always fits an empty queue.
+		c.failErr = fmt.Errorf("%w: request %s: client reads too slowly (%d bytes waiting, --answer-buffer-bytes %d)", ErrSlowReader, c.ID, c.qbytes, c.b.cfg.BufferBytes)
+		c.endAtBound()
 		return false
 	}
-	c.queue = append(c.queue, chunk)
+	c.qbytes += cost
+	c.queue = append(c.queue, queuedChunk{chunk, cost})
 	wake := c.waiting
 	c.waiting = false
 	c.mu.Unlock()
@@ -600,6 +653,18 @@ func (b *Broker) relay(c *Call, chunk *wire.Chunk, arrived int64) bool {
 		}
 	}
 	return true
+}
+
+// endAtBound ends a call that passed a bound on its bytes (failErr is
+// set, c.mu held and released here): the engine request is cancelled at
+// once, not when the reader gets to Close, which a client that stopped
+// reading may delay until its write timeout, its engine slot held and its
+// output dropped meanwhile.
+func (c *Call) endAtBound() {
+	attempt := c.attempt
+	c.mu.Unlock()
+	c.wake()
+	c.cancelAttempt(attempt)
 }
 
 // next takes the first queued chunk. When there is none it returns the
@@ -624,12 +689,13 @@ func (c *Call) next() (*wire.Chunk, *brokenAttempt, error) {
 	// The reader takes a chunk: it does not wait (it may have woken for
 	// its timer or context with waiting still set).
 	c.waiting = false
-	ch := c.queue[c.qhead]
-	c.queue[c.qhead] = nil
+	q := c.queue[c.qhead]
+	c.queue[c.qhead] = queuedChunk{}
+	c.qbytes -= q.cost
 	if c.qhead++; c.qhead == len(c.queue) {
 		c.queue, c.qhead = c.queue[:0], 0
 	}
-	return ch, nil, nil
+	return q.ch, nil, nil
 }
 
 // stopOtherLocked reports whether an agent found running the current

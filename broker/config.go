@@ -17,7 +17,8 @@ const (
 	DefaultQueueMax          = 1024
 	DefaultHeartbeatInterval = time.Second
 	DefaultRequestTimeout    = 10 * time.Minute
-	DefaultChunkBuffer       = 512
+	DefaultMaxAnswerBytes    = 64 << 20
+	DefaultBufferBytes       = 8 << 20
 	DefaultStallTimeout      = 30 * time.Second
 	DefaultRetryLimit        = 2
 	DefaultMigrationLimit    = 1
@@ -56,8 +57,19 @@ type Config struct {
 	HeartbeatInterval time.Duration
 	// RequestTimeout is the deadline of a request that brings none.
 	RequestTimeout time.Duration
-	// ChunkBuffer bounds the chunks held for one slow reader.
-	ChunkBuffer int
+	// MaxAnswerBytes bounds one request's answer, the engine output
+	// relayed to it across its attempts: past it the request ends with
+	// ErrAnswerTooLarge and its engine request is cancelled. It bounds the
+	// memory of an answer read whole (non-streaming, embeddings) and the
+	// work an engine can make the broker do for one request.
+	MaxAnswerBytes int64
+	// BufferBytes bounds the bytes relayed to one streaming request and
+	// not yet read by its client (the chunks' encodings and what their
+	// decoding holds): a client that lets more wait is ended with
+	// ErrSlowReader. The reply goroutine never waits for a client, so this
+	// is what a client that stops reading costs. An answer read whole is
+	// bounded by MaxAnswerBytes instead.
+	BufferBytes int64
 	// StallTimeout ends a request whose agent sends nothing for this long.
 	StallTimeout time.Duration
 	// QueueTimeout ends a request that no agent took this long after it
@@ -139,8 +151,11 @@ func (c *Config) setDefaults() {
 	if c.RequestTimeout == 0 {
 		c.RequestTimeout = DefaultRequestTimeout
 	}
-	if c.ChunkBuffer == 0 {
-		c.ChunkBuffer = DefaultChunkBuffer
+	if c.MaxAnswerBytes == 0 {
+		c.MaxAnswerBytes = DefaultMaxAnswerBytes
+	}
+	if c.BufferBytes == 0 {
+		c.BufferBytes = DefaultBufferBytes
 	}
 	if c.StallTimeout == 0 {
 		c.StallTimeout = DefaultStallTimeout
@@ -196,8 +211,11 @@ func (c Config) Validate() error {
 	if c.Targets.TTFT < 0 || c.Targets.ITL < 0 {
 		errs = append(errs, errors.New("latency targets must not be negative"))
 	}
-	if c.ChunkBuffer < 1 {
-		errs = append(errs, fmt.Errorf("chunk buffer %d: want at least 1", c.ChunkBuffer))
+	if c.MaxAnswerBytes < 1 {
+		errs = append(errs, fmt.Errorf("max answer bytes %d: want at least 1", c.MaxAnswerBytes))
+	}
+	if c.BufferBytes < 1 {
+		errs = append(errs, fmt.Errorf("buffer bytes %d: want at least 1", c.BufferBytes))
 	}
 	if err := c.Dispatch.Validate(); err != nil {
 		errs = append(errs, err)

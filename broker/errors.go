@@ -33,6 +33,10 @@ var (
 	ErrStreamBroken = errors.New("reply stream broken")
 	// ErrSlowReader: the client did not keep up and its buffer filled.
 	ErrSlowReader = errors.New("client too slow")
+	// ErrAnswerTooLarge: the engine's answer passed Config.MaxAnswerBytes
+	// (HTTP 502); its engine request is cancelled, and another attempt
+	// would meet the same answer.
+	ErrAnswerTooLarge = errors.New("engine answer too large")
 	// ErrClosed: the broker is shutting down.
 	ErrClosed = errors.New("broker closed")
 	// ErrShutdown: the broker's shutdown grace ended before the request

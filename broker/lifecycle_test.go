@@ -802,16 +802,29 @@ func TestOrphanCancelOnlyOwnRequests(t *testing.T) {
 	}
 }
 
-// A reader that leaves more than ChunkBuffer chunks waiting is failed with
+// frameSize is the encoded size of chunk as a reply frame carries it.
+func frameSize(t *testing.T, chunk *wire.Chunk) int {
+	t.Helper()
+	data, err := wire.AppendChunk(nil, chunk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(data)
+}
+
+// A reader that leaves more than BufferBytes waiting is failed with
 // ErrSlowReader, after the chunks queued before the failure: the bound on
 // a slow client's memory, and its end.
 func TestSlowReaderFails(t *testing.T) {
-	const buffer = 4
-	r := newRig(t, Config{ChunkBuffer: buffer, StallTimeout: 5 * time.Second})
+	const buffered = 4
+	tok := token(" w")
+	tok.RequestId, tok.AgentId, tok.Attempt, tok.Secret, tok.Seq = "broker-request-id", "fast", 1, 1<<60, 100
+	cost := queuedCost(frameSize(t, tok), tok)
+	r := newRig(t, Config{BufferBytes: buffered*cost + cost/2, StallTimeout: 5 * time.Second})
 	sent := make(chan struct{})
 	r.agent("fast", subjects.PoolRegular, "", 1, func(a *fakeAgent, job *wire.Job, say func(*wire.Chunk)) {
 		say(&wire.Chunk{Kind: wire.Chunk_KIND_ACCEPTED})
-		for range 3 * buffer {
+		for range 3 * buffered {
 			say(token(" w"))
 		}
 		close(sent)
@@ -840,8 +853,58 @@ func TestSlowReaderFails(t *testing.T) {
 		}
 		got++
 	}
-	if got != buffer {
-		t.Fatalf("read %d chunks before the failure, want the %d queued", got, buffer)
+	// The accepted chunk, then the tokens that fit.
+	if got < buffered || got > buffered+1 {
+		t.Fatalf("read %d chunks before the failure, want the %d or so queued", got, buffered)
 	}
 	c.Close()
+}
+
+// An answer past MaxAnswerBytes ends its call with ErrAnswerTooLarge once
+// the client has what came before, whether it reads as a stream or whole,
+// and its attempt is cancelled at its agent, which frees the engine's slot.
+func TestAnswerTooLarge(t *testing.T) {
+	const limit = 64 << 10
+	r := newRig(t, Config{MaxAnswerBytes: limit, StallTimeout: 5 * time.Second})
+	big := strings.Repeat("x", 4<<10)
+	r.agent("chatty", subjects.PoolRegular, "", 2, func(a *fakeAgent, job *wire.Job, say func(*wire.Chunk)) {
+		say(&wire.Chunk{Kind: wire.Chunk_KIND_ACCEPTED})
+		for range 64 {
+			say(token(big))
+		}
+		say(final())
+	})
+	r.waitEligible("chatty")
+	cancels := make(chan *nats.Msg, 16)
+	sub, err := r.nc.ChanSubscribe(subjects.Must(subjects.DefaultPrefix).CancelAll(), cancels)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	for _, stream := range []bool{true, false} {
+		c, err := r.b.Submit(context.Background(), Request{Model: testModel, API: wire.API_API_CHAT, Stream: stream, Body: body()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		text, err := readAll(t, c)
+		if !errors.Is(err, ErrAnswerTooLarge) {
+			t.Fatalf("stream %v: read %d bytes, then %v; want ErrAnswerTooLarge", stream, len(text), err)
+		}
+		if len(text) > limit || len(text) < limit/2 {
+			t.Fatalf("stream %v: %d bytes of text before the error, want up to the %d bound", stream, len(text), limit)
+		}
+		c.SetOutcome(OutcomeError)
+		c.Close()
+		// (Cancels of the request before, whose agent still speaks, may
+		// come first.)
+		for cancelled := false; !cancelled; {
+			select {
+			case m := <-cancels:
+				id, _ := subjects.Must(subjects.DefaultPrefix).ParseCancel(m.Subject)
+				cancelled = id == c.ID
+			case <-time.After(5 * time.Second):
+				t.Fatalf("stream %v: no cancel for the request", stream)
+			}
+		}
+	}
 }

@@ -711,7 +711,8 @@ func TestSlowReaders(t *testing.T) {
 		clients, pause, tokens, time.Since(began).Round(time.Millisecond), s)
 	t.Logf("broker heap in use %.1f MiB idle -> %.1f MiB peak; RSS %.1f -> %.1f MiB; goroutines %.0f -> %.0f",
 		heap0/mb, peakHeap/mb, rss0/mb, peakRSS/mb, g0, peakG)
-	// A sanity bound only: 1,000 buffers of 512 chunks would be far below.
+	// A sanity bound only: what 1,000 streams of a few hundred tokens each
+	// can leave waiting is far below.
 	if peakHeap > 2<<30 {
 		t.Fatalf("broker heap %.0f MiB", peakHeap/mb)
 	}

@@ -149,6 +149,9 @@ func Read(api wire.API, body []byte) (*Request, error) {
 	if v := r.topP; v != nil && (*v <= 0 || *v > 1) {
 		return nil, invalid("top_p must be in (0, 1]", "top_p", "invalid_value")
 	}
+	if r.tooManyStops {
+		return nil, invalid(fmt.Sprintf("at most %d stop sequences", MaxStops), "stop", "invalid_value")
+	}
 	if stops, err := Stops(r.stop); err != nil {
 		return nil, invalid(err.Error(), "stop", "invalid_type")
 	} else if len(stops) > MaxStops {
@@ -159,7 +162,7 @@ func Read(api wire.API, body []byte) (*Request, error) {
 		if len(r.messages) == 0 {
 			return nil, invalid("messages is required and must not be empty", "messages", "invalid_value")
 		}
-		if len(r.messages) > MaxMessages {
+		if r.tooMany || len(r.messages) > MaxMessages {
 			return nil, invalid(fmt.Sprintf("at most %d messages", MaxMessages), "messages", "invalid_value")
 		}
 		for i, m := range r.messages {
@@ -201,8 +204,12 @@ type fields struct {
 	messages                          []message
 	// The members kept as written.
 	prompt, stop, tools, functions json.RawMessage
-	handoff                        uint8  // bit i: HandoffFields[i] is present
-	err                            *Error // the first value of the wrong type
+	handoff                        uint8 // bit i: HandoffFields[i] is present
+	// tooMany: a messages array held more than MaxMessages elements (it
+	// was not read past them); tooManyStops: the stop array more than
+	// MaxStops.
+	tooMany, tooManyStops bool
+	err                   *Error // the first value of the wrong type
 }
 
 // objectType names a JSON object in a type refusal.
@@ -234,6 +241,7 @@ func (r *fields) object(obj json.RawMessage) error {
 			r.prompt = v
 		case "stop":
 			r.stop = v
+			r.tooManyStops = v[0] == '[' && Elements(v, MaxStops, func(int, json.RawMessage) error { return nil }) != nil
 		case "tools":
 			r.tools = v
 		case "functions":
@@ -302,20 +310,25 @@ func (r *fields) streamOptions(v json.RawMessage) {
 // slice's backing array, up to its capacity (beyond what earlier arrays
 // wrote, elements are zero); an empty array forgets them.
 func (r *fields) messagesValue(v json.RawMessage) {
-	var elems []json.RawMessage
-	if err := json.Unmarshal(v, &elems); err != nil {
-		r.mismatch(err, "messages")
-		return
-	}
-	if elems == nil {
+	switch v[0] {
+	case 'n':
 		r.messages = nil
 		return
+	case '[':
+	default:
+		r.mismatch(&json.UnmarshalTypeError{Value: jsonKind(v[0]), Type: reflect.TypeFor[[]json.RawMessage]()}, "messages")
+		return
 	}
+	if r.tooMany {
+		return // refused whatever comes after
+	}
+	// The array is walked element by element and not past the bound: a
+	// long array of tiny elements costs its first MaxMessages, not a
+	// decoded slice of all of them.
 	msgs := r.messages[:0]
-	if len(elems) == 0 {
-		msgs = []message{}
-	}
-	for i, e := range elems {
+	n := 0
+	err := Elements(v, MaxMessages, func(i int, e json.RawMessage) error {
+		n = i + 1
 		if i < cap(msgs) {
 			msgs = msgs[:i+1]
 		} else {
@@ -340,6 +353,14 @@ func (r *fields) messagesValue(v json.RawMessage) {
 		default:
 			r.mismatch(&json.UnmarshalTypeError{Value: jsonKind(e[0]), Type: objectType}, "messages")
 		}
+		return nil
+	})
+	if errors.Is(err, ErrTooManyElements) {
+		r.tooMany, r.messages = true, nil
+		return
+	}
+	if n == 0 {
+		msgs = []message{}
 	}
 	r.messages = msgs
 }

@@ -1,6 +1,11 @@
 package wire
 
-import "errors"
+import (
+	"errors"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+)
 
 // Error codes carried in Chunk.error.code. The broker maps them to HTTP and
 // gRPC statuses in its ingress packages.
@@ -32,6 +37,10 @@ const (
 	// answer larger than the agent relays. Another attempt would meet the
 	// same answer, so it is not retried; the client gets a 502.
 	CodeEngineOutputTooLarge = "engine_output_too_large"
+	// CodeEngineStalled: the engine stopped producing events (after its
+	// headers, or between tokens) for longer than the agent waits; its
+	// request was cancelled. Retryable before the first token.
+	CodeEngineStalled = "engine_stalled"
 )
 
 // Repeatable reports whether another attempt (elsewhere, or the same
@@ -57,4 +66,30 @@ func (e *Error) Error() string {
 		return "<nil>"
 	}
 	return e.GetCode() + ": " + e.GetMessage()
+}
+
+// MaxEngineText bounds the bytes of an engine's own words (an error
+// body's message) that an error carries on to the client: an engine's
+// error page, a stack trace or a compromised engine's bytes are not the
+// client's to read in full.
+const MaxEngineText = 512
+
+// EngineText returns s as an error message may quote it: control
+// characters (line breaks included) as spaces, invalid UTF-8 as U+FFFD,
+// surrounding space trimmed, and at most MaxEngineText bytes, cut on a
+// character boundary with "..." when longer.
+func EngineText(s string) string {
+	var b strings.Builder
+	b.Grow(min(len(s), MaxEngineText+3))
+	for _, r := range strings.TrimSpace(s) {
+		if unicode.IsControl(r) {
+			r = ' '
+		}
+		if b.Len()+utf8.RuneLen(r) > MaxEngineText {
+			b.WriteString("...")
+			break
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
 }

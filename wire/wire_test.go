@@ -8,8 +8,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -129,5 +131,22 @@ func TestErrorIs(t *testing.T) {
 	}
 	if errors.Is(err, &Error{Code: CodeCancelled}) {
 		t.Fatal("other code matched")
+	}
+}
+
+func TestEngineText(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"  plain message \n", "plain message"},
+		{"line one\nline two\r\tend", "line one line two  end"},
+		{"bad \xff byte", "bad \uFFFD byte"},
+		{"\x1b[31mred\x1b[0m", " [31mred [0m"},
+	} {
+		if got := EngineText(tc.in); got != tc.want {
+			t.Errorf("EngineText(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
+	long := EngineText(strings.Repeat("é", 64<<10))
+	if len(long) > MaxEngineText+3 || !strings.HasSuffix(long, "...") || !utf8.ValidString(long) {
+		t.Errorf("a 128 KiB message: %d bytes, %q...", len(long), long[:16])
 	}
 }

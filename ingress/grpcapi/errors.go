@@ -60,6 +60,9 @@ func fromBroker(err error) error {
 		return status.Error(codes.DeadlineExceeded, err.Error())
 	case errors.Is(err, context.Canceled):
 		return status.Error(codes.Canceled, err.Error())
+	case errors.Is(err, broker.ErrAnswerTooLarge):
+		// A bound, not a failure a retry would escape: no retry advice.
+		return status.Error(codes.ResourceExhausted, err.Error())
 	case errors.Is(err, broker.ErrStalled), errors.Is(err, broker.ErrStreamBroken), errors.Is(err, broker.ErrSlowReader):
 		// The output may be partial; a retry of the whole request is safe.
 		return status.Error(codes.Unavailable, err.Error())
@@ -84,10 +87,12 @@ func fromWire(we *wire.Error) error {
 		return status.Error(codes.Canceled, msg)
 	case wire.CodeQueueFull:
 		return retryable(codes.ResourceExhausted, msg, time.Second)
-	case wire.CodeEngineDown, wire.CodeDraining, wire.CodeHandoffExpired:
+	case wire.CodeEngineDown, wire.CodeEngineStalled, wire.CodeDraining, wire.CodeHandoffExpired:
 		return retryable(codes.Unavailable, msg, time.Second)
 	case wire.CodeEngine:
 		return status.Error(codes.Unavailable, msg)
+	case wire.CodeEngineOutputTooLarge:
+		return status.Error(codes.ResourceExhausted, msg)
 	}
 	return status.Error(codes.Internal, we.GetCode()+": "+msg)
 }

@@ -3,6 +3,7 @@ package openaihttp
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"slices"
 	"strings"
 
@@ -25,7 +26,22 @@ type assembler struct {
 	model   string
 	extra   members // top-level members other than the ones built here
 	choices []*choiceAcc
+	byIndex map[int]*choiceAcc // choices by their index: one lookup per event, however many
+	tools   int                // tool calls across choices (see maxToolCalls)
 }
+
+// Bounds of an assembled answer beyond its bytes (which the broker
+// bounds): an engine's indexes are the assembler's keys, and a choice or
+// tool call costs memory of its own however short. A request asks for at
+// most oaiformat.MaxN choices; the bounds leave engines room beyond that.
+const (
+	maxChoices   = 256
+	maxToolCalls = 4096
+)
+
+// errTooManyParts is an answer with more choices or tool calls than an
+// assembled answer holds.
+var errTooManyParts = errors.New("the engine's answer has more choices or tool calls than an answer holds")
 
 // choiceAcc accumulates one choice.
 type choiceAcc struct {
@@ -36,6 +52,7 @@ type choiceAcc struct {
 	refusal    strings.Builder
 	hasRefusal bool
 	tools      []*toolAcc
+	toolIndex  map[int]*toolAcc
 	logprobs   *logprobsAcc
 	finish     string
 	extra      members // other members of the choice
@@ -46,7 +63,7 @@ type toolAcc struct {
 	index int
 	id    string
 	typ   string
-	name  string
+	name  strings.Builder
 	args  strings.Builder
 	extra members
 }
@@ -79,7 +96,8 @@ type logprobsAcc struct {
 
 func (l *logprobsAcc) add(o *parsedLogprobs) {
 	for _, k := range o.keys {
-		if !slices.Contains(l.keys, k) {
+		_, inArrays := l.arrays[k]
+		if _, inOther := l.other[k]; !inArrays && !inOther {
 			l.keys = append(l.keys, k)
 		}
 		if arr, ok := o.arrays[k]; ok {
@@ -273,27 +291,37 @@ func parseChunk(raw []byte) (*parsedChunk, error) {
 // add takes one engine event. An event that does not decode as an OpenAI
 // chunk still adds the text the agent read from it to the first choice,
 // so the answer is never shorter than what a streaming client would see.
-func (a *assembler) add(ev *wire.Event) {
+// An answer past maxChoices or maxToolCalls is errTooManyParts.
+func (a *assembler) add(ev *wire.Event) error {
 	pc, err := parseChunk(ev.GetRaw())
 	if err != nil {
-		c := a.choice(0)
+		c, err := a.choice(0)
+		if err != nil {
+			return err
+		}
 		c.content.WriteString(ev.GetDeltaText())
 		if f := ev.GetFinishReason(); f != "" {
 			c.finish = f
 		}
-		return
+		return nil
 	}
 	if a.id == "" {
 		a.id, a.created, a.model = pc.ID, pc.Created, pc.Model
 	}
 	passThrough(&a.extra, pc.all, chunkOwn)
 	for i := range pc.choices {
-		a.apply(&pc.choices[i])
+		if err := a.apply(&pc.choices[i]); err != nil {
+			return err
+		}
 	}
+	return nil
 }
 
-func (a *assembler) apply(pc *parsedChoice) {
-	c := a.choice(pc.Index)
+func (a *assembler) apply(pc *parsedChoice) error {
+	c, err := a.choice(pc.Index)
+	if err != nil {
+		return err
+	}
 	passThrough(&c.extra, pc.all, choiceOwn)
 	if pc.Text != nil {
 		c.content.WriteString(*pc.Text)
@@ -309,7 +337,7 @@ func (a *assembler) apply(pc *parsedChoice) {
 	}
 	d := pc.delta
 	if d == nil {
-		return
+		return nil
 	}
 	passThrough(&c.msgExtra, pc.deltaAll, deltaOwn)
 	if d.Role != "" {
@@ -345,7 +373,10 @@ func (a *assembler) apply(pc *parsedChoice) {
 		case !pc.whole:
 			idx = len(c.tools) // an engine that numbers nothing: one call per delta
 		}
-		acc := c.tool(idx)
+		acc, err := a.tool(c, idx)
+		if err != nil {
+			return err
+		}
 		passThrough(&acc.extra, t.all, toolOwn)
 		if t.ID != "" {
 			acc.id = t.ID
@@ -353,9 +384,10 @@ func (a *assembler) apply(pc *parsedChoice) {
 		if t.Type != "" {
 			acc.typ = t.Type
 		}
-		acc.name += t.Function.Name
+		acc.name.WriteString(t.Function.Name)
 		acc.args.WriteString(t.Function.Arguments)
 	}
+	return nil
 }
 
 // passThrough records the members of o not in own.
@@ -367,33 +399,46 @@ func passThrough(m *members, o *members, own []string) {
 	}
 }
 
-func (a *assembler) choice(index int) *choiceAcc {
-	for _, c := range a.choices {
-		if c.index == index {
-			return c
-		}
+// choice returns the choice of index, new if the answer has none yet.
+func (a *assembler) choice(index int) (*choiceAcc, error) {
+	if c, ok := a.byIndex[index]; ok {
+		return c, nil
+	}
+	if len(a.choices) == maxChoices {
+		return nil, errTooManyParts
+	}
+	if a.byIndex == nil {
+		a.byIndex = make(map[int]*choiceAcc, 1)
 	}
 	c := &choiceAcc{index: index}
 	a.choices = append(a.choices, c)
-	return c
+	a.byIndex[index] = c
+	return c, nil
 }
 
-func (c *choiceAcc) tool(index int) *toolAcc {
-	for _, t := range c.tools {
-		if t.index == index {
-			return t
-		}
+// tool returns the tool call of index in choice c, new if it has none yet.
+func (a *assembler) tool(c *choiceAcc, index int) (*toolAcc, error) {
+	if t, ok := c.toolIndex[index]; ok {
+		return t, nil
 	}
+	if a.tools == maxToolCalls {
+		return nil, errTooManyParts
+	}
+	if c.toolIndex == nil {
+		c.toolIndex = make(map[int]*toolAcc, 1)
+	}
+	a.tools++
 	t := &toolAcc{index: index}
 	c.tools = append(c.tools, t)
-	return t
+	c.toolIndex[index] = t
+	return t, nil
 }
 
 // response renders the whole answer; finish is the final chunk's finish
 // reason, used for a choice the stream gave none.
 func (a *assembler) response(kind apiKind, finish string, u any) object {
 	if len(a.choices) == 0 {
-		a.choice(0)
+		_, _ = a.choice(0) // the first: never past the bound
 	}
 	slices.SortFunc(a.choices, func(x, y *choiceAcc) int { return x.index - y.index })
 	choices := make([]object, 0, len(a.choices))
@@ -458,7 +503,7 @@ func (c *choiceAcc) message() object {
 			if typ == "" {
 				typ = "function"
 			}
-			call := object{{"id", t.id}, {"type", typ}, {"function", object{{"name", t.name}, {"arguments", t.args.String()}}}}
+			call := object{{"id", t.id}, {"type", typ}, {"function", object{{"name", t.name.String()}, {"arguments", t.args.String()}}}}
 			for _, k := range t.extra.keys {
 				call = append(call, member{k, t.extra.vals[k]})
 			}

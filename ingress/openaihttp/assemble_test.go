@@ -2,6 +2,8 @@ package openaihttp
 
 import (
 	"encoding/json"
+	"errors"
+	"strconv"
 	"testing"
 
 	"github.com/switchyard-ai/switchyard/wire"
@@ -90,4 +92,57 @@ func FuzzAssembler(f *testing.F) {
 			}
 		}
 	})
+}
+
+// toolEvent is a chat chunk opening tool calls from..to-1 of choice.
+func toolEvent(choice, from, to int) *wire.Event {
+	b := []byte(`{"id":"t","choices":[{"index":` + strconv.Itoa(choice) + `,"delta":{"tool_calls":[`)
+	for i := from; i < to; i++ {
+		if i > from {
+			b = append(b, ',')
+		}
+		b = append(b, `{"index":`+strconv.Itoa(i)+`,"id":"c","function":{"name":"f","arguments":"x"}}`...)
+	}
+	return &wire.Event{Raw: append(b, `]}}]}`...)}
+}
+
+// TestAssemblerBounds: choices and tool calls are found by index in one
+// lookup, and an answer with more of them than an answer holds is refused
+// with errTooManyParts instead of growing.
+func TestAssemblerBounds(t *testing.T) {
+	a := &assembler{chat: true}
+	// Every tool index, met again in each event: each costs a lookup.
+	const per = maxToolCalls / 8
+	for ev := range 8 {
+		for range 2 {
+			if err := a.add(toolEvent(0, ev*per, (ev+1)*per)); err != nil {
+				t.Fatalf("event %d: %v", ev, err)
+			}
+		}
+	}
+	if n := len(a.choices[0].tools); n != maxToolCalls {
+		t.Fatalf("%d tool calls, want %d", n, maxToolCalls)
+	}
+	if args := a.choices[0].toolIndex[7].args.String(); args != "xx" {
+		t.Fatalf("tool 7's arguments %q, want both pieces", args)
+	}
+	if err := a.add(toolEvent(0, maxToolCalls, maxToolCalls+1)); !errors.Is(err, errTooManyParts) {
+		t.Fatalf("tool call past the bound: %v", err)
+	}
+
+	a = &assembler{chat: true}
+	for i := range maxChoices {
+		if err := a.add(raw(`{"choices":[{"index":` + strconv.Itoa(i*7) + `,"delta":{"content":"a"}}]}`)); err != nil {
+			t.Fatalf("choice %d: %v", i, err)
+		}
+	}
+	if err := a.add(raw(`{"choices":[{"index":-1,"delta":{"content":"a"}}]}`)); !errors.Is(err, errTooManyParts) {
+		t.Fatalf("choice past the bound: %v", err)
+	}
+	if err := a.add(raw(`{"choices":[{"index":7,"delta":{"content":"b"}}]}`)); err != nil {
+		t.Fatalf("a known choice: %v", err)
+	}
+	if got := a.byIndex[7].content.String(); got != "ab" {
+		t.Fatalf("choice 7: %q", got)
+	}
 }

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"time"
 	"unicode/utf8"
 
 	"github.com/switchyard-ai/switchyard/broker"
@@ -80,29 +79,46 @@ func checkEmbeddingInput(raw json.RawMessage) *apiError {
 		}
 		return nil
 	}
-	var many []json.RawMessage
-	if json.Unmarshal(raw, &many) != nil {
+	if raw[0] != '[' {
 		return invalid("input must be a string or an array", "input", "invalid_type")
 	}
-	if len(many) == 0 || len(many) > maxEmbeddingInputs {
-		return invalid(fmt.Sprintf("input must hold 1 to %d items", maxEmbeddingInputs), "input", "invalid_value")
-	}
-	var ids []int64
-	if json.Unmarshal(raw, &ids) == nil {
-		return nil
-	}
-	for i, m := range many {
+	// Walked element by element, not past the bound: a long array of
+	// tiny items is refused having read the bound's worth of it.
+	n, ints, firstInt, firstBad := 0, 0, -1, -1
+	err := oaiformat.Elements(raw, maxEmbeddingInputs, func(i int, m json.RawMessage) error {
+		n++
+		var id int64
 		var s string
 		var t []int64
 		switch {
+		case json.Unmarshal(m, &id) == nil:
+			ints++
+			if firstInt < 0 {
+				firstInt = i
+			}
 		case json.Unmarshal(m, &s) == nil && s != "":
 		case json.Unmarshal(m, &t) == nil && len(t) > 0:
 		default:
-			p := fmt.Sprintf("input[%d]", i)
-			return invalid(p+" must be a non-empty string or a non-empty array of token ids", p, "invalid_value")
+			if firstBad < 0 {
+				firstBad = i
+			}
 		}
+		return nil
+	})
+	if err != nil || n == 0 {
+		return invalid(fmt.Sprintf("input must hold 1 to %d items", maxEmbeddingInputs), "input", "invalid_value")
 	}
-	return nil
+	// An array of token ids, or of strings and arrays of token ids: a
+	// token id among the others is out of place.
+	if ints == n || (ints == 0 && firstBad < 0) {
+		return nil
+	}
+	bad := firstBad
+	if firstInt >= 0 && (bad < 0 || firstInt < bad) {
+		bad = firstInt
+	}
+	p := fmt.Sprintf("input[%d]", bad)
+	return invalid(p+" must be a non-empty string or a non-empty array of token ids", p, "invalid_value")
 }
 
 // embeddings serves POST /v1/embeddings: validated, dispatched to the
@@ -138,8 +154,10 @@ func (s *Server) embeddings(w http.ResponseWriter, r *http.Request) {
 	}
 	defer call.Close()
 	setRoute(w.Header(), call.Route)
+	// The write deadline starts with the response, not before the wait
+	// for the engine: a 504 at the request's deadline is written too.
 	if s.cfg.WriteTimeout > 0 {
-		_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
+		w = &deadlineWriter{ResponseWriter: w, timeout: s.cfg.WriteTimeout}
 	}
 	for {
 		c, err := call.Next(r.Context())
@@ -156,8 +174,10 @@ func (s *Server) embeddings(w http.ResponseWriter, r *http.Request) {
 		case wire.Chunk_KIND_ACCEPTED:
 			w.Header().Set("X-Switchyard-Agent", agentHeader(c))
 		case wire.Chunk_KIND_FINAL:
-			if len(c.GetRaw()) == 0 {
-				writeError(w, &apiError{Status: http.StatusBadGateway, Message: "the engine's embeddings answer was empty", Type: "server_error", Code: strp("upstream_error")})
+			if raw := bytes.TrimSpace(c.GetRaw()); len(raw) == 0 || raw[0] != '{' || !json.Valid(raw) {
+				// Relayed as application/json, it must be JSON.
+				call.SetOutcome(broker.OutcomeError)
+				writeError(w, &apiError{Status: http.StatusBadGateway, Message: "the engine's embeddings answer is not a JSON object", Type: "server_error", Code: strp("upstream_error")})
 				return
 			}
 			writeRaw(w, http.StatusOK, c.GetRaw())

@@ -89,12 +89,21 @@ func fromBroker(err error) *apiError {
 		return &apiError{Status: http.StatusServiceUnavailable, Message: err.Error(), Type: "server_error", Code: strp("unavailable"), RetryAfter: 1}
 	case errors.Is(err, broker.ErrTimeout), errors.Is(err, context.DeadlineExceeded):
 		return &apiError{Status: http.StatusGatewayTimeout, Message: err.Error(), Type: "server_error", Code: strp("timeout")}
+	case errors.Is(err, broker.ErrAnswerTooLarge):
+		return outputTooLarge(err.Error())
 	case errors.Is(err, broker.ErrSlowReader):
 		return &apiError{Status: http.StatusServiceUnavailable, Message: err.Error(), Type: "server_error", Code: strp("slow_reader")}
 	case errors.As(err, &we):
 		return fromWire(we)
 	}
 	return &apiError{Status: http.StatusBadGateway, Message: err.Error(), Type: "server_error", Code: strp("upstream_error")}
+}
+
+// outputTooLarge is the 502 of an engine answer larger than the broker
+// relays: the engine request is cancelled, and no retry would answer
+// differently.
+func outputTooLarge(msg string) *apiError {
+	return &apiError{Status: http.StatusBadGateway, Message: msg, Type: "server_error", Code: strp(wire.CodeEngineOutputTooLarge)}
 }
 
 func fromWire(we *wire.Error) *apiError {
@@ -111,7 +120,9 @@ func fromWire(we *wire.Error) *apiError {
 		return &apiError{Status: http.StatusTooManyRequests, Message: we.GetMessage(), Type: "rate_limit_error", Code: strp("queue_full"), RetryAfter: 1}
 	case wire.CodeUnsupportedAPI:
 		return &apiError{Status: http.StatusNotImplemented, Message: we.GetMessage(), Type: "invalid_request_error", Code: strp(we.GetCode())}
-	case wire.CodeEngineDown, wire.CodeDraining, wire.CodeHandoffExpired, wire.CodeEngineMisconfigured:
+	case wire.CodeEngineOutputTooLarge:
+		return outputTooLarge(we.GetMessage())
+	case wire.CodeEngineDown, wire.CodeEngineStalled, wire.CodeDraining, wire.CodeHandoffExpired, wire.CodeEngineMisconfigured:
 		// A misconfigured engine is the operator's to fix, never the
 		// client's 401: the request was retried, and nobody could serve it.
 		return &apiError{Status: http.StatusServiceUnavailable, Message: we.GetMessage(), Type: "server_error", Code: strp(we.GetCode()), RetryAfter: 1}

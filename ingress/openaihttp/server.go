@@ -399,7 +399,12 @@ func (s *Server) assemble(w http.ResponseWriter, r *http.Request, call *broker.C
 			acceptedHeaders(w.Header(), call, c)
 		case wire.Chunk_KIND_TOKEN:
 			for _, ev := range c.GetEvents() {
-				a.add(ev)
+				if err := a.add(ev); err != nil {
+					// Close cancels the engine request.
+					call.SetOutcome(broker.OutcomeError)
+					writeError(w, outputTooLarge(err.Error()))
+					return
+				}
 			}
 		case wire.Chunk_KIND_ERROR:
 			writeError(w, fromWire(c.GetError()))

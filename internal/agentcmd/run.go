@@ -66,6 +66,9 @@ type options struct {
 	slowStart    time.Duration
 	slowFloor    float64
 	keepalive    time.Duration
+	maxAnswer    int64
+	firstEvent   time.Duration
+	progress     time.Duration
 	replyLinger  time.Duration
 	kvHold       time.Duration
 	kvEvents     string
@@ -92,6 +95,9 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*o
 	o.natsAuth = natsauth.RegisterClientFlags(fs)
 	fs.StringVar(&o.engineKey, "engine-api-key", "", "API key sent to the engine as a Bearer token")
 	fs.DurationVar(&o.headerWait, "engine-header-timeout", openai.DefaultHeaderTimeout, "HTTP engines: how long a streaming request waits for the engine's response headers before it fails with a retryable engine_unavailable error, which the broker retries on another agent (0: no bound). vLLM and SGLang send a streaming request's headers as soon as they accept it, before its prefill, so a long prompt's slow first token does not count against it")
+	fs.Int64Var(&o.maxAnswer, "max-answer-bytes", agent.DefaultMaxAnswerBytes, "largest engine answer relayed for one request, in bytes (its events' JSON, an embeddings answer, which one NATS message must also carry); past it the engine request is cancelled and the request fails with engine_output_too_large")
+	fs.DurationVar(&o.firstEvent, "engine-first-event-timeout", agent.DefaultFirstEventTimeout, "how long an engine request waits for its first event (its prefill, and its wait in the engine's queue) before it is cancelled with a retryable engine_stalled error (0: no bound)")
+	fs.DurationVar(&o.progress, "engine-progress-timeout", agent.DefaultProgressTimeout, "how long an engine request may go without an event after its first, whatever else the engine sends (SSE comments, a byte at a time), before it is cancelled with engine_stalled, which the broker retries or migrates (0: no bound)")
 	fs.StringVar(&o.role, "role", subjects.PoolRegular, "pool this agent serves: regular, prefill or decode")
 	fs.StringVar(&o.pdProto, "pd-protocol", "", "PD hand-off for --engine sim (vllm or sglang); vllm and sglang engines imply theirs")
 	fs.StringVar(&o.bsHost, "bootstrap-host", "", "SGLang prefill: host of the engine's bootstrap server as decode engines reach it (default: the engine URL's host)")
@@ -130,7 +136,7 @@ Usage:
   worker-agent --nats-url nats://broker:4222 --engine openai --engine-url http://127.0.0.1:8000
   worker-agent --engine vllm --role prefill --engine-url http://127.0.0.1:8100
   worker-agent --engine sim                  an in-process simulated engine`, []cli.Section{
-		{Title: "Engine", Flags: []string{"engine", "engine-url", "engine-api-key", "engine-header-timeout", "model", "slots", "tokenizer", "engine-grpc-tls"}},
+		{Title: "Engine", Flags: []string{"engine", "engine-url", "engine-api-key", "engine-header-timeout", "engine-first-event-timeout", "engine-progress-timeout", "max-answer-bytes", "model", "slots", "tokenizer", "engine-grpc-tls"}},
 		{Title: "Role", Flags: []string{"role", "pd-protocol", "pd-labels", "bootstrap-host", "bootstrap-port", "kv-hold"}},
 		{Title: "Prefix-cache affinity", Flags: []string{"kv-events-endpoint", "kv-events-topic", "kv-events-hash", "kv-block-size", "affinity-block-size", "no-directed"}},
 		{Title: "Load", Flags: []string{"slow-start", "slow-start-floor", "keepalive", "reply-linger"}},
@@ -181,6 +187,10 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return fmt.Errorf("--slow-start-floor %g: want a fraction in [0, 1]", o.slowFloor)
 	case o.keepalive < 0:
 		return fmt.Errorf("--keepalive %s: want 0 (off) or more", o.keepalive)
+	case o.firstEvent < 0 || o.progress < 0:
+		return fmt.Errorf("--engine-first-event-timeout and --engine-progress-timeout: want 0 (off) or more")
+	case o.maxAnswer < 1:
+		return fmt.Errorf("--max-answer-bytes %d: want at least 1", o.maxAnswer)
 	case o.replyLinger < 0:
 		return fmt.Errorf("--reply-linger %s: want 0 (off) or more", o.replyLinger)
 	case o.headerWait < 0:
@@ -253,7 +263,8 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		PDProtocol: o.pdProto, BootstrapHost: o.bsHost, BootstrapPort: o.bsPort, PDLabels: o.pdLabels,
 		SlowStart: o.slowStart, SlowStartFloor: o.slowFloor, Keepalive: keepalive, ReplyLinger: replyLinger, KVHold: o.kvHold,
 		KVEvents: o.kvEvents, KVEventsTopic: o.kvTopic, KVEventsHash: o.kvHash, KVBlockSize: o.kvBlockSize, AffinityBlockSize: o.affBlockSize,
-		NoDirected: o.noDirected,
+		NoDirected: o.noDirected, MaxAnswerBytes: o.maxAnswer,
+		FirstEventTimeout: offIfZero(o.firstEvent), ProgressTimeout: offIfZero(o.progress),
 	}, aopts...)
 	if err != nil {
 		return err
@@ -489,4 +500,13 @@ func serveProbes(addr string, natsErr func() error, pend *pending, log *slog.Log
 	}()
 	log.Info("agent metrics", "addr", ln.Addr().String())
 	return p, nil
+}
+
+// offIfZero turns a flag's 0 (no bound) into agent.Config's "off", where
+// zero takes the default.
+func offIfZero(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
 }

@@ -74,6 +74,8 @@ type options struct {
 	queueMax      int
 	hbInterval    time.Duration
 	reqTimeout    time.Duration
+	maxAnswer     int64
+	answerBuffer  int64
 	stallTimeout  time.Duration
 	shutdownGrace time.Duration
 	mode          string
@@ -147,6 +149,8 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*o
 	fs.IntVar(&o.queueMax, "queue-max", broker.DefaultQueueMax, "jobs waiting per model and pool before 429")
 	fs.DurationVar(&o.hbInterval, "heartbeat-interval", broker.DefaultHeartbeatInterval, "agents' heartbeat interval; /readyz waits one")
 	fs.DurationVar(&o.reqTimeout, "request-timeout", broker.DefaultRequestTimeout, "deadline of a request")
+	fs.Int64Var(&o.maxAnswer, "max-answer-bytes", broker.DefaultMaxAnswerBytes, "largest engine answer relayed to one request, in bytes; past it the request ends with engine_output_too_large (502) and its engine request is cancelled")
+	fs.Int64Var(&o.answerBuffer, "answer-buffer-bytes", broker.DefaultBufferBytes, "bytes of a stream held for a client that reads more slowly than its engine writes; past it the request ends with slow_reader")
 	fs.DurationVar(&o.stallTimeout, "stall-timeout", broker.DefaultStallTimeout, "end a request whose agent sends nothing for this long")
 	fs.DurationVar(&o.shutdownGrace, "shutdown-grace", 30*time.Second, "on SIGTERM, time for in-flight streams to finish")
 	fs.DurationVar(&o.shutdownDelay, "shutdown-delay", 0, "on SIGTERM, keep answering 503 on /readyz and new requests this long before closing the listeners (set it above your load balancer's probe interval)")
@@ -209,7 +213,7 @@ Usage:
   broker --nats-url nats://a,nats://b use an existing NATS server or cluster
   broker --demo                       also run simulated agents, ready for curl`, []cli.Section{
 		{Title: "Client API", Flags: []string{"http", "grpc", "max-body", "read-header-timeout", "read-body-timeout", "idle-timeout", "max-conns", "max-conns-per-client", "write-timeout", "stream-write-timeout", "grpc-max-recv-bytes", "grpc-max-send-bytes", "grpc-max-header-bytes", "grpc-max-streams", "grpc-max-watches", "api-key", "api-keys-file", "tls-cert", "tls-key"}},
-		{Title: "Dispatch", Flags: []string{"dispatch-mode", "slo-ttft", "slo-itl", "pd-threshold", "slow-start", "heartbeat-interval", "queue-max", "queue-timeout", "capacity-wait", "models", "request-timeout", "stall-timeout", "retry-limit", "migration-limit", "publish-wait"}},
+		{Title: "Dispatch", Flags: []string{"dispatch-mode", "slo-ttft", "slo-itl", "pd-threshold", "slow-start", "heartbeat-interval", "queue-max", "queue-timeout", "capacity-wait", "models", "request-timeout", "stall-timeout", "max-answer-bytes", "answer-buffer-bytes", "retry-limit", "migration-limit", "publish-wait"}},
 		{Title: "NATS", Flags: []string{"nats-url", "nats-listen", "nats-config", "nats-monitor", "data-dir", "nats-max-payload", "replicas", "jobs-storage", "prefix", "id",
 			"nats-creds", "nats-nkey", "nats-user", "nats-password", "nats-token", "nats-tls-ca", "nats-tls-cert", "nats-tls-key", "nats-inbox-prefix"}},
 		{Title: "Lifecycle, metrics and logs", Flags: []string{"shutdown-grace", "shutdown-delay", "metrics-listen", "log-format", "log-level"}},
@@ -486,6 +490,8 @@ func newBroker(o *options, log *slog.Logger, dcfg dispatch.Config, ns *server.Se
 		HeartbeatInterval: o.hbInterval,
 		RequestTimeout:    o.reqTimeout,
 		StallTimeout:      o.stallTimeout,
+		MaxAnswerBytes:    o.maxAnswer,
+		BufferBytes:       o.answerBuffer,
 		RetryLimit:        o.retryLimit,
 		MigrationLimit:    o.migrationLim,
 		QueueTimeout:      o.queueTimeout,

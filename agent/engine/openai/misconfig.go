@@ -1,10 +1,12 @@
 package openai
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
+	"mime"
 	"net/http"
 	"slices"
 	"strings"
@@ -105,6 +107,21 @@ func (a *Adapter) checkModels(ctx context.Context) error {
 	}
 }
 
+// defaultMaxEmbedding bounds an embeddings answer when the request says
+// nothing of it.
+const defaultMaxEmbedding = 64 << 20
+
+// jsonAnswer reports whether an answer with Content-Type ct is one JSON
+// object.
+func jsonAnswer(ct string, body []byte) bool {
+	mt, _, err := mime.ParseMediaType(ct)
+	if err != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json")) {
+		return false
+	}
+	body = bytes.TrimSpace(body)
+	return len(body) > 0 && body[0] == '{' && json.Valid(body)
+}
+
 // Embed relays an embeddings request to the engine's /v1/embeddings as is
 // and returns the engine's answer as is. Refusals of the agent itself (see
 // refusal) and a route the engine lacks come back as errors instead.
@@ -122,14 +139,28 @@ func (a *Adapter) Embed(ctx context.Context, r *agent.Request) (int, []byte, err
 		return 0, nil, &wire.Error{Code: wire.CodeEngineDown, Message: err.Error()}
 	}
 	defer resp.Body.Close()
-	// Bounded by what a NATS message carries back (the embedded server's
-	// 8 MiB): a bigger answer fails there, not here.
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
-	if err != nil {
+	// Bounded by what the agent relays (and a NATS message carries back):
+	// a larger answer is refused having read one byte past the bound.
+	limit := r.MaxAnswer
+	if limit <= 0 {
+		limit = defaultMaxEmbedding
+	}
+	body, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return 0, nil, ctx.Err()
+	case err != nil:
 		return 0, nil, &wire.Error{Code: wire.CodeEngine, Message: "reading the engine's embeddings answer: " + err.Error()}
+	case int64(len(body)) > limit:
+		return 0, nil, &wire.Error{Code: wire.CodeEngineOutputTooLarge, Message: fmt.Sprintf("engine %s: embeddings answer larger than the %d bytes the agent relays", a.base, limit)}
+	}
+	if resp.StatusCode == http.StatusOK && !jsonAnswer(resp.Header.Get("Content-Type"), body) {
+		// Relayed as application/json, it would be the engine's error page
+		// passed off as an answer.
+		return 0, nil, &wire.Error{Code: wire.CodeEngine, Message: fmt.Sprintf("engine %s answered 200 with %q that is not a JSON object", a.base, resp.Header.Get("Content-Type"))}
 	}
 	if resp.StatusCode != http.StatusOK {
-		if we := a.refusal(resp.StatusCode, path, strings.TrimSpace(string(body))); we != nil {
+		if we := a.refusal(resp.StatusCode, path, wire.EngineText(string(body))); we != nil {
 			if we.Code == wire.CodeUnsupportedAPI {
 				we.Message = "the agent's engine does not serve embeddings: " + we.Message
 			}

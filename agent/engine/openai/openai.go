@@ -249,11 +249,15 @@ func eventError(data []byte) *wire.Error {
 	if json.Unmarshal(data, &e) != nil || e.Error == nil {
 		return nil
 	}
-	return &wire.Error{Code: wire.CodeEngine, Message: e.Error.Message}
+	return &wire.Error{Code: wire.CodeEngine, Message: wire.EngineText(e.Error.Message)}
 }
 
+// errorBodyLimit bounds what is read of an engine's error body: its
+// message, clipped to wire.MaxEngineText, is all that goes on.
+const errorBodyLimit = 64 << 10
+
 func statusError(resp *http.Response) *wire.Error {
-	data, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	data, _ := io.ReadAll(io.LimitReader(resp.Body, errorBodyLimit))
 	msg := strings.TrimSpace(string(data))
 	var e struct {
 		Error struct {
@@ -272,7 +276,7 @@ func statusError(resp *http.Response) *wire.Error {
 	if resp.StatusCode >= 400 && resp.StatusCode < 500 && resp.StatusCode != http.StatusTooManyRequests {
 		code = wire.CodeBadRequest
 	}
-	return &wire.Error{Code: code, Message: fmt.Sprintf("engine answered %d: %s", resp.StatusCode, msg), HttpStatus: uint32(resp.StatusCode)}
+	return &wire.Error{Code: code, Message: fmt.Sprintf("engine answered %d: %s", resp.StatusCode, wire.EngineText(msg)), HttpStatus: uint32(resp.StatusCode)}
 }
 
 // Health asks the engine's /health (vLLM and SGLang both serve it), then,

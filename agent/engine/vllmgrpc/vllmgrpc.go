@@ -409,7 +409,7 @@ func (a *Adapter) abort(ctx context.Context, id string) {
 // wireError maps a gRPC status to a *wire.Error.
 func wireError(call string, err error) *wire.Error {
 	st := status.Convert(err)
-	e := &wire.Error{Code: wire.CodeEngine, Message: "vllm-grpc " + call + ": " + st.Code().String() + ": " + st.Message()}
+	e := &wire.Error{Code: wire.CodeEngine, Message: "vllm-grpc " + call + ": " + st.Code().String() + ": " + wire.EngineText(st.Message())}
 	switch st.Code() {
 	case codes.InvalidArgument:
 		e.Code, e.HttpStatus = wire.CodeBadRequest, 400
