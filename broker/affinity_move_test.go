@@ -69,11 +69,15 @@ func TestFailedAttemptForgotten(t *testing.T) {
 	g := DefaultAffinityGuard()
 	g.MinBlocks = 1000
 	r := newRig(t, Config{Affinity: AffinityConfig{Mode: AffinityApprox, Guard: g}})
+	held := make(chan struct{})
 	bad := r.agent("bad", subjects.PoolRegular, "", 1, func(a *fakeAgent, job *wire.Job, say func(*wire.Chunk)) {
 		say(&wire.Chunk{Kind: wire.Chunk_KIND_ACCEPTED})
 		say(&wire.Chunk{Kind: wire.Chunk_KIND_ERROR, Error: &wire.Error{Code: wire.CodeEngineDown, Message: "engine gone", Retryable: true}})
-		a.state.Store(wire.StateDraining) // take no more
+		// Hold the slot: bad takes no more and, still ready, keeps its
+		// place in the tree (a draining agent would leave it).
+		<-held
 	})
+	t.Cleanup(func() { close(held) }) // before the agent's own cleanup
 	r.waitEligible("bad")
 	long := longBody()
 	keys := oaiformat.PromptKeys(nil, 16, wire.API_API_CHAT, long)

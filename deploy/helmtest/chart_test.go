@@ -155,7 +155,8 @@ func TestValuesReachTheObjects(t *testing.T) {
 	}
 	headless := 0
 	for _, o := range objs {
-		if s, ok := o.obj.(*corev1.Service); ok && s.Spec.ClusterIP == corev1.ClusterIPNone {
+		// The brokers' metrics Service is headless too; count the pools'.
+		if s, ok := o.obj.(*corev1.Service); ok && s.Spec.ClusterIP == corev1.ClusterIPNone && s.Spec.Selector["app.kubernetes.io/component"] != "broker" {
 			headless++
 		}
 	}
@@ -287,7 +288,7 @@ func TestChecksCatchMistakes(t *testing.T) {
 			scalerOf(objs, "decode").Triggers[0].Metadata["query"] = strings.ReplaceAll(scalerOf(objs, "decode").Triggers[0].Metadata["query"], `namespace="sy"`, `namespace="default"`)
 		}},
 		{"KEDA on a metric the broker lacks", func(objs []object) {
-			scalerOf(objs, "decode").Triggers[0].Metadata["query"] = strings.ReplaceAll(scalerOf(objs, "decode").Triggers[0].Metadata["query"], "switchyard_queue_depth", "switchyard_queue_len")
+			scalerOf(objs, "decode").Triggers[0].Metadata["query"] = strings.ReplaceAll(scalerOf(objs, "decode").Triggers[0].Metadata["query"], "switchyard_pool_demand_jobs", "switchyard_pool_demand")
 		}},
 		{"KEDA at a short name", func(objs []object) {
 			scalerOf(objs, "decode").Triggers[0].Metadata["serverAddress"] = "http://prometheus:9090"

@@ -589,11 +589,6 @@ func checkScaledObject(t testing.TB, where string, so *ScaledObject, byName map[
 // metricSelector finds name{labels} of the Switchyard series in PromQL.
 var metricSelector = regexp.MustCompile(`\b(switchyard_[a-z_]+)\{([^}]*)\}`)
 
-// scalerMetricsAwaited are series the scaler's default query reads that
-// the broker does not export yet: requests held waiting for capacity, per
-// broker. A pool at zero replicas wakes only on them.
-var scalerMetricsAwaited = []string{"switchyard_capacity_waiting"}
-
 // brokerMetricNames are the names of the broker's own metrics, from the
 // descriptions of its collectors.
 func brokerMetricNames(t testing.TB) map[string]bool {
@@ -616,12 +611,6 @@ func brokerMetricNames(t testing.TB) map[string]bool {
 	}
 	if len(names) < 10 {
 		t.Fatalf("the broker describes %d metrics", len(names))
-	}
-	for _, n := range scalerMetricsAwaited {
-		if names[n] {
-			t.Logf("the broker exports %s now: drop it from scalerMetricsAwaited", n)
-		}
-		names[n] = true
 	}
 	return names
 }

@@ -215,3 +215,89 @@ func TestScalerReadsTheWork(t *testing.T) {
 	}
 	reads(0, nil)
 }
+
+// TestScalerWakesFromZero: a pool at zero replicas has no agent, so a
+// request for its model queues nothing; it waits in the broker under
+// broker.capacityWait, which the chart passes with the pools' models, and
+// the scaler reads it: the query exceeds the activation threshold (0)
+// while requests wait and falls back to 0 when their clients leave.
+func TestScalerWakesFromZero(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a broker")
+	}
+	chart := chartDir(t)
+	objs := render(t, chart, []string{filepath.Join(chart, "examples", "vllm-regular.yaml")},
+		"pools[0].keda.minReplicas=0", "broker.capacityWait=2m")
+	trigger := scalerOf(objs, "llama").Triggers[0].Metadata
+	if trigger["activationThreshold"] != "0" {
+		t.Fatalf("activationThreshold %q, want 0", trigger["activationThreshold"])
+	}
+	b := brokerIn(objs)
+	model, ok := cmdtest.FlagValue(b.Args, "models")
+	if !ok || model == "" {
+		t.Fatalf("the broker is not told the pools' models: %q", b.Args)
+	}
+	if wait, _ := cmdtest.FlagValue(b.Args, "capacity-wait"); wait != "2m" {
+		t.Fatalf("--capacity-wait %q, want 2m", wait)
+	}
+	s := natstest.RunJetStream(t)
+	httpPort := natstest.FreePort(t)
+	runContainer(t, "broker", b, brokercmd.Run, s.ClientURL(), nil, func(a []string) []string {
+		a = setFlag(a, "http", fmt.Sprintf("127.0.0.1:%d", httpPort))
+		a = setFlag(a, "grpc", "")
+		a = setFlag(a, "metrics-listen", "")
+		a = setFlag(a, "replicas", "1")
+		a = setFlag(a, "heartbeat-interval", "500ms")
+		return setFlag(a, "shutdown-delay", "0s")
+	})
+	base := fmt.Sprintf("http://127.0.0.1:%d", httpPort)
+	testwait.Status(t, nil, base+"/readyz", http.StatusOK)
+	target := map[string]string{"namespace": defaults.namespace}
+	reads := func(want float64) {
+		t.Helper()
+		testwait.For(t, 60*time.Second, 100*time.Millisecond, func() error {
+			fams, err := scrape(t, base+"/metrics")
+			if err != nil {
+				return err
+			}
+			if got := evalScalerQuery(t, trigger["query"], []map[string]*dto.MetricFamily{fams}, target); got != want {
+				return fmt.Errorf("the scaler reads %v, want %v", got, want)
+			}
+			return nil
+		})
+	}
+	reads(0)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan int, 2)
+	for range 2 {
+		go func() {
+			body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"hello"}],"max_tokens":4}`, model)
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/chat/completions", strings.NewReader(body))
+			if err != nil {
+				done <- 0
+				return
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				done <- 0
+				return
+			}
+			resp.Body.Close()
+			done <- resp.StatusCode
+		}()
+	}
+	// Two requests wait for the pool's first agent: the scaler wakes it.
+	reads(2)
+	select {
+	case code := <-done:
+		t.Fatalf("a request for a pool at zero ended (%d) instead of waiting for capacity", code)
+	default:
+	}
+	cancel()
+	for range 2 {
+		<-done
+	}
+	reads(0)
+}
