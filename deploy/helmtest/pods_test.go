@@ -31,10 +31,6 @@ import (
 	"github.com/switchyard-ai/switchyard/simengine"
 )
 
-// natsChartFile is the official NATS chart the tests render, beside the
-// repository (no chart repository is reachable from CI).
-const natsChartFile = "nats-2.14.2.tgz"
-
 // TestChartsAsProcesses is the charts' end-to-end test without a cluster.
 // It renders the official NATS chart with deploy/helm/nats-values.yaml and
 // the Switchyard chart with each values set, and runs every pod as
@@ -56,10 +52,7 @@ const natsChartFile = "nats-2.14.2.tgz"
 // leaders, and wants every request to the surviving brokers to succeed.
 func TestChartsAsProcesses(t *testing.T) {
 	root := cmdtest.RepoRoot(t)
-	natsChart := filepath.Join(root, "..", "shared", "charts", natsChartFile)
-	if _, err := os.Stat(natsChart); err != nil {
-		t.Skipf("skipped: the official NATS chart is not at %s (the charts run as processes only beside it): %v", natsChart, err)
-	}
+	natsChart := officialNATSChart(t)
 	if testing.Short() {
 		t.Skip("skipped in -short mode: runs a NATS cluster, brokers, agents and engines as processes")
 	}
