@@ -51,6 +51,10 @@ var natsUsers = []string{"broker", "agent-regular", "agent-prefill", "agent-deco
 // bcryptHash is a password as nats-server takes a bcrypt hash.
 var bcryptHash = regexp.MustCompile(`^\$2[abxy]\$\d{2}\$`)
 
+// natsAuthSecret is the Secret of the servers' hashes file, key
+// passwords.conf (hashesFile), that nats-values.yaml mounts.
+const natsAuthSecret = "switchyard-nats-auth"
+
 func hashVar(user string) string {
 	return "SY_NATS_" + strings.ToUpper(strings.ReplaceAll(user, "-", "_")) + "_HASH"
 }
@@ -105,11 +109,30 @@ func renderNATS(t *testing.T) natsInstall {
 // otherwise.
 func (in natsInstall) writePasswords(t *testing.T, over map[string]string) {
 	t.Helper()
+	pw := map[string]string{}
+	for _, u := range natsUsers {
+		pw[u] = "secret-" + u
+		if p, ok := over[u]; ok {
+			pw[u] = p
+		}
+	}
+	if err := os.WriteFile(in.passwords, []byte(hashesFile(t, pw)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// hashesFile is the key passwords.conf of Secret switchyard-nats-auth for
+// the plain passwords of Secret switchyard-nats (user -> password): one
+// line SY_NATS_<USER>_HASH: "<bcrypt hash>" per user of natsUsers, and no
+// other, since nats-server refuses a variable that nats.conf does not use.
+// A user without a password is a test's mistake.
+func hashesFile(t testing.TB, passwords map[string]string) string {
+	t.Helper()
 	var b strings.Builder
 	for _, u := range natsUsers {
-		pw := "secret-" + u
-		if p, ok := over[u]; ok {
-			pw = p
+		pw, ok := passwords[u]
+		if !ok {
+			t.Fatalf("no password for NATS user %s", u)
 		}
 		h, err := bcrypt.GenerateFromPassword([]byte(pw), bcrypt.MinCost)
 		if err != nil {
@@ -117,9 +140,7 @@ func (in natsInstall) writePasswords(t *testing.T, over map[string]string) {
 		}
 		fmt.Fprintf(&b, "%s: %q\n", hashVar(u), h)
 	}
-	if err := os.WriteFile(in.passwords, []byte(b.String()), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	return b.String()
 }
 
 // TestNATSValues renders the official NATS chart with nats-values.yaml,
@@ -286,7 +307,7 @@ func checkNATSPods(t *testing.T, objs []object, opts *server.Options) {
 	}
 	authVolume := ""
 	for _, v := range sts.Spec.Template.Spec.Volumes {
-		if v.Secret != nil && v.Secret.SecretName == "switchyard-nats-auth" {
+		if v.Secret != nil && v.Secret.SecretName == natsAuthSecret {
 			authVolume = v.Name
 		}
 	}

@@ -110,15 +110,20 @@ func testSecrets(objs ...[]object) map[string]map[string]string {
 						s[ref.Name] = map[string]string{}
 					}
 					if _, ok := s[ref.Name][ref.Key]; !ok {
-						b := make([]byte, 24)
-						_, _ = rand.Read(b)
-						s[ref.Name][ref.Key] = hex.EncodeToString(b)
+						s[ref.Name][ref.Key] = randomPassword()
 					}
 				}
 			}
 		}
 	}
 	return s
+}
+
+// randomPassword is a password as an operator makes one.
+func randomPassword() string {
+	b := make([]byte, 24)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
 }
 
 // podsOf creates the pods of a workload: its replicas, named as the

@@ -20,18 +20,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/switchyard-ai/switchyard/internal/cmdtest"
 	"github.com/switchyard-ai/switchyard/internal/testwait"
 	"github.com/switchyard-ai/switchyard/simengine"
 )
-
-// natsChartFile is the official NATS chart the tests render, beside the
-// repository (no chart repository is reachable from CI).
-const natsChartFile = "nats-2.14.2.tgz"
 
 // TestChartsAsProcesses is the charts' end-to-end test without a cluster.
 // It renders the official NATS chart with deploy/helm/nats-values.yaml and
@@ -42,8 +40,10 @@ const natsChartFile = "nats-2.14.2.tgz"
 // from ./cmd, and each engine container as a sim-engine speaking its
 // engine's protocol in its PD role. The test gives only what a cluster
 // gives (podrun_test.go): pod names and addresses, the Services' and the
-// pods' DNS names as loopback ports, volumes as directories, and one
-// Secret with a password per key the charts read.
+// pods' DNS names as loopback ports, volumes as directories, and the
+// Secrets an operator creates (natsSecrets): the clients' passwords, and
+// their bcrypt hashes mounted into the servers, which check every
+// connection's password against them and refuse a wrong one.
 //
 // Through every broker's HTTP ingress it serves chat, streaming and not,
 // on each model of the fleet (prefill then decode where the fleet is
@@ -52,10 +52,7 @@ const natsChartFile = "nats-2.14.2.tgz"
 // leaders, and wants every request to the surviving brokers to succeed.
 func TestChartsAsProcesses(t *testing.T) {
 	root := cmdtest.RepoRoot(t)
-	natsChart := filepath.Join(root, "..", "shared", "charts", natsChartFile)
-	if _, err := os.Stat(natsChart); err != nil {
-		t.Skipf("skipped: the official NATS chart is not at %s (the charts run as processes only beside it): %v", natsChart, err)
-	}
+	natsChart := officialNATSChart(t)
 	if testing.Short() {
 		t.Skip("skipped in -short mode: runs a NATS cluster, brokers, agents and engines as processes")
 	}
@@ -142,7 +139,7 @@ func (pp *podProc) flag(name string) string {
 func runFleet(t *testing.T, bins map[string]string, natsObjs, objs []object) {
 	start := time.Now()
 	f := &fleet{t: t, bins: bins, ps: newProcs(t)}
-	f.c = newCluster(t, testSecrets(natsObjs, objs), natsObjs, objs)
+	f.c = newCluster(t, natsSecrets(t, testSecrets(natsObjs, objs)), natsObjs, objs)
 
 	// Every pod first, so that a Service resolves to all its pods.
 	var natsPods, brokerPods, poolPods []*runPod
@@ -184,6 +181,7 @@ func runFleet(t *testing.T, bins map[string]string, natsObjs, objs []object) {
 		f.waitReady(n, 90*time.Second)
 	}
 	t.Logf("%v: %d NATS servers ready", time.Since(start).Round(100*time.Millisecond), len(f.nats))
+	f.checkNATSAuth()
 	for _, p := range brokerPods {
 		f.startBroker(p)
 	}
@@ -227,6 +225,28 @@ func runFleet(t *testing.T, bins map[string]string, natsObjs, objs []object) {
 		}
 	}
 	t.Logf("the fleet served, lost a NATS server and a broker, and served again in %v", time.Since(start).Round(100*time.Millisecond))
+}
+
+// natsSecrets completes the test's Secrets as docs/kubernetes.md has an
+// operator create them for nats-values.yaml: in the clients' Secret, a
+// password for every NATS user, whether a rendered pod reads it or not;
+// in Secret switchyard-nats-auth, the bcrypt hash of each (hashesFile),
+// which the servers include and check every connection's password
+// against.
+func natsSecrets(t *testing.T, s map[string]map[string]string) map[string]map[string]string {
+	t.Helper()
+	clients := s[defaults.secret]
+	if clients == nil {
+		clients = map[string]string{}
+		s[defaults.secret] = clients
+	}
+	for _, u := range natsUsers {
+		if _, ok := clients[u]; !ok {
+			clients[u] = randomPassword()
+		}
+	}
+	s[natsAuthSecret] = map[string]string{"passwords.conf": hashesFile(t, clients)}
+	return s
 }
 
 // startNATS runs the nats-server container of a NATS pod with its
@@ -273,6 +293,34 @@ func (f *fleet) startNATS(p *runPod) {
 		return
 	}
 	t.Fatalf("pod %s has no nats container", p.name)
+}
+
+// checkNATSAuth: each server admits a user with its password from the
+// clients' Secret, which only the hashes mounted from Secret
+// switchyard-nats-auth can check, and refuses a wrong password.
+func (f *fleet) checkNATSAuth() {
+	t := f.t
+	t.Helper()
+	user := "probe"
+	pw := f.c.secrets[defaults.secret][user]
+	for _, n := range f.nats {
+		cp, ok := containerPort(n.ct, intstr.FromString("nats"))
+		if !ok {
+			t.Fatalf("pod %s: the nats container has no port named nats", n.pod.name)
+		}
+		u := fmt.Sprintf("nats://127.0.0.1:%d", n.pod.port(t, cp))
+		nc, err := nats.Connect(u, nats.UserInfo(user, pw), nats.MaxReconnects(0))
+		if err != nil {
+			t.Fatalf("%s: user %s with the password of Secret %s: %v", n.pod.name, user, defaults.secret, err)
+		}
+		nc.Close()
+		if nc, err := nats.Connect(u, nats.UserInfo(user, pw+"x"), nats.MaxReconnects(0)); err == nil {
+			nc.Close()
+			t.Fatalf("%s: user %s with a wrong password: admitted", n.pod.name, user)
+		} else if !errors.Is(err, nats.ErrAuthorization) {
+			t.Fatalf("%s: user %s with a wrong password: %v, want an authorization violation", n.pod.name, user, err)
+		}
+	}
 }
 
 func firstProbe(ps ...*corev1.Probe) *corev1.Probe {
