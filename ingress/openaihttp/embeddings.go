@@ -154,11 +154,8 @@ func (s *Server) embeddings(w http.ResponseWriter, r *http.Request) {
 	}
 	defer call.Close()
 	setRoute(w.Header(), call.Route)
-	// The write deadline starts with the response, not before the wait
-	// for the engine: a 504 at the request's deadline is written too.
-	if s.cfg.WriteTimeout > 0 {
-		w = &deadlineWriter{ResponseWriter: w, timeout: s.cfg.WriteTimeout}
-	}
+	// The edge's write deadline starts with the response, not before the
+	// wait for the engine: a 504 at the request's deadline is written too.
 	for {
 		c, err := call.Next(r.Context())
 		if err != nil {
