@@ -33,6 +33,11 @@ type Request struct {
 	// it in one pass (see oaiformat's leg bodies).
 	Body []byte
 	Job  *wire.Job
+	// PrefillUsage is set by a Prefiller before it hands off when its
+	// engine answered the prefill leg first (vLLM): that answer, whose
+	// usage says how many prompt tokens the engine prefilled. The agent
+	// relays it in the hand-off chunk, from which the broker learns.
+	PrefillUsage []byte
 }
 
 // Load is what an engine reports about its own queue.

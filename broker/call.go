@@ -797,7 +797,7 @@ func (c *Call) Next(ctx context.Context) (*wire.Chunk, error) {
 			if ch.GetStage() == wire.Chunk_STAGE_PREFILL {
 				// The prefill leg handed off: its decode job is queued.
 				c.handedOff = c.b.now()
-				c.timeHandOff()
+				c.timeHandOff(ch.GetRaw())
 				c.restartStall()
 				continue
 			}
@@ -1172,6 +1172,7 @@ func (c *Call) deliver(ch *wire.Chunk) *wire.Chunk {
 		if u := ch.GetUsage(); u != nil {
 			c.tokens = int(u.GetCompletionTokens())
 		}
+		c.timeFinal(ch)
 	case wire.Chunk_KIND_ERROR:
 		c.ended.Store(true)
 		c.outcome = errorOutcome(ch.GetError())

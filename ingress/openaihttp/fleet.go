@@ -63,6 +63,16 @@ type fleetTiming struct {
 	QueueWaitSeconds       float64 `json:"queue_wait_seconds"`
 	PrefillTokensPerSecond float64 `json:"prefill_tokens_per_second"`
 	OutputTokens           float64 `json:"output_tokens"`
+	// CacheUnreported counts the agents whose engines report no cached
+	// prompt tokens (usage.prompt_tokens_details.cached_tokens): what they
+	// prefilled is not known, so no prefill rate is learned of them, and
+	// a route with no rate is decided by capacity (PrefillLearning says
+	// which).
+	CacheUnreported int `json:"cache_unreported_agents,omitempty"`
+	// PrefillLearning is "engine-reported" when the pool's prefill rate
+	// comes from the prompt tokens its engines reported prefilling, or
+	// "unreported: decided by capacity" when none of them reports.
+	PrefillLearning string `json:"prefill_learning,omitempty"`
 }
 
 // sloBackend is what a backend that counts latency-target attainment
@@ -84,7 +94,15 @@ func (s *Server) addTiming(fm *fleetModel, m *dispatch.Model) {
 		}
 		if t := learned[pool]; t.Agents > 0 {
 			p.Learned = &fleetTiming{Agents: t.Agents, Samples: t.Samples, TTFTSeconds: t.TTFT.Seconds(), ITLSeconds: t.ITL.Seconds(),
-				QueueWaitSeconds: t.QueueWait.Seconds(), PrefillTokensPerSecond: t.PrefillRate, OutputTokens: t.OutputTokens}
+				QueueWaitSeconds: t.QueueWait.Seconds(), PrefillTokensPerSecond: t.PrefillRate, OutputTokens: t.OutputTokens,
+				CacheUnreported: t.CacheUnreported}
+			switch {
+			case pool == dispatch.PoolDecode:
+			case t.PrefillRate > 0:
+				p.Learned.PrefillLearning = "engine-reported"
+			case t.CacheUnreported > 0:
+				p.Learned.PrefillLearning = "unreported: decided by capacity"
+			}
 		}
 		if sb == nil {
 			continue
