@@ -74,6 +74,7 @@ type Broker struct {
 	flight   inFlight                         // jobs dispatched and not yet ended, per queue
 	aff      affinityState                    // prefix-cache affinity (affinity.go)
 	timing   timings                          // latency learned per agent (timing.go)
+	guard    sloGuard                         // slo's predictions scored (sloguard.go)
 	// jobDeletes tracks deletions of abandoned jobs in the background.
 	jobDeletes sync.WaitGroup
 

@@ -282,6 +282,7 @@ func (c *Call) dispatch(ctx context.Context) error {
 	}
 	flight := b.flight.model(c.Model)
 	d, err := m.Decide(c.need(m), flight, b.rand())
+	c.decided(&d)
 	switch {
 	case errors.Is(err, dispatch.ErrUnsupported):
 		return fmt.Errorf("%w: %v", ErrUnsupported, err)

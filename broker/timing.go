@@ -197,11 +197,23 @@ type callTiming struct {
 	// engine's usage says how many tokens it prefilled.
 	prefilling  string
 	prefillSecs float64
-	accepted    time.Time // when the first leg's agent accepted
-	first       time.Time // the attempt's first token
-	last        time.Time // its last token
-	gapSum      time.Duration
-	gaps        int
+	// predicted is the TTFT slo predicted for the attempt's route (its
+	// publish to first token), scored at its first token; 0: none.
+	predicted time.Duration
+	accepted  time.Time // when the first leg's agent accepted
+	first     time.Time // the attempt's first token
+	last      time.Time // its last token
+	gapSum    time.Duration
+	gaps      int
+}
+
+// decided takes in slo's decision for the attempt: the prediction to
+// score, and a decision by capacity counted by its reason.
+func (c *Call) decided(d *dispatch.Decision) {
+	c.tm.predicted = d.Prediction.TTFT
+	if d.Fallback != "" {
+		c.b.metrics.sloFallback.WithLabelValues(c.Model, d.Fallback).Inc()
+	}
 }
 
 // need returns what the current attempt requires of its route: the
@@ -213,6 +225,7 @@ func (c *Call) need(m *dispatch.Model) dispatch.Need {
 	c.abandonPrefill()
 	c.tm = callTiming{model: m}
 	mode := m.Mode()
+	n.Guard = mode == dispatch.ModeSLO && c.b.guarded(c.Model)
 	if c.req.API == wire.API_API_EMBEDDINGS ||
 		(c.b.cfg.Affinity.Mode == AffinityOff && mode != dispatch.ModeSLO && mode != dispatch.ModeThreshold) {
 		return n
@@ -390,6 +403,9 @@ func (c *Call) timeToken(now time.Time, events int) {
 	t := &c.tm
 	if t.first.IsZero() {
 		t.first, t.last = now, now
+		if t.predicted > 0 && !c.attemptStart.IsZero() {
+			c.b.scorePrediction(c.Model, c.Route, t.predicted, now.Sub(c.attemptStart))
+		}
 		switch {
 		case c.Route == dispatch.RouteRegular && !t.accepted.IsZero():
 			ttft := now.Sub(c.attemptStart).Seconds()

@@ -148,7 +148,9 @@ type Decision struct {
 	Predicted  bool
 	Prediction Prediction
 	// Fallback says why ModeSLO decided by capacity instead (one of the
-	// Fallback constants); "" when it predicted, or in other modes.
+	// Fallback constants); "" when it predicted, or in other modes. With
+	// FallbackGuard, Prediction is still what it predicts for the route
+	// chosen, for the broker to score (Predicted is false).
 	Fallback string
 }
 
@@ -596,6 +598,9 @@ func (m *Model) Decide(need Need, seen InFlight, r uint64) (Decision, error) {
 	}
 	c := &m.cands[chosen]
 	d.Route, d.Pair = c.route, c.pair
+	if d.Fallback == FallbackGuard {
+		d.Prediction = m.shadow(c, &need, seen)
+	}
 	return d, nil
 }
 

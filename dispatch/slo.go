@@ -227,6 +227,12 @@ func (c *candidate) predict(need *Need, busy, queued int) (ttft, itl float64) {
 	return pf.wait + p/pf.rate + d.ttft, d.itl
 }
 
+// stall returns how long need's prefill holds up the streams decoding on
+// regular candidate c, in seconds.
+func (c *candidate) stall(need *Need) float64 {
+	return need.uncached(PoolRegular, "") / c.legs[0].fig.rate
+}
+
 // queued returns the prompt tokens that q requests waiting for their
 // prefill on the leg stand for, per agent.
 func (f *figures) queued(q int) float64 {
@@ -276,11 +282,13 @@ const (
 
 // sloMargin is the headroom a regular route must keep to be preferred:
 // the cheaper route (one engine, no KV transfer) when it is predicted to
-// meet the targets with that margin.
+// meet the targets with that margin and the request's prefill, one stall
+// of the streams running beside it, is within the ITL target.
 const sloMargin = 0.25
 
 // decideSLO is ModeSLO: a regular candidate with free capacity predicted
-// to meet the targets with sloMargin to spare, the cheapest route; failing
+// to meet the targets with sloMargin to spare, without stalling its
+// running streams past the ITL target, the cheapest route; failing
 // that, among the candidates with free capacity, the one with the most
 // headroom (which, when none meets the targets, is the one that misses
 // least); equal headroom is drawn by capacity weight. It returns -1 and
@@ -321,7 +329,7 @@ func (m *Model) decideSLO(need *Need, seen InFlight, u float64) (int, Prediction
 		// Headroom is at most 1: a regular route with the margin ranks
 		// above every PD one.
 		rank := h
-		if c.route == RouteRegular && h >= sloMargin {
+		if c.route == RouteRegular && h >= sloMargin && (t.ITL <= 0 || c.stall(need) <= t.ITL.Seconds()) {
 			rank = h + 2
 		}
 		if rank < best {
@@ -338,6 +346,18 @@ func (m *Model) decideSLO(need *Need, seen InFlight, u float64) (int, Prediction
 		return m.drawFallback(u), Prediction{}, ""
 	}
 	return chosen, pred, ""
+}
+
+// shadow returns what ModeSLO predicts for c, the route capacity chose
+// while the broker's guard holds, so that its predictions go on being
+// scored; zero when c lacks figures.
+func (m *Model) shadow(c *candidate, need *Need, seen InFlight) Prediction {
+	if !c.timed() || need.PromptTokens <= 0 {
+		return Prediction{}
+	}
+	_, busy := c.weight(seen)
+	ttft, itl := c.predict(need, busy, c.queued(seen))
+	return Prediction{TTFT: seconds(ttft), ITL: seconds(itl), Headroom: headroom(need.Targets, ttft, itl)}
 }
 
 // seconds converts s to a Duration, saturating.
