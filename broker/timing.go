@@ -23,9 +23,15 @@ type Targets = dispatch.Targets
 // moving averages, each new observation weighing timingAlpha. A stream's
 // gaps between tokens are summed in its call and folded into its agent's
 // figure every itlFoldEvery gaps and at its end, so a token costs no lock.
+//
+// Prefill figures fold per prefillWindow of an agent's busy time rather
+// than per request: the requests whose prefills end in the same engine
+// step share that step's time, and the first of them carries it all, so
+// per-request samples would swing between a step's time and none.
 const (
-	timingAlpha  = 0.2
-	itlFoldEvery = 16
+	timingAlpha   = 0.2
+	itlFoldEvery  = 16
+	prefillWindow = 1.0 // seconds
 )
 
 // ewma is one exponentially weighted moving average; set tells whether it
@@ -74,6 +80,10 @@ type agentTiming struct {
 	inPrefill int
 	busySince time.Time
 	busyAcc   float64
+	// accToks and accSecs gather requests' prefilled tokens and busy
+	// shares until prefillWindow of busy time, then fold as one sample
+	// (the first one at once).
+	accToks, accSecs float64
 }
 
 // prefillBegan counts a request entering prefill on the agent at now.
@@ -375,10 +385,19 @@ func (c *Call) learnPrefill(id string, raw []byte) {
 	now := c.b.now()
 	c.b.timing.observe(c.Model, id, now, false, func(a *agentTiming) {
 		a.unreported = !ok
-		if ok && toks > 0 {
-			a.prefillToks.add(float64(toks))
-			a.prefillSecs.add(secs)
+		if !ok {
+			return
 		}
+		a.accToks += float64(toks)
+		a.accSecs += secs
+		if a.prefillSecs.set && a.accSecs < prefillWindow {
+			return
+		}
+		if a.accToks > 0 {
+			a.prefillToks.add(a.accToks)
+			a.prefillSecs.add(a.accSecs)
+		}
+		a.accToks, a.accSecs = 0, 0
 	})
 }
 
