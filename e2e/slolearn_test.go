@@ -250,3 +250,62 @@ func TestSLOGuard(t *testing.T) {
 		}
 	}
 }
+
+// TestSLONoHerding: on a fleet of a regular agent and a PD pair whose
+// figures are learned, a burst of short prompts with TTFT and ITL targets
+// that regular meets with room to spare does not all go PD: slo prefers
+// the cheaper route while it keeps its margin, and what it just sent a
+// route counts in that route's prediction at once.
+func TestSLONoHerding(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs timed engine steps")
+	}
+	b := cmdtest.StartBroker(t, "--dispatch-mode", "slo")
+	startAgent(t, b.NATS, "r1", startEngine(t, learnEngine(16)), 16)
+	pd := func(role simengine.Role) simengine.Config {
+		c := learnEngine(32)
+		c.Role, c.PDProtocol, c.BootstrapTimeout = role, simengine.PDVLLM, 5*time.Second
+		return c
+	}
+	p := startEngine(t, pd(simengine.RolePrefill))
+	d := startEngine(t, pd(simengine.RoleDecode))
+	startAgent(t, b.NATS, "pre", p, 32, "--engine", "vllm", "--role", "prefill",
+		"--bootstrap-host", "127.0.0.1", "--bootstrap-port", fmt.Sprint(p.BootstrapPort()))
+	startAgent(t, b.NATS, "dec", d, 32, "--engine", "vllm", "--role", "decode")
+	cmdtest.WaitEligible(t, b.HTTP, "r1", "pre", "dec")
+	ctx := context.Background()
+	warm := 0
+	testwait.For(t, 60*time.Second, 10*time.Millisecond, func() error {
+		var wg sync.WaitGroup
+		for range 4 {
+			warm++
+			prompt := sloPrompt("warm", warm, 200)
+			wg.Go(func() { _, _ = sloStream(ctx, b.HTTP, prompt, 8, 0, nil) })
+		}
+		wg.Wait()
+		return sloLearned(b.HTTP)
+	})
+	const burst = 24
+	routes := make([]string, burst)
+	var wg sync.WaitGroup
+	for i := range burst {
+		wg.Go(func() {
+			r, err := sloStream(ctx, b.HTTP, sloPrompt("burst", i, 200), 8, 100*time.Millisecond, nil)
+			if err != nil {
+				t.Errorf("burst %d: %v", i, err)
+			}
+			routes[i] = r.route
+		})
+	}
+	wg.Wait()
+	onPD := 0
+	for _, r := range routes {
+		if r == "pd" {
+			onPD++
+		}
+	}
+	t.Logf("%d of %d short prompts with targets went to PD", onPD, burst)
+	if onPD > burst*3/4 {
+		t.Errorf("%d of %d short prompts with targets went to PD: the burst herded", onPD, burst)
+	}
+}
