@@ -420,3 +420,40 @@ func TestThreshold(t *testing.T) {
 		}
 	}
 }
+
+// Prefill work sent to a route counts in its prediction at once: four
+// requests of 4,000 prefilled tokens each held by the prefill pool add
+// 4 × 4,000 / 100,000 tokens/s = 160ms to PD's predicted TTFT, which
+// then misses the target by more than regular does.
+func TestSLOQueuedPrefillWork(t *testing.T) {
+	P := dispatch.PoolPrefill
+	agents := sloFleet()
+	agents[1].Timing.PrefillTokens = 4000
+	m := dispatch.NewModel("m", agents, t0, sloConfig())
+	long := dispatch.Need{PromptTokens: 8000, Targets: sloTargets}
+	idle, err := m.Decide(long, inflight{}, 0)
+	if err != nil || idle.Route != dispatch.RoutePD || !idle.Predicted {
+		t.Fatalf("at rest: Decide() = %+v, %v; want PD", idle, err)
+	}
+	if want := 230 * time.Millisecond; (idle.Prediction.TTFT - want).Abs() > time.Microsecond {
+		t.Fatalf("at rest: predicted TTFT %v, want %v", idle.Prediction.TTFT, want)
+	}
+	busy, err := m.Decide(long, inflight{{P, "vllm"}: {active: 4}}, 0)
+	if err != nil || busy.Route != dispatch.RouteRegular {
+		t.Fatalf("with 4 prefills queued: Decide() = %+v, %v; want regular", busy, err)
+	}
+	// What slo predicts for PD now, as the guard would score it.
+	guard := long
+	guard.Guard = true
+	for r := uint64(0); r < 64; r++ {
+		d, _ := m.Decide(guard, inflight{{P, "vllm"}: {active: 4}}, r*(math.MaxUint64/63))
+		if d.Route != dispatch.RoutePD {
+			continue
+		}
+		if want := 390 * time.Millisecond; (d.Prediction.TTFT - want).Abs() > time.Microsecond {
+			t.Fatalf("with 4 prefills queued: PD predicted TTFT %v, want %v", d.Prediction.TTFT, want)
+		}
+		return
+	}
+	t.Fatal("capacity never chose PD")
+}
