@@ -95,22 +95,27 @@ func postTargeted(ctx context.Context, base, prompt string, maxTokens int, ttft 
 // TestSLOLearnedRate: the prefill rate the broker learns of a regular
 // engine stays within 25% of the engine's true rate whatever the agent's
 // slots, with the agent full (every slot prefilling long prompts in the
-// same engine steps) and half the prompts repeated, which the engine
+// same engine steps, or, with more agent slots than engine slots, queued
+// inside the engine) and half the prompts repeated, which the engine
 // serves from its prefix cache: the broker counts the tokens the engine
 // reports it prefilled, over the agent's busy time.
 func TestSLOLearnedRate(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs timed engine steps")
 	}
-	for _, slots := range []int{8, 32, 64} {
-		t.Run(fmt.Sprint(slots), func(t *testing.T) {
+	for _, tc := range []struct{ slots, engineSlots int }{{8, 8}, {32, 32}, {64, 64}, {32, 8}} {
+		slots := tc.slots
+		t.Run(fmt.Sprintf("%d slots, engine %d", slots, tc.engineSlots), func(t *testing.T) {
 			b := cmdtest.StartBroker(t, "--dispatch-mode", "slo")
-			startAgent(t, b.NATS, "r1", startEngine(t, learnEngine(slots)), slots)
+			startAgent(t, b.NATS, "r1", startEngine(t, learnEngine(tc.engineSlots)), slots)
 			cmdtest.WaitEligible(t, b.HTTP, "r1")
 			ctx := context.Background()
-			// Rounds of slots concurrent requests of 1,500-word prompts;
-			// from the second round on, half of them repeat a prompt of
-			// the round before.
+			// Rounds of slots concurrent requests of 1,500 words or more,
+			// at least a second of prefill a round, so that what is not
+			// the engine's (the hops between broker, agent and engine)
+			// stays a small part of the busy time; from the second round
+			// on, half of them repeat a prompt of the round before.
+			words := max(1500, 24000/slots)
 			for round := range 3 {
 				var wg sync.WaitGroup
 				errs := make(chan error, slots)
@@ -120,7 +125,7 @@ func TestSLOLearnedRate(t *testing.T) {
 						id = (round-1)*slots + i
 					}
 					wg.Go(func() {
-						if _, err := postTargeted(ctx, b.HTTP, sloPrompt("learn", id, 1500), 2, 0); err != nil {
+						if _, err := postTargeted(ctx, b.HTTP, sloPrompt("learn", id, words), 2, 0); err != nil {
 							errs <- err
 						}
 					})
@@ -140,7 +145,7 @@ func TestSLOLearnedRate(t *testing.T) {
 					t.Fatalf("regular pool learned %+v, want a rate from engine-reported tokens", p.Learned)
 				}
 				got := p.Learned.Rate
-				t.Logf("%d slots: learned %.0f tokens/s, true %.0f", slots, got, learnTrueRate)
+				t.Logf("%d slots, engine %d: learned %.0f tokens/s, true %.0f", slots, tc.engineSlots, got, learnTrueRate)
 				if got < 0.75*learnTrueRate || got > 1.25*learnTrueRate {
 					t.Errorf("%d slots: learned prefill rate %.0f tokens/s, want within 25%% of the engine's %.0f", slots, got, learnTrueRate)
 				}
