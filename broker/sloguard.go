@@ -5,6 +5,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/switchyard-ai/switchyard/dispatch"
 )
 
@@ -52,17 +54,34 @@ type sloGuard struct {
 	mu     sync.Mutex
 	routes map[obsKey]*predErrors
 	off    map[string]bool // by model: the guard holds
+	// fallbacks caches the fallback counter's children by (model,
+	// reason): a request without targets counts one, so a label lookup
+	// per request is spared.
+	fallbacks sync.Map
 }
 
-// score records a predicted TTFT against the actual one for model's route.
+type fallbackKey struct{ model, reason string }
+
+// fallbackCounter returns the counter of model's decisions by capacity
+// for reason.
+func (b *Broker) fallbackCounter(model, reason string) prometheus.Counter {
+	k := fallbackKey{model, reason}
+	if v, ok := b.guard.fallbacks.Load(k); ok {
+		return v.(prometheus.Counter)
+	}
+	v, _ := b.guard.fallbacks.LoadOrStore(k, b.metrics.sloFallback.WithLabelValues(model, reason))
+	return v.(prometheus.Counter)
+}
+
+// scorePrediction records a predicted TTFT against the actual one for model's route.
 func (b *Broker) scorePrediction(model string, route dispatch.Route, predicted, actual time.Duration) {
 	if predicted <= 0 || actual <= 0 {
 		return
 	}
 	e := (actual - predicted).Abs().Seconds() / actual.Seconds()
-	r := route.String()
-	b.metrics.sloPredicted.WithLabelValues(model, r).Observe(predicted.Seconds())
-	b.metrics.sloError.WithLabelValues(model, r).Observe(e)
+	o := b.obs(model, route)
+	o.predicted.Observe(predicted.Seconds())
+	o.predErr.Observe(e)
 	g := &b.guard
 	g.mu.Lock()
 	defer g.mu.Unlock()

@@ -222,7 +222,7 @@ type callTiming struct {
 func (c *Call) decided(d *dispatch.Decision) {
 	c.tm.predicted = d.Prediction.TTFT
 	if d.Fallback != "" {
-		c.b.metrics.sloFallback.WithLabelValues(c.Model, d.Fallback).Inc()
+		c.b.fallbackCounter(c.Model, d.Fallback).Inc()
 	}
 }
 
