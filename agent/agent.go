@@ -1010,7 +1010,7 @@ func (a *Agent) prefill(ctx context.Context, req *Request, out *stream, ps *pref
 			// Tell the broker the hand-off is queued: until a decode agent
 			// takes it nobody speaks, and the broker bounds that wait by
 			// the KV hold instead of its stall timer.
-			out.send(&wire.Chunk{Kind: wire.Chunk_KIND_FINAL})
+			out.send(&wire.Chunk{Kind: wire.Chunk_KIND_FINAL, Raw: req.PrefillUsage})
 		}
 		return err
 	}

@@ -39,6 +39,11 @@ type Request struct {
 	// wire.CodeEngineOutputTooLarge. A stream's events are bounded by the
 	// agent as they are emitted.
 	MaxAnswer int64
+	// PrefillUsage is set by a Prefiller before it hands off when its
+	// engine answered the prefill leg first (vLLM): that answer, whose
+	// usage says how many prompt tokens the engine prefilled. The agent
+	// relays it in the hand-off chunk, from which the broker learns.
+	PrefillUsage []byte
 }
 
 // Load is what an engine reports about its own queue.

@@ -82,6 +82,7 @@ type Broker struct {
 	waits    capacityWaits                    // requests waiting for capacity (scaling.go)
 	aff      affinityState                    // prefix-cache affinity (affinity.go)
 	timing   timings                          // latency learned per agent (timing.go)
+	guard    sloGuard                         // slo's predictions scored (sloguard.go)
 	// jobDeletes tracks deletions of abandoned jobs in the background.
 	jobDeletes sync.WaitGroup
 

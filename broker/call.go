@@ -315,6 +315,7 @@ func (c *Call) dispatch(ctx context.Context) error {
 	}
 	flight := b.flight.model(c.Model)
 	d, err := m.Decide(c.need(m), flight, b.rand())
+	c.decided(&d)
 	switch {
 	case errors.Is(err, dispatch.ErrUnsupported):
 		return fmt.Errorf("%w: %v", ErrUnsupported, err)
@@ -863,7 +864,7 @@ func (c *Call) Next(ctx context.Context) (*wire.Chunk, error) {
 			if ch.GetStage() == wire.Chunk_STAGE_PREFILL {
 				// The prefill leg handed off: its decode job is queued.
 				c.handedOff = c.b.now()
-				c.timeHandOff()
+				c.timeHandOff(ch.GetRaw())
 				c.restartStall()
 				continue
 			}
@@ -1238,6 +1239,7 @@ func (c *Call) deliver(ch *wire.Chunk) *wire.Chunk {
 		if u := ch.GetUsage(); u != nil {
 			c.tokens = int(u.GetCompletionTokens())
 		}
+		c.timeFinal(ch)
 	case wire.Chunk_KIND_ERROR:
 		c.ended.Store(true)
 		c.outcome = errorOutcome(ch.GetError())

@@ -45,6 +45,11 @@ type Metrics struct {
 	// slo counts the requests with latency targets that ended well, by
 	// whether they met them.
 	slo *prometheus.CounterVec
+	// sloPredicted and sloError are ModeSLO's predicted TTFT of the
+	// requests it predicted for, and how far off it was; sloFallback
+	// counts its decisions by capacity, by reason.
+	sloPredicted, sloError *prometheus.HistogramVec
+	sloFallback            *prometheus.CounterVec
 }
 
 // Latency buckets for LLM serving, in seconds: TTFT spans milliseconds
@@ -104,12 +109,21 @@ func NewMetrics() *Metrics {
 			Name: "switchyard_slo_requests_total",
 			Help: "Requests with latency targets that ended well, by model, route and whether they met their targets (result met or missed): time to first token, and mean time per output token after the first.",
 		}, []string{"model", "route", "result"}),
+		sloPredicted: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "switchyard_slo_predicted_ttft_seconds", Help: "Time to first token that slo dispatch predicted for the requests it predicted for (its attempt's publish to first token), by model and route; compare with switchyard_time_to_first_token_seconds.", Buckets: ttftBuckets,
+		}, []string{"model", "route"}),
+		sloError: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "switchyard_slo_ttft_prediction_error_ratio", Help: "How far off slo dispatch's predicted time to first token was: |actual - predicted| / actual, by model and route.", Buckets: []float64{.05, .1, .25, .5, 1, 2, 5, 10},
+		}, []string{"model", "route"}),
+		sloFallback: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_slo_fallback_total", Help: "Requests slo dispatch decided by capacity, by model and reason: no_targets, no_history, unreported (engines report no cached prompt tokens), predictions_off (the guard: recent predictions off beyond the bound).",
+		}, []string{"model", "reason"}),
 	}
 }
 
 // Register adds every collector to r.
 func (m *Metrics) Register(r prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.requests, m.inflight, m.ttft, m.itl, m.e2e, m.outputTokens, m.rejections, m.retries, m.migrations, m.publishRetries, m.droppedChunks, m.affinity, m.secondRuns, m.slo} {
+	for _, c := range []prometheus.Collector{m.requests, m.inflight, m.ttft, m.itl, m.e2e, m.outputTokens, m.rejections, m.retries, m.migrations, m.publishRetries, m.droppedChunks, m.affinity, m.secondRuns, m.slo, m.sloPredicted, m.sloError, m.sloFallback} {
 		if err := r.Register(c); err != nil {
 			return err
 		}

@@ -14,8 +14,10 @@ import (
 type routeObs struct {
 	model, route   string
 	ttft, itl, e2e prometheus.Observer
-	tokens         prometheus.Counter
-	requests       map[string]prometheus.Counter // by outcome, filled as they happen
+	// predicted and predErr score slo's predicted TTFT (sloguard.go).
+	predicted, predErr prometheus.Observer
+	tokens             prometheus.Counter
+	requests           map[string]prometheus.Counter // by outcome, filled as they happen
 }
 
 type obsKey struct {
@@ -51,6 +53,7 @@ func (b *Broker) obs(model string, route dispatch.Route) *routeObs {
 	o = &routeObs{
 		model: model, route: r,
 		ttft: m.ttft.WithLabelValues(model, r), itl: m.itl.WithLabelValues(model, r), e2e: m.e2e.WithLabelValues(model, r),
+		predicted: m.sloPredicted.WithLabelValues(model, r), predErr: m.sloError.WithLabelValues(model, r),
 		tokens:   m.outputTokens.WithLabelValues(model, r),
 		requests: make(map[string]prometheus.Counter, 3),
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/switchyard-ai/switchyard/affinity"
 	"github.com/switchyard-ai/switchyard/dispatch"
+	"github.com/switchyard-ai/switchyard/oaiformat"
 	"github.com/switchyard-ai/switchyard/wire"
 )
 
@@ -22,9 +23,15 @@ type Targets = dispatch.Targets
 // moving averages, each new observation weighing timingAlpha. A stream's
 // gaps between tokens are summed in its call and folded into its agent's
 // figure every itlFoldEvery gaps and at its end, so a token costs no lock.
+//
+// Prefill figures fold per prefillWindow of an agent's busy time rather
+// than per request: the requests whose prefills end in the same engine
+// step share that step's time, and the first of them carries it all, so
+// per-request samples would swing between a step's time and none.
 const (
-	timingAlpha  = 0.2
-	itlFoldEvery = 16
+	timingAlpha   = 0.2
+	itlFoldEvery  = 16
+	prefillWindow = 1.0 // seconds
 )
 
 // ewma is one exponentially weighted moving average; set tells whether it
@@ -46,6 +53,16 @@ func (e *ewma) add(x float64) {
 // rate is kept as the averages of prompt tokens and of prefill seconds,
 // whose ratio weighs a long prompt more than a short one, whose prefill
 // time is mostly the engine's step overhead.
+//
+// The prompt tokens are the ones the engine reports it prefilled (its
+// usage's prompt_tokens less prompt_tokens_details.cached_tokens), not
+// what the broker's affinity tree believed it held. The prefill seconds
+// are the agent's busy time: the time during which it held at least one
+// request in prefill, shared out among the requests that ended their
+// prefill in it, so that prompts prefilled together in one engine step,
+// or waiting in the engine's own queue behind others, are not each
+// charged the whole time. The ratio is the engine's prefill throughput,
+// which a congested agent and an idle one both measure.
 type agentTiming struct {
 	samples     int
 	updated     time.Time
@@ -54,6 +71,50 @@ type agentTiming struct {
 	prefillToks ewma
 	prefillSecs ewma
 	output      ewma // tokens per request streamed
+	// unreported: the engine's last answer said nothing of cached prompt
+	// tokens, so what it prefilled is not known and no rate is learned.
+	unreported bool
+	// inPrefill is the requests accepted by the agent whose prefill has
+	// not ended; busySince is when the current busy spell, or its last
+	// share, began; busyAcc is busy time not yet shared out.
+	inPrefill int
+	busySince time.Time
+	busyAcc   float64
+	// accToks and accSecs gather requests' prefilled tokens and busy
+	// shares until prefillWindow of busy time, then fold as one sample
+	// (the first one at once).
+	accToks, accSecs float64
+}
+
+// prefillBegan counts a request entering prefill on the agent at now.
+func (t *agentTiming) prefillBegan(now time.Time) {
+	if t.inPrefill == 0 {
+		t.busySince = now
+	}
+	t.inPrefill++
+}
+
+// prefillEnded counts a request leaving prefill at now and returns the
+// busy seconds since the last request that left: its share.
+func (t *agentTiming) prefillEnded(now time.Time) float64 {
+	if t.inPrefill <= 0 {
+		return 0
+	}
+	secs := t.busyAcc + max(now.Sub(t.busySince).Seconds(), 0)
+	t.busyAcc, t.busySince = 0, now
+	t.inPrefill--
+	return secs
+}
+
+// prefillAbandoned counts a request leaving prefill at now without a first
+// token (an error, a cancel): its busy time stays for the next one.
+func (t *agentTiming) prefillAbandoned(now time.Time) {
+	if t.inPrefill <= 0 {
+		return
+	}
+	t.busyAcc += max(now.Sub(t.busySince).Seconds(), 0)
+	t.busySince = now
+	t.inPrefill--
 }
 
 func (t *agentTiming) timing() dispatch.Timing {
@@ -66,7 +127,9 @@ func (t *agentTiming) timing() dispatch.Timing {
 	}
 	if t.prefillSecs.v > 0 {
 		out.PrefillRate = t.prefillToks.v / t.prefillSecs.v
+		out.PrefillTokens = t.prefillToks.v
 	}
+	out.CacheUnreported = t.unreported
 	out.OutputTokens = t.output.v
 	return out
 }
@@ -158,14 +221,31 @@ func (t *timings) drop(k agentKey) {
 type callTiming struct {
 	model *dispatch.Model // the snapshot the attempt was decided on
 	// tokens is the prompt's length in tokens, estimated from its block
-	// keys; 0: unknown. prefill is how many of them the first leg's agent
-	// did not hold cached, as the affinity tree knew at its accept.
-	tokens, prefill int
-	accepted        time.Time // when the first leg's agent accepted
-	first           time.Time // the attempt's first token
-	last            time.Time // its last token
-	gapSum          time.Duration
-	gaps            int
+	// keys; 0: unknown.
+	tokens int
+	// prefilling is the first leg's agent while the attempt counts in its
+	// prefill (accepted, no first token or hand-off yet); prefillSecs is
+	// the attempt's share of that agent's busy time, kept until the
+	// engine's usage says how many tokens it prefilled.
+	prefilling  string
+	prefillSecs float64
+	// predicted is the TTFT slo predicted for the attempt's route (its
+	// publish to first token), scored at its first token; 0: none.
+	predicted time.Duration
+	accepted  time.Time // when the first leg's agent accepted
+	first     time.Time // the attempt's first token
+	last      time.Time // its last token
+	gapSum    time.Duration
+	gaps      int
+}
+
+// decided takes in slo's decision for the attempt: the prediction to
+// score, and a decision by capacity counted by its reason.
+func (c *Call) decided(d *dispatch.Decision) {
+	c.tm.predicted = d.Prediction.TTFT
+	if d.Fallback != "" {
+		c.b.fallbackCounter(c.Model, d.Fallback).Inc()
+	}
 }
 
 // need returns what the current attempt requires of its route: the
@@ -174,8 +254,10 @@ type callTiming struct {
 // prompt's block keys, which prefer then reuses.
 func (c *Call) need(m *dispatch.Model) dispatch.Need {
 	n := dispatch.Need{NoPD: c.req.NoPD, Reason: c.req.NoPDReason, Targets: c.targets()}
+	c.abandonPrefill()
 	c.tm = callTiming{model: m}
 	mode := m.Mode()
+	n.Guard = mode == dispatch.ModeSLO && c.b.guarded(c.Model)
 	if c.req.API == wire.API_API_EMBEDDINGS ||
 		(c.b.cfg.Affinity.Mode == AffinityOff && mode != dispatch.ModeSLO && mode != dispatch.ModeThreshold) {
 		return n
@@ -267,8 +349,7 @@ func (t *callTiming) inPair(agent, pair string) bool {
 }
 
 // timeAccepted learns from an accepted chunk: the first leg's queue wait
-// (publish to accept), and how much of the prompt its agent must prefill.
-// It runs before the accept teaches the affinity tree the prompt.
+// (publish to accept); the attempt enters its agent's prefill.
 func (c *Call) timeAccepted(ch *wire.Chunk) {
 	prefill := ch.GetStage() == wire.Chunk_STAGE_PREFILL
 	if (c.Route == dispatch.RoutePD) != prefill || c.attemptStart.IsZero() {
@@ -276,34 +357,83 @@ func (c *Call) timeAccepted(ch *wire.Chunk) {
 	}
 	now := c.b.now()
 	c.tm.accepted = now
-	pool := dispatch.PoolRegular
-	if prefill {
-		pool = dispatch.PoolPrefill
-	}
 	id := ch.GetAgentId()
-	if c.tm.tokens > 0 {
-		c.tm.prefill = c.tm.tokens - c.cachedOn(pool, "", id)
-	}
+	c.abandonPrefill()
+	c.tm.prefilling = strings.Clone(id)
 	wait := now.Sub(c.attemptStart).Seconds()
-	c.b.timing.observe(c.Model, id, now, false, func(a *agentTiming) { a.wait.add(wait) })
+	c.b.timing.observe(c.Model, id, now, false, func(a *agentTiming) {
+		a.wait.add(wait)
+		a.prefillBegan(now)
+	})
+}
+
+// endPrefill ends the attempt's prefill on its first leg's agent at now
+// and keeps its share of the agent's busy time.
+func (c *Call) endPrefill(now time.Time) {
+	t := &c.tm
+	if t.prefilling == "" {
+		return
+	}
+	id := t.prefilling
+	t.prefilling = ""
+	c.b.timing.observe(c.Model, id, now, false, func(a *agentTiming) { t.prefillSecs = a.prefillEnded(now) })
+}
+
+// abandonPrefill takes an attempt that ends without a first token out of
+// its agent's prefill count.
+func (c *Call) abandonPrefill() {
+	t := &c.tm
+	if t.prefilling == "" {
+		return
+	}
+	id := t.prefilling
+	t.prefilling = ""
+	now := c.b.now()
+	c.b.timing.observe(c.Model, id, now, false, func(a *agentTiming) { a.prefillAbandoned(now) })
+}
+
+// learnPrefill teaches agent id's prefill rate from the engine's usage
+// chunk raw (its JSON, as relayed): the prompt tokens it prefilled, over
+// the attempt's share of its busy time. An engine whose usage says
+// nothing of cached prompt tokens teaches no rate: the agent is marked
+// unreported until one does.
+func (c *Call) learnPrefill(id string, raw []byte) {
+	secs := c.tm.prefillSecs
+	c.tm.prefillSecs = 0
+	if id == "" || !(secs > 0) {
+		return
+	}
+	toks, ok := oaiformat.PrefilledTokens(raw)
+	now := c.b.now()
+	c.b.timing.observe(c.Model, id, now, false, func(a *agentTiming) {
+		a.unreported = !ok
+		if !ok {
+			return
+		}
+		a.accToks += float64(toks)
+		a.accSecs += secs
+		if a.prefillSecs.set && a.accSecs < prefillWindow {
+			return
+		}
+		if a.accToks > 0 {
+			a.prefillToks.add(a.accToks)
+			a.prefillSecs.add(a.accSecs)
+		}
+		a.accToks, a.accSecs = 0, 0
+	})
 }
 
 // timeHandOff learns from a prefill leg's hand-off: the prefill agent's
 // TTFT (publish to hand-off) and its prefill rate.
-func (c *Call) timeHandOff() {
+// raw is the prefill engine's usage as its agent relayed it, if any.
+func (c *Call) timeHandOff(raw []byte) {
 	if c.tm.accepted.IsZero() {
 		return
 	}
 	ttft := c.handedOff.Sub(c.attemptStart).Seconds()
-	secs := c.handedOff.Sub(c.tm.accepted).Seconds()
-	toks := float64(c.tm.prefill)
-	c.b.timing.observe(c.Model, c.prefillAgent, c.handedOff, true, func(a *agentTiming) {
-		a.ttft.add(ttft)
-		if toks > 0 && secs > 0 {
-			a.prefillToks.add(toks)
-			a.prefillSecs.add(secs)
-		}
-	})
+	c.endPrefill(c.handedOff)
+	c.b.timing.observe(c.Model, c.prefillAgent, c.handedOff, true, func(a *agentTiming) { a.ttft.add(ttft) })
+	c.learnPrefill(c.prefillAgent, raw)
 }
 
 // timeToken learns from a token chunk of events events that arrived at
@@ -314,18 +444,14 @@ func (c *Call) timeToken(now time.Time, events int) {
 	t := &c.tm
 	if t.first.IsZero() {
 		t.first, t.last = now, now
+		if t.predicted > 0 && !c.attemptStart.IsZero() {
+			c.b.scorePrediction(c.Model, c.Route, t.predicted, now.Sub(c.attemptStart))
+		}
 		switch {
 		case c.Route == dispatch.RouteRegular && !t.accepted.IsZero():
 			ttft := now.Sub(c.attemptStart).Seconds()
-			secs := now.Sub(t.accepted).Seconds()
-			toks := float64(t.prefill)
-			c.b.timing.observe(c.Model, c.agent, now, true, func(a *agentTiming) {
-				a.ttft.add(ttft)
-				if toks > 0 && secs > 0 {
-					a.prefillToks.add(toks)
-					a.prefillSecs.add(secs)
-				}
-			})
+			c.endPrefill(now)
+			c.b.timing.observe(c.Model, c.agent, now, true, func(a *agentTiming) { a.ttft.add(ttft) })
 		case c.Route == dispatch.RoutePD && !c.handedOff.IsZero():
 			ttft := now.Sub(c.handedOff).Seconds()
 			c.b.timing.observe(c.Model, c.agent, now, true, func(a *agentTiming) { a.ttft.add(ttft) })
@@ -352,12 +478,21 @@ func (c *Call) foldGaps(now time.Time) {
 	c.b.timing.observe(c.Model, c.agent, now, false, func(a *agentTiming) { a.itl.add(mean) })
 }
 
+// timeFinal learns from the final chunk of a regular attempt: the
+// prompt tokens its engine prefilled, from the usage it reported.
+func (c *Call) timeFinal(ch *wire.Chunk) {
+	if c.Route == dispatch.RouteRegular && ch.GetStage() == wire.Chunk_STAGE_MAIN {
+		c.learnPrefill(c.agent, ch.GetRaw())
+	}
+}
+
 // timeDone folds the stream's last gaps, learns the output length of a
 // request that ended well, and counts one with targets as meeting them or
 // not: its TTFT (submission to first token) and its mean time per output
 // token after the first.
 func (c *Call) timeDone(outcome string) {
 	now := c.b.now()
+	c.abandonPrefill()
 	c.foldGaps(now)
 	if outcome == OutcomeOK && c.tokens > 0 {
 		n := float64(c.tokens)
@@ -426,6 +561,9 @@ type PoolTiming struct {
 	PrefillRate float64 // prompt tokens per second
 	// OutputTokens is the mean of tokens streamed per request.
 	OutputTokens float64
+	// CacheUnreported counts the agents whose engines' answers report no
+	// cached prompt tokens: no prefill rate is learned of them.
+	CacheUnreported int
 }
 
 // PoolTimings returns the learned figures of m's pools, regular, prefill
@@ -444,6 +582,9 @@ func PoolTimings(m *dispatch.Model) [3]PoolTiming {
 		p.TTFT += t.TTFT
 		p.ITL += t.ITL
 		p.QueueWait += t.QueueWait
+		if t.CacheUnreported {
+			p.CacheUnreported++
+		}
 		if t.PrefillRate > 0 {
 			p.PrefillRate += t.PrefillRate
 			rates[v.Pool]++

@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"fmt"
 	"math"
 	"testing"
 	"time"
@@ -55,6 +56,8 @@ func TestTimingRegular(t *testing.T) {
 			c.timeToken(now, 1)
 			now = now.Add(r.gap)
 		}
+		// The engine reports what it prefilled: 100 tokens were cached.
+		c.timeFinal(usageFinal(r.tokens+100, 100))
 		// The first streams 20 tokens, the second 40; a failed
 		// request's length is not learned.
 		c.tokens = 20 * (i + 1)
@@ -77,9 +80,9 @@ func TestTimingRegular(t *testing.T) {
 	if want := ewma(20*ms, 40*ms); !near(got.ITL, want) {
 		t.Errorf("ITL %v, want %v", got.ITL, want)
 	}
-	toks := 1000 + timingAlpha*(2000-1000)
-	secs := 0.1 + timingAlpha*(0.3-0.1)
-	if want := toks / secs; math.Abs(got.PrefillRate-want) > 1e-6 {
+	// The first prefill folds at once; the second waits in the window
+	// until a second of busy time has gathered.
+	if want := 1000 / 0.1; math.Abs(got.PrefillRate-want) > 1e-6 {
 		t.Errorf("prefill rate %v, want %v", got.PrefillRate, want)
 	}
 	if want := 20 + timingAlpha*(40-20); math.Abs(got.OutputTokens-want) > 1e-9 {
@@ -90,6 +93,54 @@ func TestTimingRegular(t *testing.T) {
 	}
 	if o := c.b.timing.of("m", "b"); o.Samples != 0 {
 		t.Errorf("agent b has %+v, want nothing", o)
+	}
+}
+
+func usageFinal(prompt, cached int) *wire.Chunk {
+	return &wire.Chunk{Kind: wire.Chunk_KIND_FINAL, Raw: fmt.Appendf(nil,
+		`{"id":"x","choices":[],"usage":{"prompt_tokens":%d,"completion_tokens":3,"total_tokens":%d,"prompt_tokens_details":{"cached_tokens":%d}}}`,
+		prompt, prompt+3, cached)}
+}
+
+// Prompts prefilled together share the agent's busy time: three requests
+// accepted at once whose first tokens come at 100, 200 and 300ms, each
+// 1000 tokens prefilled, teach 10000 tokens/s, the engine's throughput,
+// not the 5000 of each one's own wait. An engine that reports no cached
+// tokens teaches no rate and is marked.
+func TestTimingPrefillShared(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	now := t0
+	ms := time.Millisecond
+	calls := make([]*Call, 3)
+	b := timingCall(t, &now, dispatch.RouteRegular, Targets{}).b
+	for i := range calls {
+		c := &Call{b: b, Model: "m", Route: dispatch.RouteRegular, Started: now}
+		c.agent = "a"
+		c.attemptStart = now
+		c.timeAccepted(accepted("a", wire.Chunk_STAGE_MAIN))
+		calls[i] = c
+	}
+	for i, c := range calls {
+		now = t0.Add(time.Duration(i+1) * 100 * ms)
+		c.timeToken(now, 1)
+	}
+	for _, c := range calls {
+		c.timeFinal(usageFinal(1500, 500))
+		c.timeDone(OutcomeOK)
+	}
+	if got := b.timing.of("m", "a"); math.Abs(got.PrefillRate-10000) > 1e-6 || got.CacheUnreported {
+		t.Fatalf("timing %+v, want 10000 tokens/s", got)
+	}
+	c := &Call{b: b, Model: "m", Route: dispatch.RouteRegular, Started: now}
+	c.agent = "u"
+	c.attemptStart = now
+	c.timeAccepted(accepted("u", wire.Chunk_STAGE_MAIN))
+	now = now.Add(100 * ms)
+	c.timeToken(now, 1)
+	c.timeFinal(&wire.Chunk{Kind: wire.Chunk_KIND_FINAL, Raw: []byte(`{"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":1,"total_tokens":10}}`)})
+	c.timeDone(OutcomeOK)
+	if got := b.timing.of("m", "u"); got.PrefillRate != 0 || !got.CacheUnreported {
+		t.Fatalf("timing %+v, want no rate and the cache unreported", got)
 	}
 }
 
@@ -104,7 +155,7 @@ func TestTimingPD(t *testing.T) {
 	c.prefillAgent = "p"
 	now = now.Add(200 * ms)
 	c.handedOff = now
-	c.timeHandOff()
+	c.timeHandOff([]byte(`{"id":"p","choices":[],"usage":{"prompt_tokens":4100,"completion_tokens":1,"total_tokens":4101,"prompt_tokens_details":{"cached_tokens":100}}}`))
 	now = now.Add(15 * ms)
 	c.timeAccepted(accepted("d", wire.Chunk_STAGE_MAIN)) // the decode leg's: no figure
 	c.agent = "d"

@@ -119,6 +119,10 @@ type Need struct {
 	// Targets are the request's latency targets for ModeSLO; zero means
 	// none.
 	Targets Targets
+	// Guard makes ModeSLO decide by capacity (Decision.Fallback
+	// FallbackGuard): the broker sets it while its predictions have been
+	// off.
+	Guard bool
 }
 
 // InFlight is what the broker knows that heartbeats do not show yet: the
@@ -143,6 +147,11 @@ type Decision struct {
 	// was by weight (or by threshold) and Prediction is zero.
 	Predicted  bool
 	Prediction Prediction
+	// Fallback says why ModeSLO decided by capacity instead (one of the
+	// Fallback constants); "" when it predicted, or in other modes. With
+	// FallbackGuard, Prediction is still what it predicts for the route
+	// chosen, for the broker to score (Predicted is false).
+	Fallback string
 }
 
 // Model is an immutable snapshot of one model's agents with the routing
@@ -576,7 +585,8 @@ func (m *Model) Decide(need Need, seen InFlight, r uint64) (Decision, error) {
 	var d Decision
 	switch m.mode {
 	case ModeSLO:
-		chosen, d.Prediction, d.Predicted = m.decideSLO(&need, seen, u)
+		chosen, d.Prediction, d.Fallback = m.decideSLO(&need, seen, u)
+		d.Predicted = chosen >= 0 && d.Fallback == "" && d.Prediction != (Prediction{})
 	case ModeThreshold:
 		chosen = m.decideThreshold(&need, seen, u)
 	}
@@ -588,6 +598,9 @@ func (m *Model) Decide(need Need, seen InFlight, r uint64) (Decision, error) {
 	}
 	c := &m.cands[chosen]
 	d.Route, d.Pair = c.route, c.pair
+	if d.Fallback == FallbackGuard {
+		d.Prediction = m.shadow(c, &need, seen)
+	}
 	return d, nil
 }
 

@@ -36,9 +36,18 @@ type Timing struct {
 	TTFT      time.Duration
 	ITL       time.Duration
 	QueueWait time.Duration
-	// PrefillRate is prefill throughput in prompt tokens per second; 0
-	// means not known.
+	// PrefillRate is prefill throughput in prompt tokens per second: the
+	// prompt tokens the engine reported it prefilled (not cached) over the
+	// agent's time with prefill work; 0 means not known.
 	PrefillRate float64
+	// PrefillTokens is the prompt tokens the engine prefilled per request,
+	// on average: the work a request waiting for its prefill stands for.
+	PrefillTokens float64
+	// CacheUnreported: the engine's answers do not report their cached
+	// prompt tokens (usage.prompt_tokens_details.cached_tokens), so what it
+	// prefilled is not known and no PrefillRate is learned; ModeSLO then
+	// decides by capacity.
+	CacheUnreported bool
 	// OutputTokens is how many tokens a request streams from the agent,
 	// on average; 0 means not known.
 	OutputTokens float64
@@ -79,6 +88,12 @@ type figures struct {
 	samples         int
 	ttft, itl, wait float64
 	rate, out       float64
+	// agents is how many agents the figures are drawn from; toks is the
+	// prompt tokens prefilled per request; unreported counts the agents
+	// whose engines report no cached prompt tokens.
+	agents     int
+	toks       float64
+	unreported int
 }
 
 // timingSum accumulates the fresh Timing of a leg's eligible agents,
@@ -86,8 +101,9 @@ type figures struct {
 // on one with more room.
 type timingSum struct {
 	samples            int
+	agents, unreported int
 	w, ttft, itl, wait float64
-	wRate, rate        float64
+	wRate, rate, toks  float64
 	wOut, out          float64
 }
 
@@ -98,6 +114,10 @@ func (s *timingSum) add(v *AgentView, now time.Time, maxAge time.Duration) {
 	}
 	w := v.EffectiveSlots
 	s.samples += t.Samples
+	s.agents++
+	if t.CacheUnreported {
+		s.unreported++
+	}
 	s.w += w
 	s.ttft += w * max(t.TTFT, 0).Seconds()
 	s.itl += w * max(t.ITL, 0).Seconds()
@@ -105,6 +125,7 @@ func (s *timingSum) add(v *AgentView, now time.Time, maxAge time.Duration) {
 	if t.PrefillRate > 0 && !math.IsInf(t.PrefillRate, 1) {
 		s.wRate += w
 		s.rate += w * t.PrefillRate
+		s.toks += w * max(t.PrefillTokens, 0)
 	}
 	if t.OutputTokens > 0 && !math.IsInf(t.OutputTokens, 1) {
 		s.wOut += w
@@ -116,9 +137,10 @@ func (s *timingSum) figures() figures {
 	if s.samples == 0 || !(s.w > 0) {
 		return figures{}
 	}
-	f := figures{samples: s.samples, ttft: s.ttft / s.w, itl: s.itl / s.w, wait: s.wait / s.w}
+	f := figures{samples: s.samples, ttft: s.ttft / s.w, itl: s.itl / s.w, wait: s.wait / s.w, agents: s.agents, unreported: s.unreported}
 	if s.wRate > 0 {
 		f.rate = s.rate / s.wRate
+		f.toks = s.toks / s.wRate
 	}
 	if s.wOut > 0 {
 		f.out = s.out / s.wOut
@@ -135,6 +157,16 @@ func (c *candidate) timed() bool {
 		return f.samples > 0 && f.rate > 0 && f.out > 0
 	}
 	return c.legs[0].fig.samples > 0 && c.legs[1].fig.samples > 0 && c.legs[1].fig.rate > 0
+}
+
+// unreported reports whether c lacks a prefill rate because its prefill
+// leg's engines report no cached prompt tokens.
+func (c *candidate) unreported() bool {
+	f := &c.legs[0].fig
+	if c.route == RoutePD {
+		f = &c.legs[1].fig
+	}
+	return f.rate == 0 && f.unreported > 0
 }
 
 // uncached returns the prompt tokens of need not cached on pool (and
@@ -171,10 +203,18 @@ func (need *Need) uncached(pool Pool, pair string) float64 {
 // adds to their time per output token, the figure the target bounds. An
 // idle regular pool has no decodes to stall. A decode pool runs no
 // prefills, and its TTFT is the PD hop (queue, KV transfer, first step).
-func (c *candidate) predict(need *Need, busy int) (ttft, itl float64) {
+//
+// The rate is the engine's prefill throughput, so a prompt waits for the
+// prefill work ahead of it on its agent too: Q, the requests sent to the
+// prefill leg and not yet past their prefill there (on regular, those not
+// yet taken; on a prefill pool, every one it holds), each of the leg's
+// mean prefilled tokens, spread over the leg's agents, adds
+// Q × tokens / agents / PrefillRate. What a route was just sent thus moves
+// its prediction at once, before any figure is learned.
+func (c *candidate) predict(need *Need, busy, queued int) (ttft, itl float64) {
 	if c.route == RouteRegular {
 		f := &c.legs[0].fig
-		p := need.uncached(PoolRegular, "")
+		p := need.uncached(PoolRegular, "") + f.queued(queued)
 		ttft = f.wait + p/f.rate
 		itl = f.itl
 		if busy > 0 {
@@ -183,8 +223,38 @@ func (c *candidate) predict(need *Need, busy int) (ttft, itl float64) {
 		return ttft, itl
 	}
 	d, pf := &c.legs[0].fig, &c.legs[1].fig
-	p := need.uncached(PoolPrefill, c.pair)
+	p := need.uncached(PoolPrefill, c.pair) + pf.queued(queued)
 	return pf.wait + p/pf.rate + d.ttft, d.itl
+}
+
+// stall returns how long need's prefill holds up the streams decoding on
+// regular candidate c, in seconds.
+func (c *candidate) stall(need *Need) float64 {
+	return need.uncached(PoolRegular, "") / c.legs[0].fig.rate
+}
+
+// queued returns the prompt tokens that q requests waiting for their
+// prefill on the leg stand for, per agent.
+func (f *figures) queued(q int) float64 {
+	if q <= 0 || f.agents <= 0 {
+		return 0
+	}
+	return float64(q) * f.toks / float64(f.agents)
+}
+
+// queued returns the requests waiting for their prefill on c's prefill
+// leg: on regular the ones sent and not taken yet; on PD the prefill
+// pool's whole load (a prefill agent holds a job only until its hand-off).
+func (c *candidate) queued(seen InFlight) int {
+	if c.route == RouteRegular {
+		if seen == nil {
+			return 0
+		}
+		pending, _ := seen.Outstanding(PoolRegular, "")
+		return max(pending, 0)
+	}
+	_, busy := c.legs[1].load(seen, c.pair)
+	return busy
 }
 
 // headroom is the smallest (target − predicted) / target over the targets
@@ -202,17 +272,45 @@ func headroom(t Targets, ttft, itl float64) float64 {
 	return h
 }
 
-// decideSLO is ModeSLO: among the candidates with free capacity, the one
-// with the most headroom (which, when none meets the targets, is the one
-// that misses least); equal headroom is drawn by capacity weight. It
-// returns -1, without asking seen, when the request has no targets or no
-// prompt length or some route has no history, so that Decide weighs by
-// capacity instead. When every route is full it draws by the capacity
-// fall-back, as ModeCapacity does.
-func (m *Model) decideSLO(need *Need, seen InFlight, u float64) (int, Prediction, bool) {
+// Reasons ModeSLO decided by capacity, as in Decision.Fallback.
+const (
+	FallbackNoTargets  = "no_targets"      // the request has no targets or no known prompt length
+	FallbackNoHistory  = "no_history"      // some route has no fresh figures yet
+	FallbackUnreported = "unreported"      // a route's engines report no cached prompt tokens
+	FallbackGuard      = "predictions_off" // the broker found the predictions off (Need.Guard)
+)
+
+// sloMargin is the headroom a regular route must keep to be preferred:
+// the cheaper route (one engine, no KV transfer) when it is predicted to
+// meet the targets with that margin and the request's prefill, one stall
+// of the streams running beside it, is within the ITL target.
+const sloMargin = 0.25
+
+// decideSLO is ModeSLO: a regular candidate with free capacity predicted
+// to meet the targets with sloMargin to spare, without stalling its
+// running streams past the ITL target, the cheapest route; failing
+// that, among the candidates with free capacity, the one with the most
+// headroom (which, when none meets the targets, is the one that misses
+// least); equal headroom is drawn by capacity weight. It returns -1 and
+// the reason, without asking seen, when the request has no targets or no
+// prompt length, some route has no history or no engine-reported prefill
+// rate, or need.Guard is set, so that Decide weighs by capacity instead.
+// When every route is full it draws by the capacity fall-back, as
+// ModeCapacity does.
+func (m *Model) decideSLO(need *Need, seen InFlight, u float64) (int, Prediction, string) {
 	t := need.Targets
-	if (t.TTFT <= 0 && t.ITL <= 0) || need.PromptTokens <= 0 || !m.timed {
-		return -1, Prediction{}, false
+	switch {
+	case (t.TTFT <= 0 && t.ITL <= 0) || need.PromptTokens <= 0:
+		return -1, Prediction{}, FallbackNoTargets
+	case need.Guard:
+		return -1, Prediction{}, FallbackGuard
+	case !m.timed:
+		for i := range m.cands {
+			if m.cands[i].unreported() {
+				return -1, Prediction{}, FallbackUnreported
+			}
+		}
+		return -1, Prediction{}, FallbackNoHistory
 	}
 	chosen, sum := -1, 0.0
 	best := math.Inf(-1)
@@ -223,22 +321,43 @@ func (m *Model) decideSLO(need *Need, seen InFlight, u float64) (int, Prediction
 		if !(w > 0) {
 			continue
 		}
-		ttft, itl := c.predict(need, busy)
+		ttft, itl := c.predict(need, busy, c.queued(seen))
 		h := headroom(t, ttft, itl)
-		if math.IsNaN(h) || h < best {
+		if math.IsNaN(h) {
 			continue
 		}
-		if h > best {
-			best, chosen, sum = h, -1, 0
+		// Headroom is at most 1: a regular route with the margin ranks
+		// above every PD one.
+		rank := h
+		if c.route == RouteRegular && h >= sloMargin && (t.ITL <= 0 || c.stall(need) <= t.ITL.Seconds()) {
+			rank = h + 2
+		}
+		if rank < best {
+			continue
+		}
+		if rank > best {
+			best, chosen, sum = rank, -1, 0
 		}
 		if chosen, sum, u = step(i, w, chosen, sum, u); chosen == i {
 			pred = Prediction{TTFT: seconds(ttft), ITL: seconds(itl), Headroom: h}
 		}
 	}
 	if chosen < 0 {
-		return m.drawFallback(u), Prediction{}, false
+		return m.drawFallback(u), Prediction{}, ""
 	}
-	return chosen, pred, true
+	return chosen, pred, ""
+}
+
+// shadow returns what ModeSLO predicts for c, the route capacity chose
+// while the broker's guard holds, so that its predictions go on being
+// scored; zero when c lacks figures.
+func (m *Model) shadow(c *candidate, need *Need, seen InFlight) Prediction {
+	if !c.timed() || need.PromptTokens <= 0 {
+		return Prediction{}
+	}
+	_, busy := c.weight(seen)
+	ttft, itl := c.predict(need, busy, c.queued(seen))
+	return Prediction{TTFT: seconds(ttft), ITL: seconds(itl), Headroom: headroom(need.Targets, ttft, itl)}
 }
 
 // seconds converts s to a Duration, saturating.

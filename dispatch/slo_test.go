@@ -281,24 +281,32 @@ func TestSLOFallsBackToCapacity(t *testing.T) {
 	noOutput := sloFleet()
 	noOutput[0].Timing.OutputTokens = 0
 	full := inflight{{R, ""}: {active: 8}, {D, "vllm"}: {pending: 6}}
+	unreported := sloFleet()
+	unreported[0].Timing.PrefillRate, unreported[0].Timing.CacheUnreported = 0, true
+	need := dispatch.Need{PromptTokens: 8000, Targets: sloTargets}
+	guard := need
+	guard.Guard = true
 	tests := []struct {
-		name   string
-		agents []dispatch.Agent
-		need   dispatch.Need
-		seen   dispatch.InFlight
+		name     string
+		agents   []dispatch.Agent
+		need     dispatch.Need
+		seen     dispatch.InFlight
+		fallback string
 	}{
-		{name: "no targets", need: dispatch.Need{PromptTokens: 8000}},
-		{name: "no targets, seen", need: dispatch.Need{PromptTokens: 8000}, seen: inflight{{R, ""}: {pending: 2}}},
-		{name: "no prompt length", need: dispatch.Need{Targets: sloTargets}},
-		{name: "no history", agents: twoPairings(), need: dispatch.Need{PromptTokens: 8000, Targets: sloTargets}},
+		{name: "no targets", need: dispatch.Need{PromptTokens: 8000}, fallback: dispatch.FallbackNoTargets},
+		{name: "no targets, seen", need: dispatch.Need{PromptTokens: 8000}, seen: inflight{{R, ""}: {pending: 2}}, fallback: dispatch.FallbackNoTargets},
+		{name: "no prompt length", need: dispatch.Need{Targets: sloTargets}, fallback: dispatch.FallbackNoTargets},
+		{name: "no history", agents: twoPairings(), need: need, fallback: dispatch.FallbackNoHistory},
 		{
-			name: "one pool without history", need: dispatch.Need{PromptTokens: 8000, Targets: sloTargets},
+			name: "one pool without history", need: need, fallback: dispatch.FallbackNoHistory,
 			agents: []dispatch.Agent{timed(ready("r1", R, 8, 4), regularTiming), timed(ready("p1", P, 8, 0), prefillTiming), ready("d1", D, 8, 2)},
 		},
-		{name: "figures past their max age", agents: old, need: dispatch.Need{PromptTokens: 8000, Targets: sloTargets}},
-		{name: "regular without a prefill rate", agents: noRate, need: dispatch.Need{PromptTokens: 8000, Targets: sloTargets}},
-		{name: "regular without an output length", agents: noOutput, need: dispatch.Need{PromptTokens: 8000, Targets: sloTargets}},
-		{name: "every route full", need: dispatch.Need{PromptTokens: 8000, Targets: sloTargets}, seen: full},
+		{name: "figures past their max age", agents: old, need: need, fallback: dispatch.FallbackNoHistory},
+		{name: "regular without a prefill rate", agents: noRate, need: need, fallback: dispatch.FallbackNoHistory},
+		{name: "regular without an output length", agents: noOutput, need: need, fallback: dispatch.FallbackNoHistory},
+		{name: "engines report no cached tokens", agents: unreported, need: need, fallback: dispatch.FallbackUnreported},
+		{name: "predictions off", need: guard, fallback: dispatch.FallbackGuard},
+		{name: "every route full", need: need, seen: full},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -313,6 +321,17 @@ func TestSLOFallsBackToCapacity(t *testing.T) {
 				r := uint64(i) * (math.MaxUint64 / 63)
 				got, err := slo.Decide(tt.need, tt.seen, r)
 				want, wantErr := capacity.Decide(tt.need, tt.seen, r)
+				if got.Fallback != tt.fallback {
+					t.Fatalf("fallback %q, want %q", got.Fallback, tt.fallback)
+				}
+				want.Fallback = tt.fallback
+				if tt.fallback == dispatch.FallbackGuard {
+					// What slo predicts for capacity's choice, to be scored.
+					if got.Prediction.TTFT <= 0 {
+						t.Fatalf("no prediction scored under the guard: %+v", got)
+					}
+					want.Prediction = got.Prediction
+				}
 				if got != want || err != wantErr {
 					t.Fatalf("r=%#x: slo Decide() = %+v, %v; capacity %+v, %v", r, got, err, want, wantErr)
 				}
@@ -400,4 +419,41 @@ func TestThreshold(t *testing.T) {
 			t.Errorf("no prompt length, r=%#x: threshold Decide() = %+v, capacity %+v", r, got, want)
 		}
 	}
+}
+
+// Prefill work sent to a route counts in its prediction at once: four
+// requests of 4,000 prefilled tokens each held by the prefill pool add
+// 4 × 4,000 / 100,000 tokens/s = 160ms to PD's predicted TTFT, which
+// then misses the target by more than regular does.
+func TestSLOQueuedPrefillWork(t *testing.T) {
+	P := dispatch.PoolPrefill
+	agents := sloFleet()
+	agents[1].Timing.PrefillTokens = 4000
+	m := dispatch.NewModel("m", agents, t0, sloConfig())
+	long := dispatch.Need{PromptTokens: 8000, Targets: sloTargets}
+	idle, err := m.Decide(long, inflight{}, 0)
+	if err != nil || idle.Route != dispatch.RoutePD || !idle.Predicted {
+		t.Fatalf("at rest: Decide() = %+v, %v; want PD", idle, err)
+	}
+	if want := 230 * time.Millisecond; (idle.Prediction.TTFT - want).Abs() > time.Microsecond {
+		t.Fatalf("at rest: predicted TTFT %v, want %v", idle.Prediction.TTFT, want)
+	}
+	busy, err := m.Decide(long, inflight{{P, "vllm"}: {active: 4}}, 0)
+	if err != nil || busy.Route != dispatch.RouteRegular {
+		t.Fatalf("with 4 prefills queued: Decide() = %+v, %v; want regular", busy, err)
+	}
+	// What slo predicts for PD now, as the guard would score it.
+	guard := long
+	guard.Guard = true
+	for r := uint64(0); r < 64; r++ {
+		d, _ := m.Decide(guard, inflight{{P, "vllm"}: {active: 4}}, r*(math.MaxUint64/63))
+		if d.Route != dispatch.RoutePD {
+			continue
+		}
+		if want := 390 * time.Millisecond; (d.Prediction.TTFT - want).Abs() > time.Microsecond {
+			t.Fatalf("with 4 prefills queued: PD predicted TTFT %v, want %v", d.Prediction.TTFT, want)
+		}
+		return
+	}
+	t.Fatal("capacity never chose PD")
 }

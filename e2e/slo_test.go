@@ -31,7 +31,11 @@ const (
 )
 
 func sloBatchEngine(role simengine.Role) simengine.Config {
+	// The prefix cache makes the engine report its cached prompt tokens,
+	// as vLLM does with --enable-prompt-tokens-details: what the broker
+	// learns prefill rates from.
 	return simengine.Config{Model: model, Slots: 32, Role: role, PDProtocol: simengine.PDVLLM, BootstrapTimeout: 5 * time.Second,
+		PrefixCacheBlocks: 4096,
 		Batch: simengine.BatchModel{
 			Enabled: true, MaxBatchedTokens: 8192,
 			StepTime: 15 * time.Millisecond, StepPerSeq: 50 * time.Microsecond,

@@ -224,3 +224,38 @@ func Usage(raw []byte, u *wire.Usage) json.RawMessage {
 	out, _ := appendUsage(nil, nil, u)
 	return out
 }
+
+// PrefilledTokens returns the prompt tokens an engine prefilled for the
+// answer or usage chunk raw: its usage's prompt_tokens less
+// prompt_tokens_details.cached_tokens (OpenAI's field, which vLLM fills
+// with --enable-prompt-tokens-details and SGLang with
+// --enable-cache-report), or SGLang's meta_info.prompt_tokens less
+// meta_info.cached_tokens. ok is false when raw reports no cached tokens:
+// what the engine prefilled is then not known.
+func PrefilledTokens(raw []byte) (n int, ok bool) {
+	if len(raw) == 0 {
+		return 0, false
+	}
+	var v struct {
+		Usage *struct {
+			PromptTokens  int `json:"prompt_tokens"`
+			PromptDetails *struct {
+				CachedTokens *int `json:"cached_tokens"`
+			} `json:"prompt_tokens_details"`
+		} `json:"usage"`
+		MetaInfo *struct {
+			PromptTokens int  `json:"prompt_tokens"`
+			CachedTokens *int `json:"cached_tokens"`
+		} `json:"meta_info"`
+	}
+	if json.Unmarshal(raw, &v) != nil {
+		return 0, false
+	}
+	switch {
+	case v.Usage != nil && v.Usage.PromptDetails != nil && v.Usage.PromptDetails.CachedTokens != nil:
+		return max(v.Usage.PromptTokens-*v.Usage.PromptDetails.CachedTokens, 0), true
+	case v.MetaInfo != nil && v.MetaInfo.CachedTokens != nil:
+		return max(v.MetaInfo.PromptTokens-*v.MetaInfo.CachedTokens, 0), true
+	}
+	return 0, false
+}

@@ -216,3 +216,25 @@ func BenchmarkChunkID(b *testing.B) {
 		_ = ChunkID(raw)
 	}
 }
+
+func TestPrefilledTokens(t *testing.T) {
+	for _, tt := range []struct {
+		raw  string
+		n    int
+		ok   bool
+		name string
+	}{
+		{`{"choices":[],"usage":{"prompt_tokens":900,"completion_tokens":3,"total_tokens":903,"prompt_tokens_details":{"cached_tokens":640}}}`, 260, true, "vLLM"},
+		{`{"choices":[],"usage":{"prompt_tokens":900,"completion_tokens":3,"total_tokens":903,"prompt_tokens_details":{"cached_tokens":0}}}`, 900, true, "nothing cached"},
+		{`{"text":"x","meta_info":{"prompt_tokens":500,"cached_tokens":100}}`, 400, true, "SGLang meta_info"},
+		{`{"choices":[],"usage":{"prompt_tokens":900,"completion_tokens":3,"total_tokens":903}}`, 0, false, "no details"},
+		{`{"choices":[],"usage":{"prompt_tokens":900,"prompt_tokens_details":null}}`, 0, false, "null details"},
+		{`{"choices":[],"usage":{"prompt_tokens":9,"prompt_tokens_details":{}}}`, 0, false, "no cached_tokens"},
+		{``, 0, false, "empty"},
+		{`not json`, 0, false, "not JSON"},
+	} {
+		if n, ok := PrefilledTokens([]byte(tt.raw)); n != tt.n || ok != tt.ok {
+			t.Errorf("%s: PrefilledTokens = %d, %v; want %d, %v", tt.name, n, ok, tt.n, tt.ok)
+		}
+	}
+}

@@ -51,6 +51,9 @@ type fleetPool struct {
 	// regular pool, PD for prefill and decode).
 	Learned *fleetTiming       `json:"learned,omitempty"`
 	SLO     *broker.Attainment `json:"slo,omitempty"`
+	// Predictions is how slo dispatch's recent predicted TTFTs on the
+	// pool's route compared with the actual ones (absent until scored).
+	Predictions *broker.PredictionStats `json:"predictions,omitempty"`
 }
 
 // fleetTiming is a pool's learned latency, the mean over its agents with
@@ -63,6 +66,16 @@ type fleetTiming struct {
 	QueueWaitSeconds       float64 `json:"queue_wait_seconds"`
 	PrefillTokensPerSecond float64 `json:"prefill_tokens_per_second"`
 	OutputTokens           float64 `json:"output_tokens"`
+	// CacheUnreported counts the agents whose engines report no cached
+	// prompt tokens (usage.prompt_tokens_details.cached_tokens): what they
+	// prefilled is not known, so no prefill rate is learned of them, and
+	// a route with no rate is decided by capacity (PrefillLearning says
+	// which).
+	CacheUnreported int `json:"cache_unreported_agents,omitempty"`
+	// PrefillLearning is "engine-reported" when the pool's prefill rate
+	// comes from the prompt tokens its engines reported prefilling, or
+	// "unreported: decided by capacity" when none of them reports.
+	PrefillLearning string `json:"prefill_learning,omitempty"`
 }
 
 // sloBackend is what a backend that counts latency-target attainment
@@ -71,11 +84,21 @@ type sloBackend interface {
 	SLOAttainment(model string, route dispatch.Route) broker.Attainment
 }
 
+// predictionBackend is what a backend that scores slo's predictions adds
+// (the broker does).
+type predictionBackend interface {
+	SLOPredictions(model string, route dispatch.Route) (broker.PredictionStats, bool)
+}
+
+// sloGuardHolds is fleetModel.SLOGuard's value while the guard holds.
+const sloGuardHolds = "predictions_off: deciding by capacity"
+
 // addTiming sets the learned figures and the attainment of the model's
 // pools in fm.
 func (s *Server) addTiming(fm *fleetModel, m *dispatch.Model) {
 	learned := broker.PoolTimings(m)
 	sb, _ := s.backend.(sloBackend)
+	pb, _ := s.backend.(predictionBackend)
 	for i := range fm.Pools {
 		p := &fm.Pools[i]
 		pool, err := dispatch.ParsePool(p.Pool)
@@ -84,14 +107,31 @@ func (s *Server) addTiming(fm *fleetModel, m *dispatch.Model) {
 		}
 		if t := learned[pool]; t.Agents > 0 {
 			p.Learned = &fleetTiming{Agents: t.Agents, Samples: t.Samples, TTFTSeconds: t.TTFT.Seconds(), ITLSeconds: t.ITL.Seconds(),
-				QueueWaitSeconds: t.QueueWait.Seconds(), PrefillTokensPerSecond: t.PrefillRate, OutputTokens: t.OutputTokens}
-		}
-		if sb == nil {
-			continue
+				QueueWaitSeconds: t.QueueWait.Seconds(), PrefillTokensPerSecond: t.PrefillRate, OutputTokens: t.OutputTokens,
+				CacheUnreported: t.CacheUnreported}
+			switch {
+			case pool == dispatch.PoolDecode:
+			case t.PrefillRate > 0:
+				p.Learned.PrefillLearning = "engine-reported"
+			case t.CacheUnreported > 0:
+				p.Learned.PrefillLearning = "unreported: decided by capacity"
+			}
 		}
 		route := dispatch.RoutePD
 		if pool == dispatch.PoolRegular {
 			route = dispatch.RouteRegular
+		}
+		if pb != nil {
+			ps, off := pb.SLOPredictions(fm.Model, route)
+			if ps.Samples > 0 {
+				p.Predictions = &ps
+			}
+			if off && m.Mode() == dispatch.ModeSLO {
+				fm.SLOGuard = sloGuardHolds
+			}
+		}
+		if sb == nil {
+			continue
 		}
 		if a := sb.SLOAttainment(fm.Model, route); a.Met+a.Missed > 0 {
 			p.SLO = &a
@@ -119,6 +159,10 @@ type fleetModel struct {
 	// caching their prefix, the fallbacks by reason, and the hit rate the
 	// pool's engines report.
 	Affinity map[string]broker.AffinityStats `json:"affinity"`
+	// SLOGuard is set while slo dispatch's recent predictions are off
+	// beyond its guard's bound (a route's median relative TTFT error over
+	// 0.5): the model's requests are decided by capacity meanwhile.
+	SLOGuard string `json:"slo_guard,omitempty"`
 }
 
 // fleetPair is one PD pairing: the prefill and decode agents that can hand

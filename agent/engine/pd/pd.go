@@ -169,6 +169,7 @@ func (a *Adapter) prefillVLLM(ctx context.Context, r *agent.Request, handoff fun
 		}
 		if json.Unmarshal(data, &resp) == nil && len(resp.KV) > 0 && string(resp.KV) != "null" {
 			params = append(json.RawMessage(nil), resp.KV...)
+			r.PrefillUsage = append([]byte(nil), data...)
 		}
 		return nil
 	})
