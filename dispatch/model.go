@@ -123,6 +123,10 @@ type Need struct {
 	// FallbackGuard): the broker sets it while its predictions have been
 	// off.
 	Guard bool
+	// NoProbe keeps ModeSLO from sending the request as a probe
+	// (Config.ProbeShare): the broker sets it while its bound on the rate
+	// of probes holds.
+	NoProbe bool
 }
 
 // InFlight is what the broker knows that heartbeats do not show yet: the

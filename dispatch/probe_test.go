@@ -74,6 +74,7 @@ func TestSLOProbe(t *testing.T) {
 		{name: "no targets", agents: probeFleet(20 * time.Second), cfg: sloConfig(), need: dispatch.Need{PromptTokens: 256}},
 		{name: "no prompt length", agents: probeFleet(20 * time.Second), cfg: sloConfig(), need: dispatch.Need{Targets: sloTargets}},
 		{name: "prompt too long to be cheap", agents: probeFleet(20 * time.Second), cfg: cheap, need: short},
+		{name: "rate bound holds", agents: probeFleet(20 * time.Second), cfg: sloConfig(), need: dispatch.Need{PromptTokens: 256, Targets: sloTargets, NoProbe: true}},
 		{name: "guard holds", agents: probeFleet(20 * time.Second), cfg: sloConfig(), need: dispatch.Need{PromptTokens: 256, Targets: sloTargets, Guard: true}},
 		{name: "capacity mode", agents: probeFleet(20 * time.Second), cfg: dispatch.DefaultConfig(), need: short},
 	}

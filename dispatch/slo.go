@@ -306,7 +306,8 @@ const sloMargin = 0.25
 // ModeCapacity does.
 //
 // A probe: when low, the low bits of the random number, is below
-// m.probeCut and the prompt is at most m.probeTokens long, the request
+// m.probeCut, the prompt is at most m.probeTokens long and need.NoProbe
+// is not set, the request
 // goes instead to a stale route (candidate.stale) with free capacity
 // that it would not have gone to, the stalest first, so that the route's
 // figures are learned again; the last result is then true.
@@ -325,7 +326,7 @@ func (m *Model) decideSLO(need *Need, seen InFlight, u float64, low uint64) (int
 		}
 		return -1, Prediction{}, FallbackNoHistory, false
 	}
-	probing := low < m.probeCut && need.PromptTokens <= m.probeTokens
+	probing := low < m.probeCut && need.PromptTokens <= m.probeTokens && !need.NoProbe
 	probe := -1
 	var probePred Prediction
 	chosen, sum := -1, 0.0
