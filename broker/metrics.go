@@ -50,6 +50,9 @@ type Metrics struct {
 	// counts its decisions by capacity, by reason.
 	sloPredicted, sloError *prometheus.HistogramVec
 	sloFallback            *prometheus.CounterVec
+	// sloProbes counts the requests slo sent, as probes, to a route it
+	// avoids whose figures are stale.
+	sloProbes *prometheus.CounterVec
 }
 
 // Latency buckets for LLM serving, in seconds: TTFT spans milliseconds
@@ -118,12 +121,15 @@ func NewMetrics() *Metrics {
 		sloFallback: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_slo_fallback_total", Help: "Requests slo dispatch decided by capacity, by model and reason: no_targets, no_history, unreported (engines report no cached prompt tokens), predictions_off (the guard: recent predictions off beyond the bound).",
 		}, []string{"model", "reason"}),
+		sloProbes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_slo_probes_total", Help: "Requests slo dispatch sent, as probes, to a route its predictions avoid whose learned figures are stale, so that they are learned afresh; by model and route.",
+		}, []string{"model", "route"}),
 	}
 }
 
 // Register adds every collector to r.
 func (m *Metrics) Register(r prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.requests, m.inflight, m.ttft, m.itl, m.e2e, m.outputTokens, m.rejections, m.retries, m.migrations, m.publishRetries, m.droppedChunks, m.affinity, m.secondRuns, m.slo, m.sloPredicted, m.sloError, m.sloFallback} {
+	for _, c := range []prometheus.Collector{m.requests, m.inflight, m.ttft, m.itl, m.e2e, m.outputTokens, m.rejections, m.retries, m.migrations, m.publishRetries, m.droppedChunks, m.affinity, m.secondRuns, m.slo, m.sloPredicted, m.sloError, m.sloFallback, m.sloProbes} {
 		if err := r.Register(c); err != nil {
 			return err
 		}

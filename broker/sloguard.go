@@ -58,6 +58,8 @@ type sloGuard struct {
 	// reason): a request without targets counts one, so a label lookup
 	// per request is spared.
 	fallbacks sync.Map
+	// probes is each model's *modelProbes (probe.go).
+	probes sync.Map
 }
 
 type fallbackKey struct{ model, reason string }
@@ -128,18 +130,22 @@ type PredictionStats struct {
 	// Off: the median is past the guard's bound, so the model's requests
 	// are decided by capacity.
 	Off bool `json:"off"`
+	// Probes is how many requests slo sent to the route as probes: the
+	// predictions avoided it and its figures were stale.
+	Probes uint64 `json:"probes"`
 }
 
-// SLOPredictions returns how model's predictions on route fared, and
-// whether the guard holds for the model.
+// SLOPredictions returns how model's predictions on route fared (and
+// the probes sent there), and whether the guard holds for the model.
 func (b *Broker) SLOPredictions(model string, route dispatch.Route) (PredictionStats, bool) {
 	g := &b.guard
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	probes := b.SLOProbes(model, route)
 	p := g.routes[obsKey{model, route}]
 	if p == nil {
-		return PredictionStats{}, g.off[model]
+		return PredictionStats{Probes: probes}, g.off[model]
 	}
 	m, n := p.median()
-	return PredictionStats{Samples: n, MedianError: m, Off: n >= guardMinSamples && m > guardBound}, g.off[model]
+	return PredictionStats{Samples: n, MedianError: m, Off: n >= guardMinSamples && m > guardBound, Probes: probes}, g.off[model]
 }

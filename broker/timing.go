@@ -240,11 +240,14 @@ type callTiming struct {
 }
 
 // decided takes in slo's decision for the attempt: the prediction to
-// score, and a decision by capacity counted by its reason.
+// score, a decision by capacity counted by its reason, and a probe.
 func (c *Call) decided(d *dispatch.Decision) {
 	c.tm.predicted = d.Prediction.TTFT
 	if d.Fallback != "" {
 		c.b.fallbackCounter(c.Model, d.Fallback).Inc()
+	}
+	if d.Probe {
+		c.b.probed(c.Model, d.Route, c.b.now())
 	}
 }
 
@@ -258,6 +261,7 @@ func (c *Call) need(m *dispatch.Model) dispatch.Need {
 	c.tm = callTiming{model: m}
 	mode := m.Mode()
 	n.Guard = mode == dispatch.ModeSLO && c.b.guarded(c.Model)
+	n.NoProbe = mode == dispatch.ModeSLO && c.b.probeHeld(c.Model, c.b.now())
 	if c.req.API == wire.API_API_EMBEDDINGS ||
 		(c.b.cfg.Affinity.Mode == AffinityOff && mode != dispatch.ModeSLO && mode != dispatch.ModeThreshold) {
 		return n

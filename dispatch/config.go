@@ -13,6 +13,10 @@ const (
 	DefaultMissedHeartbeats = 3
 	DefaultPDThreshold      = 512
 	DefaultTimingMaxAge     = time.Minute
+	DefaultProbeShare       = 1.0 / 50
+	DefaultProbeAge         = 15 * time.Second
+	DefaultProbeSamples     = 8
+	DefaultProbeTokens      = 1024
 )
 
 // Config tunes the rule. Use DefaultConfig and change what you need; the
@@ -53,13 +57,33 @@ type Config struct {
 	// figures are fresh again. Zero means figures never age. DefaultConfig
 	// sets 1 minute.
 	TimingMaxAge time.Duration
+
+	// ProbeShare is the share of ModeSLO's requests with targets that go,
+	// as probes, to a route the predictions avoid whose figures are stale
+	// (see ProbeAge and ProbeSamples), so that its figures are learned
+	// afresh rather than kept from another load until they age out. A
+	// probe needs free capacity on the route and a prompt of at most
+	// ProbeTokens tokens. Its resolution is 1/2048; 0 disables probes. In
+	// [0, 1]; DefaultConfig sets 1/50.
+	ProbeShare float64
+	// ProbeAge is how old a route's newest sample may be before its
+	// figures count as stale for probing; 0 means only ProbeSamples
+	// decides. DefaultConfig sets 15 seconds.
+	ProbeAge time.Duration
+	// ProbeSamples: a route whose figures are drawn from fewer samples on
+	// one of its legs counts as stale for probing. DefaultConfig sets 8.
+	ProbeSamples int
+	// ProbeTokens is the longest prompt, in tokens, sent as a probe: a
+	// probe is cheap. Zero means DefaultProbeTokens.
+	ProbeTokens int
 }
 
 // DefaultConfig returns capacity mode, a 30s slow start from a floor of
 // 10% of slots, gone after 3 missed heartbeats; for the other modes a PD
-// threshold of 512 tokens and timing that ages out after a minute. The
-// broker command runs ModeSLO by default, which decides a request
-// without targets as ModeCapacity does.
+// threshold of 512 tokens, timing that ages out after a minute, and
+// probes of 1 in 50 requests to routes with figures older than 15 seconds
+// or drawn from fewer than 8 samples. The broker command runs ModeSLO by
+// default, which decides a request without targets as ModeCapacity does.
 func DefaultConfig() Config {
 	return Config{
 		Mode:             ModeCapacity,
@@ -68,6 +92,10 @@ func DefaultConfig() Config {
 		MissedHeartbeats: DefaultMissedHeartbeats,
 		PDThreshold:      DefaultPDThreshold,
 		TimingMaxAge:     DefaultTimingMaxAge,
+		ProbeShare:       DefaultProbeShare,
+		ProbeAge:         DefaultProbeAge,
+		ProbeSamples:     DefaultProbeSamples,
+		ProbeTokens:      DefaultProbeTokens,
 	}
 }
 
@@ -87,6 +115,14 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: config PD threshold %d is negative", ErrInvalid, c.PDThreshold)
 	case c.TimingMaxAge < 0:
 		return fmt.Errorf("%w: config timing max age %v is negative", ErrInvalid, c.TimingMaxAge)
+	case math.IsNaN(c.ProbeShare) || c.ProbeShare < 0 || c.ProbeShare > 1:
+		return fmt.Errorf("%w: config probe share %v is outside [0, 1]", ErrInvalid, c.ProbeShare)
+	case c.ProbeAge < 0:
+		return fmt.Errorf("%w: config probe age %v is negative", ErrInvalid, c.ProbeAge)
+	case c.ProbeSamples < 0:
+		return fmt.Errorf("%w: config probe samples %d is negative", ErrInvalid, c.ProbeSamples)
+	case c.ProbeTokens < 0:
+		return fmt.Errorf("%w: config probe tokens %d is negative", ErrInvalid, c.ProbeTokens)
 	}
 	return nil
 }
@@ -110,5 +146,15 @@ func (c Config) normalized() Config {
 	}
 	c.PDThreshold = max(c.PDThreshold, 0)
 	c.TimingMaxAge = max(c.TimingMaxAge, 0)
+	if math.IsNaN(c.ProbeShare) || c.ProbeShare < 0 {
+		c.ProbeShare = 0
+	} else if c.ProbeShare > 1 {
+		c.ProbeShare = 1
+	}
+	c.ProbeAge = max(c.ProbeAge, 0)
+	c.ProbeSamples = max(c.ProbeSamples, 0)
+	if c.ProbeTokens <= 0 {
+		c.ProbeTokens = DefaultProbeTokens
+	}
 	return c
 }

@@ -101,7 +101,13 @@
 // prompt length, or when some eligible route has no fresh history (no
 // samples, no prefill rate where it prefills, or figures older than
 // Config.TimingMaxAge), Decide weighs exactly as ModeCapacity, which also
-// lets a route the predictions avoided earn fresh figures.
+// lets a route the predictions avoided earn fresh figures. Before its
+// figures age out, such a route is probed: a share of the requests with
+// targets and a short prompt (Config.ProbeShare, ProbeTokens) go to a
+// route they would not have gone to whose figures are stale (ProbeAge,
+// ProbeSamples) and that has free capacity, marked Decision.Probe; the
+// probe is drawn from the low 11 bits of the random number, which the
+// weighted draw leaves unused.
 //
 // ModeThreshold is the reference decider of llm-d: PD when the prompt
 // tokens not cached on the regular pool exceed Config.PDThreshold, else

@@ -123,6 +123,10 @@ type Need struct {
 	// FallbackGuard): the broker sets it while its predictions have been
 	// off.
 	Guard bool
+	// NoProbe keeps ModeSLO from sending the request as a probe
+	// (Config.ProbeShare): the broker sets it while its bound on the rate
+	// of probes holds.
+	NoProbe bool
 }
 
 // InFlight is what the broker knows that heartbeats do not show yet: the
@@ -147,6 +151,10 @@ type Decision struct {
 	// was by weight (or by threshold) and Prediction is zero.
 	Predicted  bool
 	Prediction Prediction
+	// Probe: ModeSLO sent the request to a route its predictions avoid,
+	// to learn the route's stale figures afresh (Config.ProbeShare);
+	// Prediction is what it predicts there.
+	Probe bool
 	// Fallback says why ModeSLO decided by capacity instead (one of the
 	// Fallback constants); "" when it predicted, or in other modes. With
 	// FallbackGuard, Prediction is still what it predicts for the route
@@ -177,6 +185,11 @@ type Model struct {
 	timed bool
 	// threshold is ModeThreshold's bound (Config.PDThreshold).
 	threshold int
+	// probeCut is Config.ProbeShare in 2048ths: a request whose random
+	// number's low 11 bits are below it may be a probe; probeTokens is
+	// Config.ProbeTokens.
+	probeCut    uint64
+	probeTokens int
 
 	errNoCapacity  error
 	errUnsupported error
@@ -194,6 +207,11 @@ type candidate struct {
 	fallback float64
 	legs     [2]leg // regular: legs[0]; PD: decode, prefill
 	nlegs    int
+	// stale: ModeSLO may probe the route (Config.ProbeAge, ProbeSamples);
+	// fresh is the newest sample of its stalest leg, to probe the
+	// stalest route first.
+	stale bool
+	fresh time.Time
 }
 
 // leg is one pool of a route, for the capacity weight and, in ModeSLO,
@@ -251,6 +269,10 @@ func NewModel(name string, agents []Agent, now time.Time, cfg Config) *Model {
 		at:        now,
 		agents:    make([]AgentView, len(agents)),
 		threshold: cfg.PDThreshold,
+	}
+	if cfg.Mode == ModeSLO && cfg.ProbeShare > 0 {
+		m.probeCut = max(uint64(math.Round(cfg.ProbeShare*probeSpan)), 1)
+		m.probeTokens = cfg.ProbeTokens
 	}
 	for p := range m.pools {
 		m.pools[p].Pool = Pool(p)
@@ -369,6 +391,9 @@ func NewModel(name string, agents []Agent, now time.Time, cfg Config) *Model {
 	m.timed = len(m.cands) > 0
 	for i := range m.cands {
 		m.timed = m.timed && m.cands[i].timed()
+		if m.probeCut > 0 {
+			m.cands[i].staleness(now, cfg)
+		}
 	}
 	for i := range m.cands {
 		c := &m.cands[i]
@@ -585,7 +610,7 @@ func (m *Model) Decide(need Need, seen InFlight, r uint64) (Decision, error) {
 	var d Decision
 	switch m.mode {
 	case ModeSLO:
-		chosen, d.Prediction, d.Fallback = m.decideSLO(&need, seen, u)
+		chosen, d.Prediction, d.Fallback, d.Probe = m.decideSLO(&need, seen, u, r&(probeSpan-1))
 		d.Predicted = chosen >= 0 && d.Fallback == "" && d.Prediction != (Prediction{})
 	case ModeThreshold:
 		chosen = m.decideThreshold(&need, seen, u)

@@ -71,6 +71,8 @@ func TestDecideAllocs(t *testing.T) {
 	busy := inflight{{R, ""}: {pending: 3, active: 20}, {D, "vllm"}: {active: 2}}
 	full := inflight{{R, ""}: {pending: 48}, {D, "vllm"}: {pending: 16}}
 	slo := dispatch.NewModel("m", sloFleet(), t0, sloConfig())
+	stalePD := dispatch.NewModel("m", probeFleet(20*time.Second), t0, sloConfig())
+	light := inflight{{R, ""}: {pending: 1}, {D, "vllm"}: {active: 2}}
 	threshold := dispatch.NewModel("m", pools(6, 2, 2, 8), t0, cfg(dispatch.ModeThreshold))
 	long := dispatch.Need{PromptTokens: 8000, Targets: sloTargets, Cache: cache{{R, ""}: 100}}
 	short := dispatch.Need{PromptTokens: 100, Targets: sloTargets}
@@ -99,6 +101,8 @@ func TestDecideAllocs(t *testing.T) {
 		{name: "slo regular, seen", m: slo, need: short, seen: busy},
 		{name: "slo all full", m: slo, need: long, seen: full},
 		{name: "slo without targets", m: slo, need: dispatch.Need{PromptTokens: 100}},
+		{name: "slo probe, seen", m: stalePD, need: short, seen: light, r: 0},
+		{name: "slo no probe, seen", m: stalePD, need: short, seen: light, r: 1<<11 - 1},
 		{name: "threshold pd, seen", m: threshold, need: long, seen: busy},
 		{name: "threshold all full", m: threshold, need: short, seen: full},
 	}

@@ -94,6 +94,9 @@ type figures struct {
 	agents     int
 	toks       float64
 	unreported int
+	// newest is when the newest sample of the leg arrived; zero when an
+	// agent's Updated is not reported.
+	newest time.Time
 }
 
 // timingSum accumulates the fresh Timing of a leg's eligible agents,
@@ -105,6 +108,7 @@ type timingSum struct {
 	w, ttft, itl, wait float64
 	wRate, rate, toks  float64
 	wOut, out          float64
+	newest             time.Time
 }
 
 func (s *timingSum) add(v *AgentView, now time.Time, maxAge time.Duration) {
@@ -113,6 +117,9 @@ func (s *timingSum) add(v *AgentView, now time.Time, maxAge time.Duration) {
 		return
 	}
 	w := v.EffectiveSlots
+	if t.Updated.After(s.newest) {
+		s.newest = t.Updated
+	}
 	s.samples += t.Samples
 	s.agents++
 	if t.CacheUnreported {
@@ -137,7 +144,7 @@ func (s *timingSum) figures() figures {
 	if s.samples == 0 || !(s.w > 0) {
 		return figures{}
 	}
-	f := figures{samples: s.samples, ttft: s.ttft / s.w, itl: s.itl / s.w, wait: s.wait / s.w, agents: s.agents, unreported: s.unreported}
+	f := figures{samples: s.samples, ttft: s.ttft / s.w, itl: s.itl / s.w, wait: s.wait / s.w, agents: s.agents, unreported: s.unreported, newest: s.newest}
 	if s.wRate > 0 {
 		f.rate = s.rate / s.wRate
 		f.toks = s.toks / s.wRate
@@ -297,21 +304,31 @@ const sloMargin = 0.25
 // rate, or need.Guard is set, so that Decide weighs by capacity instead.
 // When every route is full it draws by the capacity fall-back, as
 // ModeCapacity does.
-func (m *Model) decideSLO(need *Need, seen InFlight, u float64) (int, Prediction, string) {
+//
+// A probe: when low, the low bits of the random number, is below
+// m.probeCut, the prompt is at most m.probeTokens long and need.NoProbe
+// is not set, the request
+// goes instead to a stale route (candidate.stale) with free capacity
+// that it would not have gone to, the stalest first, so that the route's
+// figures are learned again; the last result is then true.
+func (m *Model) decideSLO(need *Need, seen InFlight, u float64, low uint64) (int, Prediction, string, bool) {
 	t := need.Targets
 	switch {
 	case (t.TTFT <= 0 && t.ITL <= 0) || need.PromptTokens <= 0:
-		return -1, Prediction{}, FallbackNoTargets
+		return -1, Prediction{}, FallbackNoTargets, false
 	case need.Guard:
-		return -1, Prediction{}, FallbackGuard
+		return -1, Prediction{}, FallbackGuard, false
 	case !m.timed:
 		for i := range m.cands {
 			if m.cands[i].unreported() {
-				return -1, Prediction{}, FallbackUnreported
+				return -1, Prediction{}, FallbackUnreported, false
 			}
 		}
-		return -1, Prediction{}, FallbackNoHistory
+		return -1, Prediction{}, FallbackNoHistory, false
 	}
+	probing := low < m.probeCut && need.PromptTokens <= m.probeTokens && !need.NoProbe
+	probe := -1
+	var probePred Prediction
 	chosen, sum := -1, 0.0
 	best := math.Inf(-1)
 	var pred Prediction
@@ -325,6 +342,9 @@ func (m *Model) decideSLO(need *Need, seen InFlight, u float64) (int, Prediction
 		h := headroom(t, ttft, itl)
 		if math.IsNaN(h) {
 			continue
+		}
+		if probing && c.stale && (probe < 0 || c.fresh.Before(m.cands[probe].fresh)) {
+			probe, probePred = i, Prediction{TTFT: seconds(ttft), ITL: seconds(itl), Headroom: h}
 		}
 		// Headroom is at most 1: a regular route with the margin ranks
 		// above every PD one.
@@ -343,9 +363,36 @@ func (m *Model) decideSLO(need *Need, seen InFlight, u float64) (int, Prediction
 		}
 	}
 	if chosen < 0 {
-		return m.drawFallback(u), Prediction{}, ""
+		return m.drawFallback(u), Prediction{}, "", false
 	}
-	return chosen, pred, ""
+	if probe >= 0 && probe != chosen {
+		return probe, probePred, "", true
+	}
+	return chosen, pred, "", false
+}
+
+// probeSpan is the resolution of Config.ProbeShare: Decide draws a probe
+// from the low 11 bits of its random number, which the weighted draw
+// (the top 53) leaves unused.
+const probeSpan = 1 << 11
+
+// staleness sets c.stale and c.fresh from its legs' figures.
+func (c *candidate) staleness(now time.Time, cfg Config) {
+	for i := 0; i < c.nlegs; i++ {
+		f := &c.legs[i].fig
+		if f.samples < cfg.ProbeSamples {
+			c.stale = true
+		}
+		if f.newest.IsZero() {
+			continue
+		}
+		if cfg.ProbeAge > 0 && now.Sub(f.newest) >= cfg.ProbeAge {
+			c.stale = true
+		}
+		if c.fresh.IsZero() || f.newest.Before(c.fresh) {
+			c.fresh = f.newest
+		}
+	}
 }
 
 // shadow returns what ModeSLO predicts for c, the route capacity chose

@@ -123,7 +123,7 @@ func (s *Server) addTiming(fm *fleetModel, m *dispatch.Model) {
 		}
 		if pb != nil {
 			ps, off := pb.SLOPredictions(fm.Model, route)
-			if ps.Samples > 0 {
+			if ps.Samples > 0 || ps.Probes > 0 {
 				p.Predictions = &ps
 			}
 			if off && m.Mode() == dispatch.ModeSLO {

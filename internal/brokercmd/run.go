@@ -82,6 +82,8 @@ type options struct {
 	slowStart     time.Duration
 	sloTTFT       time.Duration
 	sloITL        time.Duration
+	probeShare    float64
+	probeAge      time.Duration
 	pdThreshold   int
 	demo          bool
 	demoAgents    string
@@ -157,6 +159,8 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*o
 	fs.StringVar(&o.mode, "dispatch-mode", "slo", "route choice: slo (per request, the route predicted to meet its latency targets; capacity for a request without targets), capacity (by free slots), paired, count (by agents) or threshold (PD for prompts longer than --pd-threshold)")
 	fs.DurationVar(&o.sloTTFT, "slo-ttft", 0, "time-to-first-token target of every request that sets none (header x-slo-ttft-ms); 0: none")
 	fs.DurationVar(&o.sloITL, "slo-itl", 0, "inter-token latency target of every request that sets none (header x-slo-itl-ms); 0: none")
+	fs.Float64Var(&o.probeShare, "slo-probe-share", dispatch.DefaultProbeShare, "--dispatch-mode slo: share of short prompts with targets sent as probes to a route the predictions avoid whose learned figures are stale, so they are learned afresh (0: no probes; at most one per model every 100ms)")
+	fs.DurationVar(&o.probeAge, "slo-probe-age", dispatch.DefaultProbeAge, "--dispatch-mode slo: age of a route's newest learned sample past which it is probed")
 	fs.IntVar(&o.pdThreshold, "pd-threshold", dispatch.DefaultPDThreshold, "--dispatch-mode threshold: prompts with more tokens than this not cached on the regular pool go to PD")
 	fs.DurationVar(&o.slowStart, "slow-start", dispatch.DefaultSlowStart, "ramp of a new agent's slots from the floor to full (0 disables)")
 	fs.BoolVar(&o.demo, "demo", false, "also run simulated agents in-process")
@@ -213,7 +217,7 @@ Usage:
   broker --nats-url nats://a,nats://b use an existing NATS server or cluster
   broker --demo                       also run simulated agents, ready for curl`, []cli.Section{
 		{Title: "Client API", Flags: []string{"http", "grpc", "max-body", "read-header-timeout", "read-body-timeout", "idle-timeout", "max-conns", "max-conns-per-client", "write-timeout", "stream-write-timeout", "grpc-max-recv-bytes", "grpc-max-send-bytes", "grpc-max-header-bytes", "grpc-max-streams", "grpc-max-watches", "api-key", "api-keys-file", "tls-cert", "tls-key"}},
-		{Title: "Dispatch", Flags: []string{"dispatch-mode", "slo-ttft", "slo-itl", "pd-threshold", "slow-start", "heartbeat-interval", "queue-max", "queue-timeout", "capacity-wait", "models", "request-timeout", "stall-timeout", "max-answer-bytes", "answer-buffer-bytes", "retry-limit", "migration-limit", "publish-wait"}},
+		{Title: "Dispatch", Flags: []string{"dispatch-mode", "slo-ttft", "slo-itl", "slo-probe-share", "slo-probe-age", "pd-threshold", "slow-start", "heartbeat-interval", "queue-max", "queue-timeout", "capacity-wait", "models", "request-timeout", "stall-timeout", "max-answer-bytes", "answer-buffer-bytes", "retry-limit", "migration-limit", "publish-wait"}},
 		{Title: "NATS", Flags: []string{"nats-url", "nats-listen", "nats-config", "nats-monitor", "data-dir", "nats-max-payload", "replicas", "jobs-storage", "prefix", "id",
 			"nats-creds", "nats-nkey", "nats-user", "nats-password", "nats-token", "nats-tls-ca", "nats-tls-cert", "nats-tls-key", "nats-inbox-prefix"}},
 		{Title: "Lifecycle, metrics and logs", Flags: []string{"shutdown-grace", "shutdown-delay", "metrics-listen", "log-format", "log-level"}},
@@ -237,6 +241,9 @@ Usage:
 	}
 	if o.sloTTFT < 0 || o.sloITL < 0 || o.pdThreshold < 0 {
 		return nil, fmt.Errorf("--slo-ttft, --slo-itl and --pd-threshold must not be negative")
+	}
+	if !(o.probeShare >= 0 && o.probeShare <= 1) || o.probeAge < 0 {
+		return nil, fmt.Errorf("--slo-probe-share must be in [0, 1] and --slo-probe-age must not be negative")
 	}
 	m, err := broker.ParseAffinityMode(o.affinity)
 	if err != nil {
@@ -306,6 +313,8 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	dcfg.Mode = mode
 	dcfg.SlowStart = o.slowStart
 	dcfg.PDThreshold = o.pdThreshold
+	dcfg.ProbeShare = o.probeShare
+	dcfg.ProbeAge = o.probeAge
 	demo := map[string]int{}
 	if o.demo {
 		if demo, err = demoSpec(o.demoAgents); err != nil {
