@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -142,23 +141,6 @@ type publishState struct {
 	// encodes it (see dispatch): no message of its own per attempt.
 	job        wire.Job
 	deadlineTS timestamppb.Timestamp
-}
-
-// clientTally is what reached the client, across attempts: the text a
-// migration continues from, the token timings and counts the metrics
-// and the request's log line report, and its outcome. The reader owns
-// every field; no lock.
-type clientTally struct {
-	sent       strings.Builder // the text handed to the client so far
-	sentTokens int             // content chunks handed to the client before the current attempt
-	streamID   string          // the engine's chunk id of the first attempt, kept across migrations
-	reasoned   bool            // reasoning text reached the client (see migrate)
-	firstToken time.Time
-	lastToken  time.Time
-	tokens     int
-	outcome    string
-	itl        prometheus.Observer
-	itlRoute   dispatch.Route
 }
 
 // Submit routes req, publishes its job and returns the Call that receives
@@ -799,9 +781,9 @@ func (c *Call) release() {
 	}
 }
 
-// sentFirstRoom is what a call's sent text is first given (see deliver).
-const sentFirstRoom = 256
-
+// deliver takes in ch, the chunk Next hands to the client: what the
+// client got (clientTally), the metrics and timings of its tokens, and
+// the outcome of a last chunk.
 func (c *Call) deliver(ch *wire.Chunk) *wire.Chunk {
 	switch ch.GetKind() {
 	case wire.Chunk_KIND_TOKEN:
@@ -810,38 +792,16 @@ func (c *Call) deliver(ch *wire.Chunk) *wire.Chunk {
 			break
 		}
 		now := c.heard // when Next took it: a clock read per token saved
-		if c.firstToken.IsZero() {
-			c.firstToken = now
-			c.streamID = oaiformat.ChunkID(events[0].GetRaw())
+		if c.first(now, events) {
 			c.b.obs(c.Model, c.Route).ttft.Observe(now.Sub(c.Started).Seconds())
 		}
 		// The observer is looked up once per route, not per token.
 		if c.itl == nil || c.itlRoute != c.Route {
 			c.itl, c.itlRoute = c.b.obs(c.Model, c.Route).itl, c.Route
 		}
-		if !c.lastToken.IsZero() {
-			c.itl.Observe(now.Sub(c.lastToken).Seconds())
-		}
-		// The events of one message reach the client together.
-		for range len(events) - 1 {
-			c.itl.Observe(0)
-		}
-		c.lastToken = now
+		c.gaps(now, len(events))
 		c.timeToken(now, len(events))
-		for _, ev := range events {
-			if t := ev.GetDeltaText(); t != "" {
-				if c.sent.Cap() == 0 {
-					// Room for some 50 tokens at once, where growing from
-					// the first token's few bytes took an allocation at
-					// each doubling.
-					c.sent.Grow(max(sentFirstRoom, len(t)))
-				}
-				c.sent.WriteString(t)
-				c.tokens++
-			} else if !c.reasoned && ev.GetFinishReason() == "" {
-				c.reasoned = oaiformat.Reasoning(ev.GetRaw())
-			}
-		}
+		c.text(events)
 	case wire.Chunk_KIND_FINAL:
 		c.ended.Store(true)
 		c.outcome = OutcomeOK
