@@ -96,22 +96,6 @@ type Call struct {
 	clientTally
 }
 
-// attemptIdentity tells the reply goroutine which chunks are the current
-// attempt's next: the reader writes it when it starts an attempt, the
-// reply goroutine checks every chunk against it and advances the
-// sequence and the speakers. Call.mu guards every field.
-type attemptIdentity struct {
-	attempt uint32
-	secret  uint64 // the current attempt's (see wire.Job.secret)
-	nextSeq uint64
-	speaker string // the agent whose stream of this attempt is relayed
-	// prefillSpeaker is the agent whose prefill leg of this (PD) attempt
-	// is listened to; others is when each other agent found running the
-	// attempt was last told to stop (see stopOther).
-	prefillSpeaker string
-	others         map[string]time.Time
-}
-
 // attemptRun is what the reader knows of the current attempt and of the
 // attempts before it: who took it, where it stands, what it counts in
 // flight. The reader owns every field; no lock.
@@ -570,22 +554,6 @@ func (c *Call) next() (*wire.Chunk, *brokenAttempt, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.take(c.attempt)
-}
-
-// stopOtherLocked reports whether an agent found running the current
-// attempt beside its speaker should be told to stop now: once, and again
-// at most once a second while it still speaks (its cancel may have been
-// lost in a reconnect). c.mu is held.
-func (c *Call) stopOtherLocked(agent string) bool {
-	now := time.Now()
-	if last, ok := c.others[agent]; ok && now.Sub(last) < time.Second {
-		return false
-	}
-	if c.others == nil {
-		c.others = make(map[string]time.Time, 1)
-	}
-	c.others[strings.Clone(agent)] = now // not the message's bytes
-	return true
 }
 
 // stopOther cancels attempt at agent alone: the attempt's speaker goes on.
