@@ -61,7 +61,12 @@ type Request struct {
 // chunks into its inbox, and the reader (the ingress's handler, through
 // Next and Close), which owns everything else. The embedded types group
 // the state by concern and say which goroutine owns it and which lock
-// guards it; broker/locksordering.txt gives the order of the locks.
+// guards it; broker/locksordering.txt gives the order of the locks. The
+// groups with behaviour of their own keep it beside them: the inbox and
+// its byte bounds (callbuffer.go), the attempt's identity
+// (callidentity.go), the reader's clock (callclock.go) and what reached
+// the client (calltally.go). The Call's own methods coordinate them: its
+// lifecycle here, the reader's checks of an attempt in callwatch.go.
 type Call struct {
 	ID       string
 	Model    string
