@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -62,7 +61,12 @@ type Request struct {
 // chunks into its inbox, and the reader (the ingress's handler, through
 // Next and Close), which owns everything else. The embedded types group
 // the state by concern and say which goroutine owns it and which lock
-// guards it; broker/locksordering.txt gives the order of the locks.
+// guards it; broker/locksordering.txt gives the order of the locks. The
+// groups with behaviour of their own keep it beside them: the inbox and
+// its byte bounds (callbuffer.go), the attempt's identity
+// (callidentity.go), the reader's clock (callclock.go) and what reached
+// the client (calltally.go). The Call's own methods coordinate them: its
+// lifecycle here, the reader's checks of an attempt in callwatch.go.
 type Call struct {
 	ID       string
 	Model    string
@@ -97,92 +101,6 @@ type Call struct {
 	clientTally
 }
 
-// inbox is the hand-off from the reply goroutine to the reader: the reply
-// goroutine appends relayed chunks (relay) and records a failure or a
-// gap; the reader takes them (next). Call.mu guards every field.
-type inbox struct {
-	// queue holds the chunks relayed and not yet read, from qhead on, and
-	// qbytes what they cost (see queuedCost), at most Config.BufferBytes
-	// for a stream: a slice that grows with what a slow reader leaves, not
-	// a channel of the bound's size per call; past the bound the call
-	// fails with ErrSlowReader, so the reply goroutine never waits for a
-	// reader. answered is the bytes of answer relayed to the call (see
-	// answerBytes), bounded by Config.MaxAnswerBytes. waiting tells that
-	// the reader found it empty and waits on Call.ready, so a chunk wakes
-	// the reader only then: a reader busy writing takes the next chunk
-	// without a channel operation.
-	queue    []queuedChunk
-	qhead    int
-	qbytes   int64
-	answered int64
-	waiting  bool
-	// failErr, once set, ends the call (see fail); broken is a gap found
-	// in an attempt's sequence, for the reader to repair. Both wake the
-	// reader through ready: its select waits on ready, the context and one
-	// timer, not on a channel per event.
-	failErr error
-	broken  *brokenAttempt
-}
-
-// queuedChunk is a chunk in a call's inbox and what it costs there.
-type queuedChunk struct {
-	ch   *wire.Chunk
-	cost int64
-}
-
-// What a queued chunk holds beyond its encoding (which its decoding
-// aliases): the decoded chunk, and each event's struct and pointer.
-const (
-	chunkOverhead = 192
-	eventOverhead = 96
-)
-
-// queuedCost is what chunk, decoded from an encoding of n bytes, holds
-// while it waits in an inbox.
-func queuedCost(n int, chunk *wire.Chunk) int64 {
-	return int64(n + chunkOverhead + eventOverhead*len(chunk.GetEvents()))
-}
-
-// answerBytes is the engine output chunk carries: what the client gets
-// of it, its events' JSON and the final chunk's.
-func answerBytes(chunk *wire.Chunk) int64 {
-	n := len(chunk.GetRaw())
-	for _, ev := range chunk.GetEvents() {
-		n += len(ev.GetRaw())
-	}
-	return int64(n)
-}
-
-// attemptIdentity tells the reply goroutine which chunks are the current
-// attempt's next: the reader writes it when it starts an attempt, the
-// reply goroutine checks every chunk against it and advances the
-// sequence and the speakers. Call.mu guards every field.
-type attemptIdentity struct {
-	attempt uint32
-	secret  uint64 // the current attempt's (see wire.Job.secret)
-	nextSeq uint64
-	speaker string // the agent whose stream of this attempt is relayed
-	// prefillSpeaker is the agent whose prefill leg of this (PD) attempt
-	// is listened to; others is when each other agent found running the
-	// attempt was last told to stop (see stopOther).
-	prefillSpeaker string
-	others         map[string]time.Time
-}
-
-// readerClock is the reader's timing of the call: one timer stands for
-// three (see Next), the request's deadline, the stall check and the watch;
-// it fires at armed, the earliest of them. The reader owns every field;
-// no lock.
-type readerClock struct {
-	held    *wire.Chunk // the chunk Next returned last (see release)
-	timer   *time.Timer
-	armed   time.Time
-	stallAt time.Time // when the stall check is due
-	watchAt time.Time // when the watch is due
-	asked   time.Time // when the reader last asked for a chunk (see Next)
-	watch   *time.Ticker
-}
-
 // attemptRun is what the reader knows of the current attempt and of the
 // attempts before it: who took it, where it stands, what it counts in
 // flight. The reader owns every field; no lock.
@@ -212,23 +130,6 @@ type publishState struct {
 	// encodes it (see dispatch): no message of its own per attempt.
 	job        wire.Job
 	deadlineTS timestamppb.Timestamp
-}
-
-// clientTally is what reached the client, across attempts: the text a
-// migration continues from, the token timings and counts the metrics
-// and the request's log line report, and its outcome. The reader owns
-// every field; no lock.
-type clientTally struct {
-	sent       strings.Builder // the text handed to the client so far
-	sentTokens int             // content chunks handed to the client before the current attempt
-	streamID   string          // the engine's chunk id of the first attempt, kept across migrations
-	reasoned   bool            // reasoning text reached the client (see migrate)
-	firstToken time.Time
-	lastToken  time.Time
-	tokens     int
-	outcome    string
-	itl        prometheus.Observer
-	itlRoute   dispatch.Route
 }
 
 // Submit routes req, publishes its job and returns the Call that receives
@@ -624,27 +525,11 @@ func (b *Broker) relay(c *Call, chunk *wire.Chunk, size int, arrived int64) bool
 		}
 		c.nextSeq++
 	}
-	if k := chunk.GetKind(); k == wire.Chunk_KIND_TOKEN || k == wire.Chunk_KIND_FINAL {
-		c.answered += answerBytes(chunk)
-		if c.answered > c.b.cfg.MaxAnswerBytes {
-			c.failErr = fmt.Errorf("%w: request %s: the engine's answer passed %d bytes (--max-answer-bytes)", ErrAnswerTooLarge, c.ID, c.b.cfg.MaxAnswerBytes)
-			c.endAtBound()
-			return false
-		}
-	}
-	cost := queuedCost(size, chunk)
-	if c.req.Stream && c.qbytes+cost > c.b.cfg.BufferBytes && c.qhead < len(c.queue) {
-		// A stream's client reads as it goes; an answer read whole is
-		// bounded by MaxAnswerBytes alone. One chunk, however large,
-		// always fits an empty queue.
-		c.failErr = fmt.Errorf("%w: request %s: client reads too slowly (%d bytes waiting, --answer-buffer-bytes %d)", ErrSlowReader, c.ID, c.qbytes, c.b.cfg.BufferBytes)
+	wake, err := c.add(chunk, size, c.req.Stream, c.b.cfg.MaxAnswerBytes, c.b.cfg.BufferBytes, c.ID)
+	if err != nil {
 		c.endAtBound()
 		return false
 	}
-	c.qbytes += cost
-	c.queue = append(c.queue, queuedChunk{chunk, cost})
-	wake := c.waiting
-	c.waiting = false
 	c.mu.Unlock()
 	c.arrived.Store(arrived)
 	if wake {
@@ -668,51 +553,12 @@ func (c *Call) endAtBound() {
 	c.cancelAttempt(attempt)
 }
 
-// next takes the first queued chunk. When there is none it returns the
-// call's failure, or else takes a gap found in an attempt's sequence
-// (current: in the attempt still running), or else returns nothing with
-// waiting set: the next relayed chunk then signals ready.
+// next takes the first queued chunk, or else what ends or repairs the
+// call (see inbox.take).
 func (c *Call) next() (*wire.Chunk, *brokenAttempt, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.qhead == len(c.queue) {
-		if c.failErr != nil {
-			return nil, nil, c.failErr
-		}
-		if br := c.broken; br != nil {
-			c.broken = nil
-			br.current = br.attempt == c.attempt
-			return nil, br, nil
-		}
-		c.waiting = true
-		return nil, nil, nil
-	}
-	// The reader takes a chunk: it does not wait (it may have woken for
-	// its timer or context with waiting still set).
-	c.waiting = false
-	q := c.queue[c.qhead]
-	c.queue[c.qhead] = queuedChunk{}
-	c.qbytes -= q.cost
-	if c.qhead++; c.qhead == len(c.queue) {
-		c.queue, c.qhead = c.queue[:0], 0
-	}
-	return q.ch, nil, nil
-}
-
-// stopOtherLocked reports whether an agent found running the current
-// attempt beside its speaker should be told to stop now: once, and again
-// at most once a second while it still speaks (its cancel may have been
-// lost in a reconnect). c.mu is held.
-func (c *Call) stopOtherLocked(agent string) bool {
-	now := time.Now()
-	if last, ok := c.others[agent]; ok && now.Sub(last) < time.Second {
-		return false
-	}
-	if c.others == nil {
-		c.others = make(map[string]time.Time, 1)
-	}
-	c.others[strings.Clone(agent)] = now // not the message's bytes
-	return true
+	return c.take(c.attempt)
 }
 
 // stopOther cancels attempt at agent alone: the attempt's speaker goes on.
@@ -748,9 +594,7 @@ func (b *Broker) putChunk(ch *wire.Chunk) { b.chunkPool.Put(ch) }
 // returns it once it has taken the chunks queued before.
 func (c *Call) fail(err error) {
 	c.mu.Lock()
-	if c.failErr == nil {
-		c.failErr = err
-	}
+	c.failed(err)
 	c.mu.Unlock()
 	c.wake()
 }
@@ -778,20 +622,10 @@ func (c *Call) Next(ctx context.Context) (*wire.Chunk, error) {
 	// One goroutine reads a call, so its timer is reused across chunks. It
 	// stands for the deadline, the stall check and the watch: one timer in
 	// the select instead of three, as each blocking select arms every
-	// timer it waits on and disarms it when woken, once per token.
-	//
-	// The stall check is not moved per chunk (a timer operation per token
-	// adds up): when it is due, it is pushed back by the time since the
-	// reader last asked. The watch looks for dead agents and, before the
-	// first token, for jobs no one can take.
-	c.asked = time.Now()
-	if c.timer == nil {
-		c.stallAt = c.asked.Add(c.b.cfg.StallTimeout)
-		c.watchAt = c.asked.Add(c.b.cfg.WatchInterval)
-		c.armed = c.due()
-		c.timer = timers.Get().(*time.Timer)
-		c.timer.Reset(c.armed.Sub(c.asked))
-	}
+	// timer it waits on and disarms it when woken, once per token (see
+	// readerClock). The watch looks for dead agents and, before the first
+	// token, for jobs no one can take.
+	c.ask(c.Deadline, c.b.cfg.StallTimeout, c.b.cfg.WatchInterval)
 	for {
 		c.release()
 		// Chunks already queued win over a failure noticed later.
@@ -823,18 +657,16 @@ func (c *Call) Next(ctx context.Context) (*wire.Chunk, error) {
 				}
 				continue
 			case <-c.timer.C:
-				c.armed = time.Time{}
-				now := time.Now()
-				if !now.Before(c.Deadline) {
+				now := c.fired()
+				if c.expired(now) {
 					return nil, fmt.Errorf("%w: request %s", ErrTimeout, c.ID)
 				}
-				if !now.Before(c.stallAt) {
+				if c.stallDue(now) {
 					if err := c.checkStall(ctx); err != nil {
 						return nil, err
 					}
 				}
-				if !now.Before(c.watchAt) {
-					c.watchAt = now.Add(c.b.cfg.WatchInterval)
+				if c.watchDue(now) {
 					if err := c.checkWatch(ctx); err != nil {
 						return nil, err
 					}
@@ -922,277 +754,9 @@ func (c *Call) release() {
 	}
 }
 
-// restartStall gives a new attempt the whole stall timeout.
-func (c *Call) restartStall() {
-	c.asked = time.Now()
-	c.stallIn(c.b.cfg.StallTimeout)
-}
-
-// stallIn moves the stall check to d from now.
-func (c *Call) stallIn(d time.Duration) {
-	c.stallAt = time.Now().Add(d)
-	c.rearm()
-}
-
-// due is when the timer should fire next: the earliest of the deadline,
-// the stall check and the watch.
-func (c *Call) due() time.Time {
-	d := c.Deadline
-	if c.stallAt.Before(d) {
-		d = c.stallAt
-	}
-	if c.watchAt.Before(d) {
-		d = c.watchAt
-	}
-	return d
-}
-
-// rearm sets the timer to fire at due, unless it fires before that
-// anyway: a timer that fires early finds nothing due and is set again.
-func (c *Call) rearm() {
-	if c.timer == nil {
-		return // Next sets it up
-	}
-	d := c.due()
-	if !c.armed.IsZero() && !d.Before(c.armed) {
-		return
-	}
-	c.armed = d
-	c.timer.Reset(time.Until(d))
-}
-
-// checkStall runs when the stall check is due: it pushes the check back
-// while the agent is not silent for StallTimeout, and recovers the attempt
-// when it is.
-func (c *Call) checkStall(ctx context.Context) error {
-	if c.waitingForDecode() {
-		// Between the hand-off and the decode agent's accept no agent
-		// speaks: the decode queue may be busy. The bound is how long the
-		// prefill engine holds the KV.
-		if left := c.handedOff.Add(c.b.cfg.KVHold).Sub(c.b.now()); left > 0 {
-			c.stallIn(min(left, c.b.cfg.StallTimeout))
-			return nil
-		}
-		if err := c.recover(ctx, fmt.Errorf("%w: request %s: %s", errHandoffExpired, c.ID, c.b.cfg.KVHold)); err != nil {
-			return err
-		}
-		c.restartStall()
-		return nil
-	}
-	// The time the broker itself stood still is not the agent's silence:
-	// its chunks waited unread meanwhile.
-	paused, now := c.b.pauses.since(c.asked)
-	if idle := now.Sub(c.asked) - paused; idle < c.b.cfg.StallTimeout {
-		c.stallIn(c.b.cfg.StallTimeout - idle)
-		return nil
-	}
-	if err := c.recover(ctx, fmt.Errorf("%w: request %s: nothing for %s", ErrStalled, c.ID, c.b.cfg.StallTimeout)); err != nil {
-		return err
-	}
-	c.restartStall()
-	return nil
-}
-
-// checkWatch runs every WatchInterval: before the first token it ends a
-// request nobody took in time, and at any time it recovers an attempt
-// that is stuck or whose stream went silent when the broker reconnected.
-func (c *Call) checkWatch(ctx context.Context) error {
-	if c.agent == "" && c.prefillAgent == "" && c.firstToken.IsZero() && c.b.now().Sub(c.Started) > c.b.cfg.QueueTimeout {
-		// Nobody took the job in time: give up cleanly; the cancel at
-		// Close keeps the queued job from starting.
-		return fmt.Errorf("%w: request %s waited %s", ErrQueueTimeout, c.ID, c.b.cfg.QueueTimeout)
-	}
-	why := c.stuck()
-	if why == nil {
-		why = c.silentSinceReconnect()
-	}
-	if why == nil {
-		return nil
-	}
-	if err := c.recover(ctx, why); err != nil {
-		return err
-	}
-	c.restartStall()
-	return nil
-}
-
-// Buffered reports how many chunks wait to be read. A writer that finds
-// more waiting can write them before it flushes, one flush for a burst.
-func (c *Call) Buffered() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return len(c.queue) - c.qhead
-}
-
-// stuck reports why the current attempt should be abandoned: before its
-// first token, nobody can take its job; at any time, the agent that took it
-// is gone.
-func (c *Call) stuck() error {
-	if c.b.now().Sub(c.attemptStart) < c.b.cfg.AcceptTimeout && c.agent == "" {
-		return nil
-	}
-	m, ok := c.b.table.Load().Model(c.Model)
-	if !ok {
-		return nil
-	}
-	if c.agent == "" && c.prefillAgent != "" && c.handedOff.IsZero() {
-		// A prefill agent runs the leg: it is alive as long as it
-		// heartbeats, however long the prompt, whatever the pool's state.
-		return c.agentGone(m, c.prefillAgent)
-	}
-	if c.agent == "" {
-		// With its route out of service the job would wait for nobody,
-		// unless an agent took it a moment ago and its accepted chunk is
-		// on the way: running it elsewhere then would run it twice.
-		if !routeEligible(m, c.Route, c.pair) && (!c.handedOff.IsZero() || !c.jobTaken()) {
-			return fmt.Errorf("%w: route %s of %q has no eligible agent", errNotTaken, routeName(c.Route, c.pair), c.Model)
-		}
-		// Neither accepted nor waiting: an agent took the job and died
-		// before it could say so. Allow for heartbeats and the queue depth
-		// poll to catch up before calling the job lost.
-		if !c.handedOff.IsZero() {
-			return nil // the decode queue holds it; bounded by KVHold
-		}
-		if c.prefillAgent != "" {
-			return c.agentGone(m, c.prefillAgent) // the prefill leg runs
-		}
-		grace := c.b.cfg.AcceptTimeout + 3*c.b.cfg.HeartbeatInterval
-		if c.b.now().Sub(c.attemptStart) > grace {
-			if n, ok := c.queued(c.attemptStart.Add(grace)); ok && n == 0 {
-				return fmt.Errorf("%w: taken from the %s queue but never accepted", errAgentLost, c.Route)
-			}
-			if c.deliveredUnaccepted() {
-				// The job is still in the stream, but its consumer
-				// delivered it: to a pull whose agent never got it (it
-				// went through a NATS node that died) or never said so.
-				// JetStream would offer it again only after its AckWait.
-				return fmt.Errorf("%w: delivered from the %s queue but never accepted", errAgentLost, c.Route)
-			}
-		}
-		return nil
-	}
-	return c.agentGone(m, c.agent)
-}
-
-// deliveryCheckEvery bounds how often a waiting attempt asks its queue's
-// consumer whether its job was delivered.
-const deliveryCheckEvery = time.Second
-
-// deliveredUnaccepted reports whether the current attempt's job was
-// delivered by its queue's consumer although no agent accepted it; an
-// agent accepts within milliseconds of a delivery. Asked at most every
-// deliveryCheckEvery, bounded by half a second: no answer is no.
-func (c *Call) deliveredUnaccepted() bool {
-	if c.jobSeq == 0 || c.b.now().Sub(c.deliveryChecked) < deliveryCheckEvery {
-		return false
-	}
-	c.deliveryChecked = c.b.now()
-	var name string
-	var err error
-	switch {
-	case c.Route == dispatch.RoutePD && c.pair != "":
-		name, err = subjects.PDConsumerName(c.Model, subjects.PoolPrefill, c.pair)
-	case c.Route == dispatch.RoutePD:
-		name, err = subjects.ConsumerName(c.Model, subjects.PoolPrefill)
-	default:
-		name, err = subjects.ConsumerName(c.Model, subjects.PoolRegular)
-	}
-	if err != nil {
-		return false
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
-	defer cancel()
-	cons, err := c.b.js.Consumer(ctx, c.b.cfg.Stream, name)
-	if err != nil {
-		return false
-	}
-	return cons.CachedInfo().Delivered.Stream >= c.jobSeq
-}
-
-// reconnectSilence is how long an attempt that was speaking may stay
-// silent after the broker's connection came back before its stream is
-// taken as broken: the chunks sent to the lost node, the last ones (a
-// final) included, are gone, and nothing else would show it before the
-// stall timeout. Agents speak every keep-alive interval (1 s) before the
-// first token and every token after it.
-const reconnectSilence = 3 * time.Second
-
-// silentSinceReconnect reports an attempt that an agent runs, that spoke
-// before the broker's connection was lost and has said nothing since it
-// came back reconnectSilence ago.
-func (c *Call) silentSinceReconnect() error {
-	// When chunks arrived, not when the reader took them: chunks that
-	// came before the connection was lost may be read after it is back.
-	rc, last := c.b.reconnected.Load(), c.arrived.Load()
-	if rc == 0 || last == 0 || last >= rc {
-		return nil
-	}
-	at := time.Unix(0, rc)
-	if c.attemptStart.After(at) || c.b.now().Sub(at) < reconnectSilence {
-		return nil
-	}
-	if c.agent == "" && (c.prefillAgent == "" || !c.handedOff.IsZero()) {
-		return nil // in a queue: nobody speaks for it
-	}
-	return fmt.Errorf("%w: request %s: nothing since the broker reconnected %s ago", ErrStreamBroken, c.ID, c.b.now().Sub(at).Round(time.Millisecond))
-}
-
-// routeEligible reports whether the queue an attempt went to still has
-// agents that pull it: for PD, its own pairing.
-func routeEligible(m *dispatch.Model, route dispatch.Route, pair string) bool {
-	if route != dispatch.RoutePD || pair == "" {
-		return m.Eligible(route)
-	}
-	for _, p := range m.Pairs() {
-		if p.Key == pair {
-			return p.Eligible
-		}
-	}
-	return false
-}
-
-func routeName(route dispatch.Route, pair string) string {
-	if pair == "" {
-		return route.String()
-	}
-	return route.String() + " (" + pair + ")"
-}
-
-// agentGone reports an agent that stopped heartbeating or left the table.
-// An agent whose attempt spoke within the heartbeat staleness bound is
-// alive whatever its heartbeats say: they may be what a NATS failover lost
-// (the agent reconnecting, the broker's subscription being renewed on
-// another node), and abandoning a stream that flows would only spend a
-// migration.
-func (c *Call) agentGone(m *dispatch.Model, id string) error {
-	missed := c.b.cfg.Dispatch.MissedHeartbeats
-	if missed <= 0 {
-		missed = dispatch.DefaultMissedHeartbeats
-	}
-	for _, a := range m.Agents() {
-		if a.ID == id {
-			// Chunks are a sign of life as good as heartbeats, judged on
-			// the same window: the agent's own interval when it is longer
-			// than the broker's.
-			window := time.Duration(missed) * max(c.b.cfg.HeartbeatInterval, a.Interval)
-			if !c.heard.IsZero() && c.b.now().Sub(c.heard) < window {
-				return nil
-			}
-			if a.Reason == dispatch.ReasonStale {
-				return fmt.Errorf("%w: %s stopped heartbeating", errAgentLost, id)
-			}
-			return nil
-		}
-	}
-	if !c.heard.IsZero() && c.b.now().Sub(c.heard) < time.Duration(missed)*c.b.cfg.HeartbeatInterval {
-		return nil
-	}
-	return fmt.Errorf("%w: %s left the table", errAgentLost, id)
-}
-
-// sentFirstRoom is what a call's sent text is first given (see deliver).
-const sentFirstRoom = 256
-
+// deliver takes in ch, the chunk Next hands to the client: what the
+// client got (clientTally), the metrics and timings of its tokens, and
+// the outcome of a last chunk.
 func (c *Call) deliver(ch *wire.Chunk) *wire.Chunk {
 	switch ch.GetKind() {
 	case wire.Chunk_KIND_TOKEN:
@@ -1201,38 +765,16 @@ func (c *Call) deliver(ch *wire.Chunk) *wire.Chunk {
 			break
 		}
 		now := c.heard // when Next took it: a clock read per token saved
-		if c.firstToken.IsZero() {
-			c.firstToken = now
-			c.streamID = oaiformat.ChunkID(events[0].GetRaw())
+		if c.first(now, events) {
 			c.b.obs(c.Model, c.Route).ttft.Observe(now.Sub(c.Started).Seconds())
 		}
 		// The observer is looked up once per route, not per token.
 		if c.itl == nil || c.itlRoute != c.Route {
 			c.itl, c.itlRoute = c.b.obs(c.Model, c.Route).itl, c.Route
 		}
-		if !c.lastToken.IsZero() {
-			c.itl.Observe(now.Sub(c.lastToken).Seconds())
-		}
-		// The events of one message reach the client together.
-		for range len(events) - 1 {
-			c.itl.Observe(0)
-		}
-		c.lastToken = now
+		c.gaps(now, len(events))
 		c.timeToken(now, len(events))
-		for _, ev := range events {
-			if t := ev.GetDeltaText(); t != "" {
-				if c.sent.Cap() == 0 {
-					// Room for some 50 tokens at once, where growing from
-					// the first token's few bytes took an allocation at
-					// each doubling.
-					c.sent.Grow(max(sentFirstRoom, len(t)))
-				}
-				c.sent.WriteString(t)
-				c.tokens++
-			} else if !c.reasoned && ev.GetFinishReason() == "" {
-				c.reasoned = oaiformat.Reasoning(ev.GetRaw())
-			}
-		}
+		c.text(events)
 	case wire.Chunk_KIND_FINAL:
 		c.ended.Store(true)
 		c.outcome = OutcomeOK
@@ -1269,12 +811,7 @@ func (c *Call) Close() {
 	}
 	c.b.calls.Delete(c.ID)
 	c.release()
-	if c.timer != nil {
-		// Close is the reader's last call: its timer serves the next call.
-		c.timer.Stop()
-		timers.Put(c.timer)
-		c.timer = nil
-	}
+	c.readerClock.stop()
 	outcome := c.outcome
 	if outcome == "" {
 		outcome = OutcomeCancelled
@@ -1330,18 +867,4 @@ func (c *Call) logEnd(outcome string) {
 		slog.Int("tokens", c.tokens),
 		slog.String("outcome", outcome),
 	)
-}
-
-// queued returns the jobs waiting in the current route's first queue, if
-// the depth was read after since.
-func (c *Call) queued(since time.Time) (int, bool) {
-	pool := subjects.PoolRegular
-	if c.Route == dispatch.RoutePD {
-		pool = subjects.PoolPrefill
-	}
-	d, at := c.b.queueDepth()
-	if d == nil || at.Before(since) {
-		return 0, false
-	}
-	return d[c.Model][pool], true
 }
