@@ -55,7 +55,10 @@ type fixture struct {
 	done  chan error         // what Run returned
 }
 
-func start(t *testing.T, slots int, delay time.Duration, opts ...func(*agent.Config)) *fixture {
+// jobsServer starts a JetStream server with the broker's jobs stream and
+// returns a connection for the test (the broker's side) and one for the
+// agent.
+func jobsServer(t *testing.T) (nc, anc *nats.Conn) {
 	t.Helper()
 	s := natstest.RunJetStream(t)
 	nc, err := nats.Connect(s.ClientURL())
@@ -70,11 +73,17 @@ func start(t *testing.T, slots int, delay time.Duration, opts ...func(*agent.Con
 	if err := b.EnsureStream(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	anc, err := nats.Connect(s.ClientURL())
+	anc, err = nats.Connect(s.ClientURL())
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(anc.Close)
+	return nc, anc
+}
+
+func start(t *testing.T, slots int, delay time.Duration, opts ...func(*agent.Config)) *fixture {
+	t.Helper()
+	nc, anc := jobsServer(t)
 	eng := &countingEngine{delay: delay}
 	cfg := agent.Config{ID: "a1", Model: "m", Slots: slots, Heartbeat: 50 * time.Millisecond, PullWait: 200 * time.Millisecond}
 	for _, o := range opts {

@@ -7,14 +7,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/switchyard-ai/switchyard/agent"
-	"github.com/switchyard-ai/switchyard/broker"
-	"github.com/switchyard-ai/switchyard/internal/natstest"
 	"github.com/switchyard-ai/switchyard/internal/testwait"
 	"github.com/switchyard-ai/switchyard/wire"
 )
@@ -42,24 +39,7 @@ func TestEngineFailureSameForChatAndEmbeddings(t *testing.T) {
 		{"adapter's code", &wire.Error{Code: wire.CodeEngineDown, Message: "dial refused"}, wire.CodeEngineDown},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := natstest.RunJetStream(t)
-			nc, err := nats.Connect(s.ClientURL())
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(nc.Close)
-			b, err := broker.New(nc, broker.Config{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := b.EnsureStream(context.Background()); err != nil {
-				t.Fatal(err)
-			}
-			anc, err := nats.Connect(s.ClientURL())
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(anc.Close)
+			nc, anc := jobsServer(t)
 			a, err := agent.New(anc, failingEngine{tc.err}, agent.Config{ID: "a1", Model: "m", Slots: 2,
 				Heartbeat: 50 * time.Millisecond, PullWait: 200 * time.Millisecond})
 			if err != nil {
