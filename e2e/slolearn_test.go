@@ -266,30 +266,8 @@ func TestSLONoHerding(t *testing.T) {
 		t.Skip("runs timed engine steps")
 	}
 	b := cmdtest.StartBroker(t, "--dispatch-mode", "slo")
-	startAgent(t, b.NATS, "r1", startEngine(t, learnEngine(16)), 16)
-	pd := func(role simengine.Role) simengine.Config {
-		c := learnEngine(32)
-		c.Role, c.PDProtocol, c.BootstrapTimeout = role, simengine.PDVLLM, 5*time.Second
-		return c
-	}
-	p := startEngine(t, pd(simengine.RolePrefill))
-	d := startEngine(t, pd(simengine.RoleDecode))
-	startAgent(t, b.NATS, "pre", p, 32, "--engine", "vllm", "--role", "prefill",
-		"--bootstrap-host", "127.0.0.1", "--bootstrap-port", fmt.Sprint(p.BootstrapPort()))
-	startAgent(t, b.NATS, "dec", d, 32, "--engine", "vllm", "--role", "decode")
-	cmdtest.WaitEligible(t, b.HTTP, "r1", "pre", "dec")
+	learnedPDFleet(t, b)
 	ctx := context.Background()
-	warm := 0
-	testwait.For(t, 60*time.Second, 10*time.Millisecond, func() error {
-		var wg sync.WaitGroup
-		for range 4 {
-			warm++
-			prompt := sloPrompt("warm", warm, 200)
-			wg.Go(func() { _, _ = sloStream(ctx, b.HTTP, prompt, 8, 0, nil) })
-		}
-		wg.Wait()
-		return sloLearned(b.HTTP)
-	})
 	const burst = 24
 	routes := make([]string, burst)
 	var wg sync.WaitGroup
@@ -313,4 +291,34 @@ func TestSLONoHerding(t *testing.T) {
 	if onPD > burst*3/4 {
 		t.Errorf("%d of %d short prompts with targets went to PD: the burst herded", onPD, burst)
 	}
+}
+
+// learnedPDFleet starts a regular agent (16 slots) and a vLLM PD pair (32
+// slots each) on b, then sends short prompts until the broker has learned
+// every pool's figures.
+func learnedPDFleet(t *testing.T, b *cmdtest.Broker) {
+	t.Helper()
+	startAgent(t, b.NATS, "r1", startEngine(t, learnEngine(16)), 16)
+	pd := func(role simengine.Role) simengine.Config {
+		c := learnEngine(32)
+		c.Role, c.PDProtocol, c.BootstrapTimeout = role, simengine.PDVLLM, 5*time.Second
+		return c
+	}
+	p := startEngine(t, pd(simengine.RolePrefill))
+	d := startEngine(t, pd(simengine.RoleDecode))
+	startAgent(t, b.NATS, "pre", p, 32, "--engine", "vllm", "--role", "prefill",
+		"--bootstrap-host", "127.0.0.1", "--bootstrap-port", fmt.Sprint(p.BootstrapPort()))
+	startAgent(t, b.NATS, "dec", d, 32, "--engine", "vllm", "--role", "decode")
+	cmdtest.WaitEligible(t, b.HTTP, "r1", "pre", "dec")
+	warm := 0
+	testwait.For(t, 60*time.Second, 10*time.Millisecond, func() error {
+		var wg sync.WaitGroup
+		for range 4 {
+			warm++
+			prompt := sloPrompt("warm", warm, 200)
+			wg.Go(func() { _, _ = sloStream(context.Background(), b.HTTP, prompt, 8, 0, nil) })
+		}
+		wg.Wait()
+		return sloLearned(b.HTTP)
+	})
 }

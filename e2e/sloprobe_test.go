@@ -5,13 +5,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/switchyard-ai/switchyard/internal/cmdtest"
 	"github.com/switchyard-ai/switchyard/internal/testwait"
-	"github.com/switchyard-ai/switchyard/simengine"
 )
 
 // TestSLOProbe: with every cheap request with targets allowed to probe
@@ -23,30 +21,8 @@ func TestSLOProbe(t *testing.T) {
 		t.Skip("runs timed engine steps")
 	}
 	b := cmdtest.StartBroker(t, "--dispatch-mode", "slo", "--slo-probe-share", "1", "--slo-probe-age", "1s")
-	startAgent(t, b.NATS, "r1", startEngine(t, learnEngine(16)), 16)
-	pd := func(role simengine.Role) simengine.Config {
-		c := learnEngine(32)
-		c.Role, c.PDProtocol, c.BootstrapTimeout = role, simengine.PDVLLM, 5*time.Second
-		return c
-	}
-	p := startEngine(t, pd(simengine.RolePrefill))
-	d := startEngine(t, pd(simengine.RoleDecode))
-	startAgent(t, b.NATS, "pre", p, 32, "--engine", "vllm", "--role", "prefill",
-		"--bootstrap-host", "127.0.0.1", "--bootstrap-port", fmt.Sprint(p.BootstrapPort()))
-	startAgent(t, b.NATS, "dec", d, 32, "--engine", "vllm", "--role", "decode")
-	cmdtest.WaitEligible(t, b.HTTP, "r1", "pre", "dec")
+	learnedPDFleet(t, b)
 	ctx := context.Background()
-	warm := 0
-	testwait.For(t, 60*time.Second, 10*time.Millisecond, func() error {
-		var wg sync.WaitGroup
-		for range 4 {
-			warm++
-			prompt := sloPrompt("warm", warm, 200)
-			wg.Go(func() { _, _ = sloStream(ctx, b.HTTP, prompt, 8, 0, nil) })
-		}
-		wg.Wait()
-		return sloLearned(b.HTTP)
-	})
 
 	// Short prompts with targets, one after another, until one was a
 	// probe.

@@ -32,9 +32,9 @@ import (
 // and tested for.
 const officialNATSChartVersion = "2.14.2"
 
-// officialNATSChart is the official NATS chart's package: test data kept
-// beside the repository (../shared/charts), since no chart repository is
-// reachable from the test machines.
+// officialNATSChart is the official NATS chart's package, read as test
+// data from the charts folder beside the repository; the tests that need
+// it skip without it.
 func officialNATSChart(t *testing.T) string {
 	t.Helper()
 	p := filepath.Join(cmdtest.RepoRoot(t), "..", "shared", "charts", "nats-"+officialNATSChartVersion+".tgz")
