@@ -46,6 +46,8 @@ type Request struct {
 	// Targets are the request's latency targets (dispatch.ModeSLO and the
 	// attainment metric); a zero field takes Config.Targets'.
 	Targets Targets
+	// Class is the request's work class (ClassInteractive when zero).
+	Class Class
 }
 
 // Call is one request in flight. The ingress reads its chunks with Next and
