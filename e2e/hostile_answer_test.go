@@ -141,7 +141,7 @@ func waitCancelled(t *testing.T, ends *engineEnds, want int32) {
 // cancelled, it is not run again, and the memory held stays near the
 // bound.
 func TestHostileEngineAnswerTooLarge(t *testing.T) {
-	const bound = 16 * mib
+	const bound = 4 * mib
 	for _, tc := range []struct {
 		name        string
 		brokerBound bool // the broker's bound is the lower one, else the agent's
