@@ -8,7 +8,7 @@
 //	go run ./bench                      # everything, about 75 minutes
 //	go run ./bench --quick              # shorter windows, for a smoke run
 //	go run ./bench --only overhead,dispatch
-//	go run ./bench --only goodput       # about 50 minutes
+//	go run ./bench --only goodput       # about 60 minutes
 //	go run ./bench --only fleet         # about 2 minutes; table on stdout
 //
 // Scenarios: overhead (added TTFT/ITL and relayed tokens/s, plus a CPU
