@@ -230,19 +230,20 @@ type callTiming struct {
 	prefilling  string
 	prefillSecs float64
 	// predicted is the TTFT slo predicted for the attempt's route (its
-	// publish to first token), scored at its first token; 0: none.
-	predicted time.Duration
-	accepted  time.Time // when the first leg's agent accepted
-	first     time.Time // the attempt's first token
-	last      time.Time // its last token
-	gapSum    time.Duration
-	gaps      int
+	// publish to first token), scored at its first token; predictedITL
+	// the ITL, scored when the request ends well; 0: none.
+	predicted, predictedITL time.Duration
+	accepted                time.Time // when the first leg's agent accepted
+	first                   time.Time // the attempt's first token
+	last                    time.Time // its last token
+	gapSum                  time.Duration
+	gaps                    int
 }
 
 // decided takes in slo's decision for the attempt: the prediction to
 // score, a decision by capacity counted by its reason, and a probe.
 func (c *Call) decided(d *dispatch.Decision) {
-	c.tm.predicted = d.Prediction.TTFT
+	c.tm.predicted, c.tm.predictedITL = d.Prediction.TTFT, d.Prediction.ITL
 	if d.Fallback != "" {
 		c.b.fallbackCounter(c.Model, d.Fallback).Inc()
 	}
@@ -501,6 +502,10 @@ func (c *Call) timeDone(outcome string) {
 	if outcome == OutcomeOK && c.tokens > 0 {
 		n := float64(c.tokens)
 		c.b.timing.observe(c.Model, c.agent, now, false, func(a *agentTiming) { a.output.add(n) })
+	}
+	if outcome == OutcomeOK && c.tm.predictedITL > 0 && !c.tm.first.IsZero() && c.tokens > 1 && c.lastToken.After(c.tm.first) {
+		// The attempt's own tokens: a retried call's earlier ones ran elsewhere.
+		c.b.scoreITLPrediction(c.Model, c.Route, c.tm.predictedITL, c.lastToken.Sub(c.tm.first)/time.Duration(c.tokens-1))
 	}
 	t := c.targets()
 	if outcome != OutcomeOK || (t.TTFT <= 0 && t.ITL <= 0) || c.firstToken.IsZero() {
