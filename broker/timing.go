@@ -70,7 +70,10 @@ type agentTiming struct {
 	wait        ewma
 	prefillToks ewma
 	prefillSecs ewma
-	output      ewma // tokens per request streamed
+	// reqToks is the prompt tokens prefilled per request (prefillToks is
+	// per window of busy time, which holds many requests).
+	reqToks ewma
+	output  ewma // tokens per request streamed
 	// unreported: the engine's last answer said nothing of cached prompt
 	// tokens, so what it prefilled is not known and no rate is learned.
 	unreported bool
@@ -127,8 +130,9 @@ func (t *agentTiming) timing() dispatch.Timing {
 	}
 	if t.prefillSecs.v > 0 {
 		out.PrefillRate = t.prefillToks.v / t.prefillSecs.v
-		out.PrefillTokens = t.prefillToks.v
+		out.PrefillTokens = t.reqToks.v
 	}
+	out.InPrefill = t.inPrefill
 	out.CacheUnreported = t.unreported
 	out.OutputTokens = t.output.v
 	return out
@@ -415,6 +419,7 @@ func (c *Call) learnPrefill(id string, raw []byte) {
 		if !ok {
 			return
 		}
+		a.reqToks.add(float64(toks))
 		a.accToks += float64(toks)
 		a.accSecs += secs
 		if a.prefillSecs.set && a.accSecs < prefillWindow {
