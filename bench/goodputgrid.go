@@ -122,7 +122,10 @@ func (e *env) goodput(d *doc) error {
 		modes = append(modes, "threshold-"+strconv.Itoa(t))
 	}
 	sw := gridSweep{step: 1.2, window: 10 * time.Second}
-	guess := 24.0
+	guess := e.goodputStart
+	if len(e.goodputModes) > 0 {
+		modes = e.goodputModes
+	}
 	if e.quick {
 		sw.window, guess = 4*time.Second, 8
 		cells = cells[:2]
@@ -130,13 +133,14 @@ func (e *env) goodput(d *doc) error {
 	results := map[string]goodputResult{} // cell name / mode
 	for ci, c := range cells {
 		for mi, mode := range modes {
-			start, most := guess, 3
-			if mi == 0 {
-				most = 4
-			} else if g := results[c.name+"/"+modes[0]].goodput; g > 0 {
-				start = g
-			} else {
-				start = results[c.name+"/"+modes[0]].points[len(results[c.name+"/"+modes[0]].points)-1].rate
+			// Capacity sweeps from the guess; the other modes from
+			// capacity's goodput, or from the guess when it is not measured.
+			start, most := guess, 4
+			if r, ok := results[c.name+"/capacity"]; ok && mi > 0 && len(r.points) > 0 {
+				start, most = r.goodput, 3
+				if start == 0 {
+					start = r.points[len(r.points)-1].rate
+				}
 			}
 			e.logf("goodput grid: %s, %s from %g requests/s", c.name, mode, start)
 			r, err := e.gridRun(c, uint64(ci), mode, sw, start, most)
@@ -148,7 +152,7 @@ func (e *env) goodput(d *doc) error {
 			e.logf("goodput grid: %s, %s: %g (%s)", c.name, mode, r.goodput, r.describe())
 		}
 		if ci == 0 {
-			if g := results[c.name+"/"+modes[0]].goodput; g > 0 {
+			if g := results[c.name+"/capacity"].goodput; g > 0 {
 				guess = g
 			}
 		}

@@ -109,6 +109,8 @@ func run(ctx context.Context, args []string) error {
 	fleetSizesFlag := fs.String("fleet-sizes", joinInts(fleetSizes), "fleet: comma-separated numbers of simulated agents")
 	fleetWindow := fs.Duration("fleet-window", 8*time.Second, "fleet: CPU measurement window per fleet size")
 	fleetReal := fs.String("fleet-real", "8,32", "fleet: comma-separated numbers of real agents (agent package, in-process simulator) whose JetStream consumers and nats-server memory are read (empty: none)")
+	goodputModes := fs.String("goodput-modes", "", "goodput: measure only these modes (comma-separated: capacity, count, slo, threshold-N), each swept from --goodput-start")
+	goodputStart := fs.Float64("goodput-start", 24, "goodput: the rate (requests/s) the sweeps start from")
 	goDefaults := fs.Bool("go-defaults", false, "run the broker and agents at the Go runtime's defaults instead of the settings the Dockerfile deploys them with (GOGC=400; agents GOMAXPROCS=2)")
 	keep := fs.Bool("keep", false, "keep the scratch directory (process logs, configs, profiles)")
 	profiles := fs.String("profiles", "", "directory to copy the tokenpath scenario's profiles to: CPU (broker-<n>tok.pprof, agent-<n>tok.pprof) and heap (broker-<n>tok.allocs.pprof, agent-<n>tok.allocs.pprof); with it the fleet scenario's broker runs under a CPU profile too (fleet-<agents>.pprof)")
@@ -158,7 +160,10 @@ func run(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	e := &env{ctx: ctx, bin: filepath.Join(tmp, "bin"), self: self, tmp: tmp, sup: &supervisor{dir: tmp}, quick: *quick, logf: logf, profiles: *profiles, goDefaults: *goDefaults}
+	e := &env{ctx: ctx, bin: filepath.Join(tmp, "bin"), self: self, tmp: tmp, sup: &supervisor{dir: tmp}, quick: *quick, logf: logf, profiles: *profiles, goDefaults: *goDefaults, goodputStart: *goodputStart}
+	if *goodputModes != "" {
+		e.goodputModes = strings.Split(*goodputModes, ",")
+	}
 	defer e.sup.stopAll()
 
 	logf("building broker, worker-agent and sim-engine into %s", e.bin)
