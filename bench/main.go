@@ -22,8 +22,8 @@
 // rollout, its per-window table also printed on stdout), affinity
 // (multi-turn chat with prefix caching, affinity versus pure pull and
 // nginx), goodput (the highest rate at which 90% of requests meet
-// latency targets, per dispatch mode and step of a rollout from regular
-// to PD, on batch-model engines), and, only when named, fleet (a broker
+// latency targets, per dispatch mode, on a grid of prompts, agent slots
+// and fleets of batch-model engines around a base cell), and, only when named, fleet (a broker
 // listening to 100 to 5,000 simulated agents at rest: its CPU per
 // heartbeat, RSS, the time a new broker takes to see the fleet and a
 // silent agent to stop counting; its table goes to stdout, for
