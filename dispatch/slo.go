@@ -46,6 +46,7 @@ type Timing struct {
 	// InPrefill is the requests the agent has taken whose prefill has not
 	// ended (no first token, or no hand-off, yet), as of the snapshot:
 	// prefill work already inside the engine, ahead of a new request.
+	// ModeSLO counts the larger of it and Agent.EngineWaiting.
 	InPrefill int
 	// CacheUnreported: the engine's answers do not report their cached
 	// prompt tokens (usage.prompt_tokens_details.cached_tokens), so what it
@@ -129,7 +130,9 @@ func (s *timingSum) add(v *AgentView, now time.Time, maxAge time.Duration) {
 	}
 	s.samples += t.Samples
 	s.agents++
-	s.inPrefill += max(t.InPrefill, 0)
+	// What the engine reports waiting includes other brokers' requests;
+	// what this broker saw taken includes those already being prefilled.
+	s.inPrefill += max(t.InPrefill, v.EngineWaiting, 0)
 	if t.CacheUnreported {
 		s.unreported++
 	}
@@ -222,8 +225,9 @@ func (need *Need) uncached(pool Pool, pair string) float64 {
 // The rate is the engine's prefill throughput, so a prompt waits for the
 // prefill work ahead of it on its agent too: Q, the requests sent to the
 // prefill leg and not yet past their prefill there (on regular, those not
-// yet taken and those its agents hold in prefill, Timing.InPrefill; on a
-// prefill pool, every one it holds), each of the leg's
+// yet taken and those its agents hold in prefill, Timing.InPrefill or
+// the engine's reported waiting requests where more; on a prefill pool,
+// every one it holds), each of the leg's
 // mean prefilled tokens, spread over the leg's agents, adds
 // Q × tokens / agents / PrefillRate. What a route was just sent thus moves
 // its prediction at once, before any figure is learned.

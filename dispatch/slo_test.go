@@ -459,7 +459,9 @@ func TestSLOQueuedPrefillWork(t *testing.T) {
 }
 
 // Prefill work the regular agents already hold (Timing.InPrefill: taken,
-// no first token yet) is queued ahead of a new request in their engine:
+// no first token yet; or Agent.EngineWaiting, the requests waiting in the
+// engine as its heartbeat reports them) is queued ahead of a new request
+// in their engine:
 // a short prompt's predicted TTFT on regular grows by InPrefill ×
 // PrefillTokens / agents / PrefillRate, here 3 × 4,000 / 40,000 tokens/s =
 // 300ms, past the target, so it goes PD.
@@ -475,6 +477,14 @@ func TestSLOInPrefillWork(t *testing.T) {
 	if want := 10 * time.Millisecond; (idle.Prediction.TTFT - want).Abs() > time.Microsecond {
 		t.Fatalf("nothing in prefill: predicted TTFT %v, want %v", idle.Prediction.TTFT, want)
 	}
+	// Three waiting in the engine as its heartbeat reports them (other
+	// brokers' requests, say) weigh the same; the larger count stands.
+	agents[0].EngineWaiting = 3
+	m = dispatch.NewModel("m", agents, t0, sloConfig())
+	if d, err := m.Decide(short, inflight{}, 0); err != nil || d.Route != dispatch.RoutePD {
+		t.Fatalf("3 waiting in the engine: Decide() = %+v, %v; want PD", d, err)
+	}
+	agents[0].EngineWaiting = 0
 	agents[0].Timing.InPrefill = 3
 	m = dispatch.NewModel("m", agents, t0, sloConfig())
 	busy, err := m.Decide(short, inflight{}, 0)
