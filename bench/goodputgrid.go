@@ -166,18 +166,21 @@ func (e *env) goodput(d *doc) error {
 		"%s per rate; replayed prompts start a list of 2,000 from its first on every rate, as loadgen replays a file; multi-turn conversations of 2-5 turns re-send the conversation "+
 		"(the assistant turns are synthetic text). Goodput is the highest rate (requests/s) at which at least %.0f%% of requests met TTFT <= %s and TPOT <= %s; "+
 		"capacity's rate is swept first (x%g steps, up to 4 rates), every other mode from capacity's goodput (up to 3 rates). "+
-		"threshold is the best of --pd-threshold %v in hindsight. `<r` means every rate measured missed, the lowest being r.\n\n",
+		"threshold is the best of --pd-threshold %v in hindsight. `<r` means every rate measured missed, the lowest being r; `>=r` that the highest rate measured, r, was sustained.\n\n",
 		sw.window, goodFraction*100, goodTTFT, goodTPOT, sw.step, gridThresholds)
 	cellGoodput := func(c gridCell, mode string) (float64, string) {
 		r := results[c.name+"/"+mode]
-		if r.goodput > 0 {
-			return r.goodput, fmt.Sprintf("%g", r.goodput)
-		}
 		if len(r.points) == 0 {
 			return 0, ""
 		}
-		low := slices.MinFunc(r.points, func(a, b goodputPoint) int { return int(math.Copysign(1, a.rate-b.rate)) }).rate
-		return 0, fmt.Sprintf("<%g", low)
+		byRate := func(a, b goodputPoint) int { return int(math.Copysign(1, a.rate-b.rate)) }
+		if r.goodput == 0 {
+			return 0, fmt.Sprintf("<%g", slices.MinFunc(r.points, byRate).rate)
+		}
+		if r.goodput == slices.MaxFunc(r.points, byRate).rate {
+			return r.goodput, fmt.Sprintf(">=%g", r.goodput) // the sweep stopped before a miss
+		}
+		return r.goodput, fmt.Sprintf("%g", r.goodput)
 	}
 	for _, axis := range []string{"prompts", "slots", "fleet"} {
 		fmt.Fprintf(&b, "### Axis: %s\n\n| cell | capacity | count | threshold (best) | slo | slo / max(capacity, count) | slo / count | slo / threshold |\n|---|---:|---:|---:|---:|---:|---:|---:|\n", axis)
