@@ -33,6 +33,10 @@ type env struct {
 	logf     func(format string, args ...any)
 	// goDefaults runs brokers and agents at the Go runtime's defaults.
 	goDefaults bool
+	// goodputModes, when set, are the only modes the goodput grid
+	// measures, each from goodputStart.
+	goodputModes []string
+	goodputStart float64
 }
 
 func (e *env) path(name string) string { return filepath.Join(e.bin, name) }

@@ -13,30 +13,72 @@ import (
 	"time"
 )
 
-func TestSweepRates(t *testing.T) {
+func TestGridSweepRates(t *testing.T) {
 	for _, tt := range []struct {
 		name    string
 		goodput float64 // rates at or below it are sustained
+		most    int
 		want    []float64
+		got     float64
 	}{
-		{"doubles then halves the gap", 37, []float64{16, 32, 64, 48, 40, 36}},
-		{"first rate missed", 5, []float64{16, 8, 4, 6}},
-		{"stops at half a request", 16.5, []float64{16, 32, 24, 20, 18}},
+		{"up until a miss", 30, 4, []float64{20, 24, 29, 35}, 29},
+		{"down until sustained", 15, 4, []float64{20, 16.5, 14}, 14},
+		{"at most most rates", 100, 3, []float64{20, 24, 29}, 29},
+		{"never sustained", 1, 3, []float64{20, 16.5, 14}, 0},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			st := goodputSweep{start: 16}.begin()
 			var got []float64
-			for rate, more := 16.0, true; more; {
+			r, err := gridSweep{step: 1.2}.run(20, tt.most, func(rate float64) (goodputPoint, error) {
 				got = append(got, rate)
-				if len(got) > 20 {
-					t.Fatalf("no end: %v", got)
+				p := goodputPoint{rate: rate, sent: 10}
+				if rate <= tt.goodput {
+					p.good = 10
 				}
-				rate, more = st.next(rate, rate <= tt.goodput)
+				return p, nil
+			})
+			if err != nil {
+				t.Fatal(err)
 			}
-			if !slices.Equal(got, tt.want) {
-				t.Fatalf("rates %v, want %v", got, tt.want)
+			if !slices.Equal(got, tt.want) || r.goodput != tt.got {
+				t.Fatalf("rates %v goodput %g, want %v %g", got, r.goodput, tt.want, tt.got)
 			}
 		})
+	}
+}
+
+func TestGridWorkloads(t *testing.T) {
+	// Replayed: every window starts the same list from its first prompt.
+	a, b := newGridWorkload("replayed", 1, 7), newGridWorkload("replayed", 1, 9)
+	for range 5 {
+		if x, y := a.next(), b.next(); x.prompt != y.prompt {
+			t.Fatal("replayed windows differ")
+		}
+	}
+	// Distinct: no prompt repeats across windows.
+	if newGridWorkload("distinct", 1, 7).next().prompt == newGridWorkload("distinct", 1, 9).next().prompt {
+		t.Fatal("distinct prompts repeat")
+	}
+	// Multi-turn: a later turn re-sends its conversation's earlier turns.
+	m := newGridWorkload("multiturn", 1, 7)
+	firsts := map[string]bool{}
+	shared := 0
+	for range 200 {
+		r := m.next()
+		if len(r.history) == 0 {
+			firsts[r.prompt] = true
+			continue
+		}
+		if len(r.history)%2 != 0 || !firsts[r.history[0]] {
+			t.Fatalf("a turn with %d earlier turns not from a conversation's first", len(r.history))
+		}
+		shared++
+	}
+	if shared < 100 {
+		t.Fatalf("%d of 200 requests continue a conversation", shared)
+	}
+	body, err := goodputReq{history: []string{"q", "a"}, prompt: "q2", maxTokens: 3}.body()
+	if err != nil || !strings.Contains(string(body), `"role":"assistant","content":"a"`) {
+		t.Fatalf("body %s: %v", body, err)
 	}
 }
 

@@ -8,7 +8,7 @@
 //	go run ./bench                      # everything, about 75 minutes
 //	go run ./bench --quick              # shorter windows, for a smoke run
 //	go run ./bench --only overhead,dispatch
-//	go run ./bench --only goodput       # about 50 minutes
+//	go run ./bench --only goodput       # about 60 minutes
 //	go run ./bench --only fleet         # about 2 minutes; table on stdout
 //
 // Scenarios: overhead (added TTFT/ITL and relayed tokens/s, plus a CPU
@@ -22,8 +22,8 @@
 // rollout, its per-window table also printed on stdout), affinity
 // (multi-turn chat with prefix caching, affinity versus pure pull and
 // nginx), goodput (the highest rate at which 90% of requests meet
-// latency targets, per dispatch mode and step of a rollout from regular
-// to PD, on batch-model engines), and, only when named, fleet (a broker
+// latency targets, per dispatch mode, on a grid of prompts, agent slots
+// and fleets of batch-model engines around a base cell), and, only when named, fleet (a broker
 // listening to 100 to 5,000 simulated agents at rest: its CPU per
 // heartbeat, RSS, the time a new broker takes to see the fleet and a
 // silent agent to stop counting; its table goes to stdout, for
@@ -111,6 +111,8 @@ func run(ctx context.Context, args []string) error {
 	fleetCluster := fs.String("fleet-cluster", "", "fleet: comma-separated numbers of real agents run against a 3-node nats-server cluster and several brokers (empty: none)")
 	fleetDirected := fs.Bool("fleet-directed", true, "fleet: on the cluster, every agent pulls a directed queue of its own too (false: --no-directed)")
 	fleetReal := fs.String("fleet-real", "8,32", "fleet: comma-separated numbers of real agents (agent package, in-process simulator) whose JetStream consumers and nats-server memory are read (empty: none)")
+	goodputModes := fs.String("goodput-modes", "", "goodput: measure only these modes (comma-separated: capacity, count, slo, threshold-N), each swept from --goodput-start")
+	goodputStart := fs.Float64("goodput-start", 24, "goodput: the rate (requests/s) the sweeps start from")
 	goDefaults := fs.Bool("go-defaults", false, "run the broker and agents at the Go runtime's defaults instead of the settings the Dockerfile deploys them with (GOGC=400; agents GOMAXPROCS=2)")
 	keep := fs.Bool("keep", false, "keep the scratch directory (process logs, configs, profiles)")
 	profiles := fs.String("profiles", "", "directory to copy the tokenpath scenario's profiles to: CPU (broker-<n>tok.pprof, agent-<n>tok.pprof) and heap (broker-<n>tok.allocs.pprof, agent-<n>tok.allocs.pprof); with it the fleet scenario's broker runs under a CPU profile too (fleet-<agents>.pprof)")
@@ -168,7 +170,10 @@ func run(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	e := &env{ctx: ctx, bin: filepath.Join(tmp, "bin"), self: self, tmp: tmp, sup: &supervisor{dir: tmp}, quick: *quick, logf: logf, profiles: *profiles, goDefaults: *goDefaults}
+	e := &env{ctx: ctx, bin: filepath.Join(tmp, "bin"), self: self, tmp: tmp, sup: &supervisor{dir: tmp}, quick: *quick, logf: logf, profiles: *profiles, goDefaults: *goDefaults, goodputStart: *goodputStart}
+	if *goodputModes != "" {
+		e.goodputModes = strings.Split(*goodputModes, ",")
+	}
 	defer e.sup.stopAll()
 
 	logf("building broker, worker-agent and sim-engine into %s", e.bin)

@@ -534,6 +534,7 @@ func (b *Broker) onHeartbeat(m *nats.Msg) {
 	if hb.GetReadySince() != nil {
 		a.ReadySince = hb.GetReadySince().AsTime()
 	}
+	a.EngineWaiting = int(hb.GetEngineWaiting())
 	b.mu.Lock()
 	k := agentKey{key.Model, key.Agent}
 	e := b.agents[k]

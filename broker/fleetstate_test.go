@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -209,5 +210,37 @@ func TestSnapshotKeptAtRest(t *testing.T) {
 	})
 	if m, _ := b.Fleet().Model("A"); m != mA {
 		t.Fatal("model A rebuilt for a change in model B")
+	}
+}
+
+// The engine's waiting requests, as its agent's heartbeat reports them,
+// reach the dispatch snapshot, and a change of them alone rebuilds it.
+func TestHeartbeatEngineWaiting(t *testing.T) {
+	r := newRig(t, Config{})
+	hbSubj, _ := subjects.Must(subjects.DefaultPrefix).Heartbeat(testModel, subjects.PoolRegular, "w1")
+	waiting := func() int {
+		m, ok := r.b.Fleet().Model(testModel)
+		if !ok {
+			return -1
+		}
+		for _, a := range m.Agents() {
+			if a.ID == "w1" {
+				return a.EngineWaiting
+			}
+		}
+		return -1
+	}
+	for _, want := range []uint32{0, 5, 2} {
+		testwait.For(t, 10*time.Second, 20*time.Millisecond, func() error {
+			data, _ := wire.MarshalHeartbeat(&wire.Heartbeat{AgentId: "w1", Model: testModel, Pool: subjects.PoolRegular, State: wire.StateReady,
+				Slots: 4, EngineWaiting: proto.Uint32(want), Interval: durationpb.New(50 * time.Millisecond)})
+			if err := r.nc.Publish(hbSubj, data); err != nil {
+				return err
+			}
+			if got := waiting(); got != int(want) {
+				return fmt.Errorf("snapshot's engine waiting %d, want %d", got, want)
+			}
+			return nil
+		})
 	}
 }

@@ -49,7 +49,9 @@ type Metrics struct {
 	// requests it predicted for, and how far off it was; sloFallback
 	// counts its decisions by capacity, by reason.
 	sloPredicted, sloError *prometheus.HistogramVec
-	sloFallback            *prometheus.CounterVec
+	// sloPredictedITL and sloErrorITL are the same of its predicted ITL.
+	sloPredictedITL, sloErrorITL *prometheus.HistogramVec
+	sloFallback                  *prometheus.CounterVec
 	// sloProbes counts the requests slo sent, as probes, to a route it
 	// avoids whose figures are stale.
 	sloProbes *prometheus.CounterVec
@@ -125,6 +127,12 @@ func NewMetrics() *Metrics {
 		sloError: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "switchyard_slo_ttft_prediction_error_ratio", Help: "How far off slo dispatch's predicted time to first token was: |actual - predicted| / actual, by model and route.", Buckets: []float64{.05, .1, .25, .5, 1, 2, 5, 10},
 		}, []string{"model", "route"}),
+		sloPredictedITL: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "switchyard_slo_predicted_itl_seconds", Help: "Mean time per output token after the first that slo dispatch predicted for the requests it predicted for, by model and route; compare with switchyard_inter_token_latency_seconds.", Buckets: prometheus.ExponentialBuckets(.001, 2, 12),
+		}, []string{"model", "route"}),
+		sloErrorITL: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "switchyard_slo_itl_prediction_error_ratio", Help: "How far off slo dispatch's predicted mean time per output token after the first was, for requests that ended well: |actual - predicted| / actual, by model and route.", Buckets: []float64{.05, .1, .25, .5, 1, 2, 5, 10},
+		}, []string{"model", "route"}),
 		sloFallback: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_slo_fallback_total", Help: "Requests slo dispatch decided by capacity, by model and reason: no_targets, no_history, unreported (engines report no cached prompt tokens), predictions_off (the guard: recent predictions off beyond the bound).",
 		}, []string{"model", "reason"}),
@@ -139,7 +147,7 @@ func NewMetrics() *Metrics {
 
 // Register adds every collector to r.
 func (m *Metrics) Register(r prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.requests, m.inflight, m.ttft, m.itl, m.e2e, m.outputTokens, m.rejections, m.retries, m.migrations, m.publishRetries, m.droppedChunks, m.affinity, m.secondRuns, m.slo, m.sloPredicted, m.sloError, m.sloFallback, m.sloProbes, m.dispatchPublish} {
+	for _, c := range []prometheus.Collector{m.requests, m.inflight, m.ttft, m.itl, m.e2e, m.outputTokens, m.rejections, m.retries, m.migrations, m.publishRetries, m.droppedChunks, m.affinity, m.secondRuns, m.slo, m.sloPredicted, m.sloError, m.sloPredictedITL, m.sloErrorITL, m.sloFallback, m.sloProbes, m.dispatchPublish} {
 		if err := r.Register(c); err != nil {
 			return err
 		}

@@ -14,10 +14,12 @@ import (
 type routeObs struct {
 	model, route   string
 	ttft, itl, e2e prometheus.Observer
-	// predicted and predErr score slo's predicted TTFT (sloguard.go).
-	predicted, predErr prometheus.Observer
-	tokens             prometheus.Counter
-	requests           map[string]prometheus.Counter // by outcome, filled as they happen
+	// predicted and predErr score slo's predicted TTFT (sloguard.go),
+	// predictedITL and predErrITL its predicted ITL.
+	predicted, predErr       prometheus.Observer
+	predictedITL, predErrITL prometheus.Observer
+	tokens                   prometheus.Counter
+	requests                 map[string]prometheus.Counter // by outcome, filled as they happen
 }
 
 type obsKey struct {
@@ -54,6 +56,7 @@ func (b *Broker) obs(model string, route dispatch.Route) *routeObs {
 		model: model, route: r,
 		ttft: m.ttft.WithLabelValues(model, r), itl: m.itl.WithLabelValues(model, r), e2e: m.e2e.WithLabelValues(model, r),
 		predicted: m.sloPredicted.WithLabelValues(model, r), predErr: m.sloError.WithLabelValues(model, r),
+		predictedITL: m.sloPredictedITL.WithLabelValues(model, r), predErrITL: m.sloErrorITL.WithLabelValues(model, r),
 		tokens:   m.outputTokens.WithLabelValues(model, r),
 		requests: make(map[string]prometheus.Counter, 3),
 	}

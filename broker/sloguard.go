@@ -11,10 +11,11 @@ import (
 )
 
 // The guard over slo dispatch's predictions: per (model, route) the
-// relative errors of its last guardWindow predicted TTFTs. While the
-// median of a route's errors exceeds guardBound (with at least
-// guardMinSamples of them), the model's requests are decided by capacity
-// (dispatch.Need.Guard). Predictions go on being made and scored for the
+// relative errors of its last guardWindow predicted TTFTs, and apart
+// those of its predicted ITLs (mean time per output token after the
+// first). While the median of a route's TTFT or ITL errors exceeds
+// guardBound (with at least guardMinSamples of them), the model's
+// requests are decided by capacity (dispatch.Need.Guard). Predictions go on being made and scored for the
 // routes capacity chooses, so the guard lifts once they are right again.
 const (
 	guardWindow     = 32
@@ -50,9 +51,15 @@ func (p *predErrors) median() (float64, int) {
 	return (s[p.n/2-1] + s[p.n/2]) / 2, p.n
 }
 
+// guardKey is one scored figure of one route: its TTFT or its ITL.
+type guardKey struct {
+	obsKey
+	itl bool
+}
+
 type sloGuard struct {
 	mu     sync.Mutex
-	routes map[obsKey]*predErrors
+	routes map[guardKey]*predErrors
 	off    map[string]bool // by model: the guard holds
 	// fallbacks caches the fallback counter's children by (model,
 	// reason): a request without targets counts one, so a label lookup
@@ -84,14 +91,33 @@ func (b *Broker) scorePrediction(model string, route dispatch.Route, predicted, 
 	o := b.obs(model, route)
 	o.predicted.Observe(predicted.Seconds())
 	o.predErr.Observe(e)
+	b.guardScore(guardKey{obsKey{model, route}, false}, e)
+}
+
+// scoreITLPrediction records a predicted ITL (mean time per output token
+// after the first) against the request's actual one on model's route.
+func (b *Broker) scoreITLPrediction(model string, route dispatch.Route, predicted, actual time.Duration) {
+	if predicted <= 0 || actual <= 0 {
+		return
+	}
+	e := (actual - predicted).Abs().Seconds() / actual.Seconds()
+	o := b.obs(model, route)
+	o.predictedITL.Observe(predicted.Seconds())
+	o.predErrITL.Observe(e)
+	b.guardScore(guardKey{obsKey{model, route}, true}, e)
+}
+
+// guardScore adds the relative error e to k's ring and sets whether the
+// guard holds for k's model.
+func (b *Broker) guardScore(k guardKey, e float64) {
+	model := k.model
 	g := &b.guard
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.routes == nil {
-		g.routes = make(map[obsKey]*predErrors)
+		g.routes = make(map[guardKey]*predErrors)
 		g.off = make(map[string]bool)
 	}
-	k := obsKey{model, route}
 	p := g.routes[k]
 	if p == nil {
 		p = new(predErrors)
@@ -119,16 +145,20 @@ func (b *Broker) guarded(model string) bool {
 	return g.off[model]
 }
 
-// PredictionStats is how slo dispatch's recent TTFT predictions for one
-// route fared.
+// PredictionStats is how slo dispatch's recent TTFT and ITL predictions
+// for one route fared.
 type PredictionStats struct {
-	// Samples is how many recent predictions are scored (at most the
+	// Samples is how many recent TTFT predictions are scored (at most the
 	// guard's window); MedianError the median of |actual - predicted| /
 	// actual over them.
 	Samples     int     `json:"samples"`
 	MedianError float64 `json:"median_relative_error"`
-	// Off: the median is past the guard's bound, so the model's requests
-	// are decided by capacity.
+	// ITLSamples and ITLMedianError are the same of the predicted ITLs
+	// (mean time per output token after the first), scored as requests end.
+	ITLSamples     int     `json:"itl_samples"`
+	ITLMedianError float64 `json:"itl_median_relative_error"`
+	// Off: either median is past the guard's bound, so the model's
+	// requests are decided by capacity.
 	Off bool `json:"off"`
 	// Probes is how many requests slo sent to the route as probes: the
 	// predictions avoided it and its figures were stale.
@@ -141,11 +171,14 @@ func (b *Broker) SLOPredictions(model string, route dispatch.Route) (PredictionS
 	g := &b.guard
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	probes := b.SLOProbes(model, route)
-	p := g.routes[obsKey{model, route}]
-	if p == nil {
-		return PredictionStats{Probes: probes}, g.off[model]
+	ps := PredictionStats{Probes: b.SLOProbes(model, route)}
+	if p := g.routes[guardKey{obsKey{model, route}, false}]; p != nil {
+		ps.MedianError, ps.Samples = p.median()
+		ps.Off = ps.Samples >= guardMinSamples && ps.MedianError > guardBound
 	}
-	m, n := p.median()
-	return PredictionStats{Samples: n, MedianError: m, Off: n >= guardMinSamples && m > guardBound, Probes: probes}, g.off[model]
+	if p := g.routes[guardKey{obsKey{model, route}, true}]; p != nil {
+		ps.ITLMedianError, ps.ITLSamples = p.median()
+		ps.Off = ps.Off || (ps.ITLSamples >= guardMinSamples && ps.ITLMedianError > guardBound)
+	}
+	return ps, g.off[model]
 }

@@ -70,7 +70,10 @@ type agentTiming struct {
 	wait        ewma
 	prefillToks ewma
 	prefillSecs ewma
-	output      ewma // tokens per request streamed
+	// reqToks is the prompt tokens prefilled per request (prefillToks is
+	// per window of busy time, which holds many requests).
+	reqToks ewma
+	output  ewma // tokens per request streamed
 	// unreported: the engine's last answer said nothing of cached prompt
 	// tokens, so what it prefilled is not known and no rate is learned.
 	unreported bool
@@ -127,8 +130,9 @@ func (t *agentTiming) timing() dispatch.Timing {
 	}
 	if t.prefillSecs.v > 0 {
 		out.PrefillRate = t.prefillToks.v / t.prefillSecs.v
-		out.PrefillTokens = t.prefillToks.v
+		out.PrefillTokens = t.reqToks.v
 	}
+	out.InPrefill = t.inPrefill
 	out.CacheUnreported = t.unreported
 	out.OutputTokens = t.output.v
 	return out
@@ -230,19 +234,20 @@ type callTiming struct {
 	prefilling  string
 	prefillSecs float64
 	// predicted is the TTFT slo predicted for the attempt's route (its
-	// publish to first token), scored at its first token; 0: none.
-	predicted time.Duration
-	accepted  time.Time // when the first leg's agent accepted
-	first     time.Time // the attempt's first token
-	last      time.Time // its last token
-	gapSum    time.Duration
-	gaps      int
+	// publish to first token), scored at its first token; predictedITL
+	// the ITL, scored when the request ends well; 0: none.
+	predicted, predictedITL time.Duration
+	accepted                time.Time // when the first leg's agent accepted
+	first                   time.Time // the attempt's first token
+	last                    time.Time // its last token
+	gapSum                  time.Duration
+	gaps                    int
 }
 
 // decided takes in slo's decision for the attempt: the prediction to
 // score, a decision by capacity counted by its reason, and a probe.
 func (c *Call) decided(d *dispatch.Decision) {
-	c.tm.predicted = d.Prediction.TTFT
+	c.tm.predicted, c.tm.predictedITL = d.Prediction.TTFT, d.Prediction.ITL
 	if d.Fallback != "" {
 		c.b.fallbackCounter(c.Model, d.Fallback).Inc()
 	}
@@ -414,6 +419,7 @@ func (c *Call) learnPrefill(id string, raw []byte) {
 		if !ok {
 			return
 		}
+		a.reqToks.add(float64(toks))
 		a.accToks += float64(toks)
 		a.accSecs += secs
 		if a.prefillSecs.set && a.accSecs < prefillWindow {
@@ -501,6 +507,10 @@ func (c *Call) timeDone(outcome string) {
 	if outcome == OutcomeOK && c.tokens > 0 {
 		n := float64(c.tokens)
 		c.b.timing.observe(c.Model, c.agent, now, false, func(a *agentTiming) { a.output.add(n) })
+	}
+	if outcome == OutcomeOK && c.tm.predictedITL > 0 && !c.tm.first.IsZero() && c.tokens > 1 && c.lastToken.After(c.tm.first) {
+		// The attempt's own tokens: a retried call's earlier ones ran elsewhere.
+		c.b.scoreITLPrediction(c.Model, c.Route, c.tm.predictedITL, c.lastToken.Sub(c.tm.first)/time.Duration(c.tokens-1))
 	}
 	t := c.targets()
 	if outcome != OutcomeOK || (t.TTFT <= 0 && t.ITL <= 0) || c.firstToken.IsZero() {

@@ -227,3 +227,35 @@ func TestTargetsDefaults(t *testing.T) {
 		t.Fatalf("targets %+v, want %+v", got, want)
 	}
 }
+
+// A request's prefilled tokens are learned per request, though the rate
+// folds per second of busy time: twelve requests of 1,000 prefilled
+// tokens, 100ms each, teach 1,000 tokens a request (not the 10,000 of a
+// window). Requests taken and not past their prefill count as in prefill.
+func TestTimingPrefillTokensPerRequest(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	now := t0
+	b := timingCall(t, &now, dispatch.RouteRegular, Targets{}).b
+	for range 12 {
+		c := &Call{b: b, Model: "m", Route: dispatch.RouteRegular, Started: now}
+		c.agent = "a"
+		c.attemptStart = now
+		c.timeAccepted(accepted("a", wire.Chunk_STAGE_MAIN))
+		now = now.Add(100 * time.Millisecond)
+		c.timeToken(now, 1)
+		c.timeFinal(usageFinal(1200, 200))
+		c.timeDone(OutcomeOK)
+	}
+	got := b.timing.of("m", "a")
+	if math.Abs(got.PrefillTokens-1000) > 1e-6 || math.Abs(got.PrefillRate-10000) > 1e-6 || got.InPrefill != 0 {
+		t.Fatalf("timing %+v, want 1000 tokens a request at 10000 tokens/s, none in prefill", got)
+	}
+	for range 2 {
+		c := &Call{b: b, Model: "m", Route: dispatch.RouteRegular, Started: now}
+		c.attemptStart = now
+		c.timeAccepted(accepted("a", wire.Chunk_STAGE_MAIN))
+	}
+	if got := b.timing.of("m", "a"); got.InPrefill != 2 {
+		t.Fatalf("in prefill %d, want 2", got.InPrefill)
+	}
+}

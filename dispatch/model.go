@@ -26,6 +26,11 @@ type Agent struct {
 	// Effective slots never exceed it: the broker does not count on slots
 	// the agent will not pull for.
 	PullLimit int
+	// EngineWaiting is the requests waiting in the engine's own queue, as
+	// its engine reports them in the heartbeat (vllm:num_requests_waiting),
+	// whichever broker sent them; 0 also when not reported. ModeSLO counts
+	// them as prefill work queued on the agent.
+	EngineWaiting int
 	// PDProtocol is the hand-off protocol of a prefill or decode agent,
 	// "vllm" or "sglang"; PDLabels the labels its operator declared must
 	// match, in canonical form (subjects.CanonicalLabels), possibly "".

@@ -43,6 +43,11 @@ type Timing struct {
 	// PrefillTokens is the prompt tokens the engine prefilled per request,
 	// on average: the work a request waiting for its prefill stands for.
 	PrefillTokens float64
+	// InPrefill is the requests the agent has taken whose prefill has not
+	// ended (no first token, or no hand-off, yet), as of the snapshot:
+	// prefill work already inside the engine, ahead of a new request.
+	// ModeSLO counts the larger of it and Agent.EngineWaiting.
+	InPrefill int
 	// CacheUnreported: the engine's answers do not report their cached
 	// prompt tokens (usage.prompt_tokens_details.cached_tokens), so what it
 	// prefilled is not known and no PrefillRate is learned; ModeSLO then
@@ -94,6 +99,8 @@ type figures struct {
 	agents     int
 	toks       float64
 	unreported int
+	// inPrefill is the requests the leg's agents hold in prefill.
+	inPrefill int
 	// newest is when the newest sample of the leg arrived; zero when an
 	// agent's Updated is not reported.
 	newest time.Time
@@ -105,6 +112,7 @@ type figures struct {
 type timingSum struct {
 	samples            int
 	agents, unreported int
+	inPrefill          int
 	w, ttft, itl, wait float64
 	wRate, rate, toks  float64
 	wOut, out          float64
@@ -122,6 +130,9 @@ func (s *timingSum) add(v *AgentView, now time.Time, maxAge time.Duration) {
 	}
 	s.samples += t.Samples
 	s.agents++
+	// What the engine reports waiting includes other brokers' requests;
+	// what this broker saw taken includes those already being prefilled.
+	s.inPrefill += max(t.InPrefill, v.EngineWaiting, 0)
 	if t.CacheUnreported {
 		s.unreported++
 	}
@@ -144,7 +155,7 @@ func (s *timingSum) figures() figures {
 	if s.samples == 0 || !(s.w > 0) {
 		return figures{}
 	}
-	f := figures{samples: s.samples, ttft: s.ttft / s.w, itl: s.itl / s.w, wait: s.wait / s.w, agents: s.agents, unreported: s.unreported, newest: s.newest}
+	f := figures{samples: s.samples, ttft: s.ttft / s.w, itl: s.itl / s.w, wait: s.wait / s.w, agents: s.agents, unreported: s.unreported, newest: s.newest, inPrefill: s.inPrefill}
 	if s.wRate > 0 {
 		f.rate = s.rate / s.wRate
 		f.toks = s.toks / s.wRate
@@ -214,7 +225,9 @@ func (need *Need) uncached(pool Pool, pair string) float64 {
 // The rate is the engine's prefill throughput, so a prompt waits for the
 // prefill work ahead of it on its agent too: Q, the requests sent to the
 // prefill leg and not yet past their prefill there (on regular, those not
-// yet taken; on a prefill pool, every one it holds), each of the leg's
+// yet taken and those its agents hold in prefill, Timing.InPrefill or
+// the engine's reported waiting requests where more; on a prefill pool,
+// every one it holds), each of the leg's
 // mean prefilled tokens, spread over the leg's agents, adds
 // Q × tokens / agents / PrefillRate. What a route was just sent thus moves
 // its prediction at once, before any figure is learned.
@@ -250,15 +263,19 @@ func (f *figures) queued(q int) float64 {
 }
 
 // queued returns the requests waiting for their prefill on c's prefill
-// leg: on regular the ones sent and not taken yet; on PD the prefill
-// pool's whole load (a prefill agent holds a job only until its hand-off).
+// leg: on regular the ones sent and not taken yet and the ones the
+// agents hold whose prefill has not ended (Timing.InPrefill: the engine
+// prefills them before a new request, or in the same steps); on PD the
+// prefill pool's whole load (a prefill agent holds a job only until its
+// hand-off).
 func (c *candidate) queued(seen InFlight) int {
 	if c.route == RouteRegular {
+		q := c.legs[0].fig.inPrefill
 		if seen == nil {
-			return 0
+			return q
 		}
 		pending, _ := seen.Outstanding(PoolRegular, "")
-		return max(pending, 0)
+		return q + max(pending, 0)
 	}
 	_, busy := c.legs[1].load(seen, c.pair)
 	return busy

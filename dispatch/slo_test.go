@@ -457,3 +457,51 @@ func TestSLOQueuedPrefillWork(t *testing.T) {
 	}
 	t.Fatal("capacity never chose PD")
 }
+
+// Prefill work the regular agents already hold (Timing.InPrefill: taken,
+// no first token yet; or Agent.EngineWaiting, the requests waiting in the
+// engine as its heartbeat reports them) is queued ahead of a new request
+// in their engine:
+// a short prompt's predicted TTFT on regular grows by InPrefill ×
+// PrefillTokens / agents / PrefillRate, here 3 × 4,000 / 40,000 tokens/s =
+// 300ms, past the target, so it goes PD.
+func TestSLOInPrefillWork(t *testing.T) {
+	agents := sloFleet()
+	agents[0].Timing.PrefillTokens = 4000
+	short := dispatch.Need{PromptTokens: 400, Targets: sloTargets}
+	m := dispatch.NewModel("m", agents, t0, sloConfig())
+	idle, err := m.Decide(short, inflight{}, 0)
+	if err != nil || idle.Route != dispatch.RouteRegular || !idle.Predicted {
+		t.Fatalf("nothing in prefill: Decide() = %+v, %v; want regular", idle, err)
+	}
+	if want := 10 * time.Millisecond; (idle.Prediction.TTFT - want).Abs() > time.Microsecond {
+		t.Fatalf("nothing in prefill: predicted TTFT %v, want %v", idle.Prediction.TTFT, want)
+	}
+	// Three waiting in the engine as its heartbeat reports them (other
+	// brokers' requests, say) weigh the same; the larger count stands.
+	agents[0].EngineWaiting = 3
+	m = dispatch.NewModel("m", agents, t0, sloConfig())
+	if d, err := m.Decide(short, inflight{}, 0); err != nil || d.Route != dispatch.RoutePD {
+		t.Fatalf("3 waiting in the engine: Decide() = %+v, %v; want PD", d, err)
+	}
+	agents[0].EngineWaiting = 0
+	agents[0].Timing.InPrefill = 3
+	m = dispatch.NewModel("m", agents, t0, sloConfig())
+	busy, err := m.Decide(short, inflight{}, 0)
+	if err != nil || busy.Route != dispatch.RoutePD {
+		t.Fatalf("3 in prefill: Decide() = %+v, %v; want PD", busy, err)
+	}
+	guard := short
+	guard.Guard = true
+	for r := uint64(0); r < 64; r++ {
+		d, _ := m.Decide(guard, inflight{}, r*(math.MaxUint64/63))
+		if d.Route != dispatch.RouteRegular {
+			continue
+		}
+		if want := 310 * time.Millisecond; (d.Prediction.TTFT - want).Abs() > time.Microsecond {
+			t.Fatalf("3 in prefill: regular predicted TTFT %v, want %v", d.Prediction.TTFT, want)
+		}
+		return
+	}
+	t.Fatal("capacity never chose regular")
+}

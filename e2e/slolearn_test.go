@@ -49,9 +49,11 @@ type fleetLearned struct {
 				PrefillLearning string  `json:"prefill_learning"`
 			} `json:"learned"`
 			Predictions *struct {
-				Samples     int     `json:"samples"`
-				MedianError float64 `json:"median_relative_error"`
-				Off         bool    `json:"off"`
+				Samples        int     `json:"samples"`
+				MedianError    float64 `json:"median_relative_error"`
+				ITLSamples     int     `json:"itl_samples"`
+				ITLMedianError float64 `json:"itl_median_relative_error"`
+				Off            bool    `json:"off"`
 			} `json:"predictions"`
 		} `json:"pools"`
 	} `json:"models"`
@@ -249,6 +251,89 @@ func TestSLOGuard(t *testing.T) {
 		`switchyard_slo_fallback_total{model="` + model + `",reason="predictions_off"}`,
 		`switchyard_slo_ttft_prediction_error_ratio_count{model="` + model + `",route="regular"}`,
 		`switchyard_slo_predicted_ttft_seconds_count{model="` + model + `",route="regular"}`,
+	} {
+		if !strings.Contains(m, want) {
+			t.Errorf("no %s in /metrics", want)
+		}
+	}
+}
+
+// slowTokensWriter delays every write after the first: an engine whose
+// tokens come late while its first comes on time.
+type slowTokensWriter struct {
+	http.ResponseWriter
+	delay  time.Duration
+	writes int
+}
+
+func (w *slowTokensWriter) Write(b []byte) (int, error) {
+	if w.writes++; w.writes > 1 {
+		time.Sleep(w.delay)
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *slowTokensWriter) Flush() { w.ResponseWriter.(http.Flusher).Flush() }
+
+// TestSLOGuardITL: an engine that streams every third request's tokens
+// 30ms apart and the others' at its own pace, so that no learned mean
+// predicts a request's time per output token, puts slo's ITL predictions
+// off beyond the guard's bound: the fleet view scores them apart from the
+// TTFT ones, the broker decides by capacity, and /metrics has them.
+func TestSLOGuardITL(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs delayed requests")
+	}
+	b := cmdtest.StartBroker(t, "--dispatch-mode", "slo")
+	e := startEngine(t, learnEngine(4))
+	target, err := url.Parse(e.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n atomic.Int64
+	rp := httputil.NewSingleHostReverseProxy(target)
+	rp.FlushInterval = -1
+	rp.ErrorLog = log.New(io.Discard, "", 0) // the test's end cuts streams
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost && n.Add(1)%3 == 0 {
+			w = &slowTokensWriter{ResponseWriter: w, delay: 30 * time.Millisecond}
+		}
+		rp.ServeHTTP(w, r)
+	})}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	startAgent(t, b.NATS, "r1", &engine{URL: "http://" + ln.Addr().String()}, 4)
+	cmdtest.WaitEligible(t, b.HTTP, "r1")
+	ctx := context.Background()
+	i := 0
+	testwait.For(t, 120*time.Second, 0, func() error {
+		i++
+		if _, err := postTargeted(ctx, b.HTTP, sloPrompt("itlguard", i, 300), 12, 5*time.Second); err != nil {
+			return err
+		}
+		f := learnFleet(t, b.HTTP)
+		for _, p := range f.Models[0].Pools {
+			if p.Pool == "regular" && p.Predictions != nil && p.Predictions.ITLSamples >= 8 && p.Predictions.ITLMedianError > 0.5 {
+				if f.Models[0].SLOGuard == "" || !p.Predictions.Off {
+					return fmt.Errorf("after %d requests ITL predictions are off (%+v) but the guard does not hold", i, p.Predictions)
+				}
+				return nil
+			}
+		}
+		return fmt.Errorf("after %d requests the regular pool's ITL predictions are not off: %+v", i, f.Models[0].Pools)
+	})
+	if _, err := postTargeted(ctx, b.HTTP, sloPrompt("itlguard", 0, 300), 12, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	m := sloGet(t, b.HTTP+"/metrics")
+	for _, want := range []string{
+		`switchyard_slo_fallback_total{model="` + model + `",reason="predictions_off"}`,
+		`switchyard_slo_itl_prediction_error_ratio_count{model="` + model + `",route="regular"}`,
+		`switchyard_slo_predicted_itl_seconds_count{model="` + model + `",route="regular"}`,
 	} {
 		if !strings.Contains(m, want) {
 			t.Errorf("no %s in /metrics", want)
