@@ -113,7 +113,7 @@ func (d *Driver) Run(ctx context.Context) error {
 
 // scan takes the lease of each batch in flight that nobody holds.
 func (d *Driver) scan(ctx context.Context, wg *sync.WaitGroup) {
-	rs, err := d.st.records(ctx)
+	rs, err := d.st.active(ctx)
 	if err != nil {
 		if ctx.Err() == nil {
 			d.log.Debug("batch driver: listing batches", "err", err)
