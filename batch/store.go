@@ -287,10 +287,20 @@ func (s *Store) OpenFile(ctx context.Context, owner, id string) (*File, io.ReadC
 	return fileOf(info), rd, nil
 }
 
-// DeleteFile deletes owner's file id.
+// DeleteFile deletes owner's file id. The input of a batch in flight is
+// refused: its driver reads it until the batch ends.
 func (s *Store) DeleteFile(ctx context.Context, owner, id string) error {
 	if _, err := s.File(ctx, owner, id); err != nil {
 		return err
+	}
+	rs, err := s.active(ctx)
+	if err != nil {
+		return err
+	}
+	for _, r := range rs {
+		if r.InputFileID == id {
+			return invalid("id", fmt.Sprintf("file %s is the input of batch %s, which has not ended: cancel it first", id, r.ID))
+		}
 	}
 	obj, _, _ := s.buckets(ctx)
 	if err := obj.Delete(ctx, id); err != nil {
