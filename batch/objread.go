@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"hash"
 	"io"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -17,6 +18,10 @@ import (
 // reader: what it holds is this many chunks (128 KiB each by default).
 const readAhead = 4
 
+// objectReaderIdle is how long the server keeps a download's consumer after
+// its reader stops asking.
+const objectReaderIdle = 30 * time.Second
+
 // objectReader reads an object's chunks with a pull consumer that fetches
 // at most readAhead chunks ahead, so a reader that is slow (a client
 // downloading) holds back the server instead of the broker buffering the
@@ -24,6 +29,8 @@ const readAhead = 4
 // which buffers whatever its reader has not taken yet.
 type objectReader struct {
 	it      jetstream.MessagesContext
+	cons    jetstream.Consumer
+	js      jetstream.JetStream
 	left    uint32 // chunks not yet read
 	buf     []byte
 	digest  hash.Hash
@@ -38,6 +45,9 @@ func (s *Store) openObject(ctx context.Context, info *jetstream.ObjectInfo) (io.
 	}
 	cons, err := s.js.OrderedConsumer(ctx, "OBJ_"+FilesBucket, jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{"$O." + FilesBucket + ".C." + info.NUID},
+		// A reader that vanishes without Close (a broker killed
+		// mid-download) leaves its consumer for this long at most.
+		InactiveThreshold: objectReaderIdle,
 	})
 	if err != nil {
 		return nil, err
@@ -46,7 +56,7 @@ func (s *Store) openObject(ctx context.Context, info *jetstream.ObjectInfo) (io.
 	if err != nil {
 		return nil, err
 	}
-	return &objectReader{it: it, left: info.Chunks, digest: sha256.New(), want: info.Digest}, nil
+	return &objectReader{it: it, cons: cons, js: s.js, left: info.Chunks, digest: sha256.New(), want: info.Digest}, nil
 }
 
 func (r *objectReader) Read(p []byte) (int, error) {
@@ -77,6 +87,14 @@ func (r *objectReader) Close() error {
 	if !r.stopped {
 		r.stopped = true
 		r.it.Stop()
+		// The server would drop the consumer after objectReaderIdle;
+		// deleting it now keeps many downloads from piling up consumers
+		// against the account's limit.
+		if ci := r.cons.CachedInfo(); ci != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = r.js.DeleteConsumer(ctx, ci.Stream, ci.Name)
+		}
 	}
 	return nil
 }
