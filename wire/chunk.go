@@ -2,23 +2,13 @@ package wire
 
 import "google.golang.org/protobuf/proto"
 
-// decodeChunk merges into a chunk DecodeChunk has emptied, so that the
-// chunk's events slice, emptied too, keeps its array.
-var decodeChunk = proto.UnmarshalOptions{Merge: true, DiscardUnknown: true}
-
 // DecodeChunk decodes the protobuf encoding of a Chunk into c, replacing
 // whatever c held, so that c may come from a pool: proto.Unmarshal, with
 // unknown fields dropped. The chunk's strings and bytes are its own, valid
-// whatever becomes of data. The events c held before are dropped, not
-// reused: a reader that kept one keeps it unchanged; only the slice that
-// held them is written again. It is the broker's decoder for the chunks
-// it relays.
+// whatever becomes of data. It is the broker's decoder for the chunks it
+// relays.
 func DecodeChunk(data []byte, c *Chunk) error {
-	evs := c.Events[:cap(c.Events)]
-	clear(evs)
-	c.Reset()
-	c.Events = evs[:0]
-	return decodeChunk.Unmarshal(data, c)
+	return proto.UnmarshalOptions{DiscardUnknown: true}.Unmarshal(data, c)
 }
 
 // AppendChunk appends the protobuf encoding of c to buf, as

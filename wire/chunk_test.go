@@ -52,26 +52,3 @@ func TestChunkRoundTrip(t *testing.T) {
 		t.Fatal("a truncated chunk was decoded")
 	}
 }
-
-// A pooled chunk decoded again keeps its events slice's array but not its
-// events: an event taken from the earlier decode is left as it was.
-func TestDecodeChunkLeavesEarlierEvents(t *testing.T) {
-	enc := func(c *Chunk) []byte {
-		b, err := AppendChunk(nil, c)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return b
-	}
-	var c Chunk
-	if err := DecodeChunk(enc(&Chunk{Events: []*Event{{DeltaText: "a"}, {DeltaText: "b"}}}), &c); err != nil {
-		t.Fatal(err)
-	}
-	first := c.Events[0]
-	if err := DecodeChunk(enc(&Chunk{Events: []*Event{{DeltaText: "c"}}}), &c); err != nil {
-		t.Fatal(err)
-	}
-	if first.GetDeltaText() != "a" || len(c.Events) != 1 || c.Events[0].GetDeltaText() != "c" || c.Events[0] == first {
-		t.Fatalf("earlier event %v, chunk now %v", first, c.Events)
-	}
-}
