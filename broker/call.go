@@ -508,26 +508,21 @@ func (b *Broker) relay(c *Call, chunk *wire.Chunk, size int, arrived int64) bool
 		}
 		return false
 	}
-	switch {
-	case chunk.GetKind() == wire.Chunk_KIND_KEEPALIVE, prefill:
-	default:
-		switch seq := chunk.GetSeq(); {
-		case seq < c.nextSeq:
+	if chunk.GetKind() != wire.Chunk_KIND_KEEPALIVE && !prefill {
+		switch seq := chunk.GetSeq(); c.sequence(seq) {
+		case seqDuplicate:
 			c.mu.Unlock()
-			return false // duplicate
-		case seq > c.nextSeq:
+			return false
+		case seqGap:
 			// A chunk was lost (a NATS node failed under the stream): the
 			// reader repairs it with a retry or a migration.
-			want, attempt := c.nextSeq, c.attempt
-			c.nextSeq = ^uint64(0) // drop the rest of this attempt
 			if c.broken == nil {
-				c.broken = &brokenAttempt{attempt: attempt, err: fmt.Errorf("%w: request %s: chunk %d missing (got %d)", ErrStreamBroken, c.ID, want, seq)}
+				c.broken = &brokenAttempt{attempt: c.attempt, err: fmt.Errorf("%w: request %s: chunk %d missing (got %d)", ErrStreamBroken, c.ID, c.gapAt, seq)}
 			}
 			c.mu.Unlock()
 			c.wake()
 			return false
 		}
-		c.nextSeq++
 	}
 	wake, err := c.add(chunk, size, c.req.Stream, c.b.cfg.MaxAnswerBytes, c.b.cfg.BufferBytes, c.ID)
 	if err != nil {

@@ -19,6 +19,34 @@ type attemptIdentity struct {
 	// attempt was last told to stop (see stopOther).
 	prefillSpeaker string
 	others         map[string]time.Time
+	// gapAt is the sequence number found missing in the current attempt
+	// (see sequence).
+	gapAt uint64
+}
+
+// Where a chunk stands in its attempt's sequence (see sequence).
+const (
+	seqNext      = iota // the one expected: relayed
+	seqDuplicate        // one already relayed (sent again after a reconnect): dropped
+	seqGap              // past a missing one: dropped, with the rest of the attempt
+)
+
+// sequence places seq, the sequence number of a chunk of the current
+// attempt's stream, and advances the sequence past a chunk in order. At a
+// gap the number missing is kept in gapAt and every later chunk of the
+// attempt is dropped: the reader repairs the stream with a retry or a
+// migration. Call.mu is held.
+func (a *attemptIdentity) sequence(seq uint64) int {
+	switch {
+	case seq < a.nextSeq:
+		return seqDuplicate
+	case seq > a.nextSeq:
+		a.gapAt = a.nextSeq
+		a.nextSeq = ^uint64(0) // drop the rest of this attempt
+		return seqGap
+	}
+	a.nextSeq++
+	return seqNext
 }
 
 // stopOtherLocked reports whether an agent found running the current

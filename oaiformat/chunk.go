@@ -10,31 +10,11 @@ import (
 	"github.com/switchyard-ai/switchyard/wire"
 )
 
-// ChunkID returns the "id" of an engine chunk, or "" when it has none,
-// as encoding/json would read it (the last member named id in any case),
-// without decoding the rest of the chunk.
+// ChunkID returns the "id" of an engine chunk, or "" when it has none or
+// the chunk does not decode, as encoding/json reads it (the last member
+// named id in any case): one json.Unmarshal into the one field, which
+// skips the rest of the chunk.
 func ChunkID(raw []byte) string {
-	var id []byte
-	found, slow := false, false
-	err := jsonscan.Members(raw, func(key []byte, quoted bool, _, value []byte) {
-		switch {
-		case quoted:
-			slow = true // an escaped key: let encoding/json compare it
-		case len(key) == 2 && (key[0]|0x20) == 'i' && (key[1]|0x20) == 'd':
-			id, found = value, true
-		}
-	})
-	if err != nil {
-		return ""
-	}
-	if found && !slow {
-		if s, ok := plainString(id); ok {
-			return s
-		}
-	}
-	if !found && !slow {
-		return ""
-	}
 	var head struct {
 		ID string `json:"id"`
 	}

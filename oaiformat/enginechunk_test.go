@@ -1,6 +1,7 @@
 package oaiformat
 
 import (
+	"encoding/json"
 	"testing"
 )
 
@@ -83,13 +84,92 @@ func TestReadChunk(t *testing.T) {
 			}
 		})
 	}
-	for _, raw := range []string{
-		``, `{`, `{"choices":[{"delta":{"content":" hi"}}]}x`, `[]`, `"text"`,
-		`{"choices":{}}`, `{"choices":[1]}`, `{"choices":[{"text":1}]}`, `{"choices":[{"finish_reason":1}]}`,
-		`{"usage":{"prompt_tokens":-1}}`, `{"usage":{"completion_tokens":4294967296}}`, `{"usage":{"total_tokens":1.5}}`,
-	} {
+	for _, raw := range badChunks {
 		if f, err := ReadChunk([]byte(raw)); err == nil {
 			t.Errorf("ReadChunk(%q) = %+v, want an error", raw, f)
+		}
+	}
+}
+
+// readChunkUnmarshal is ReadChunk's contract: json.Unmarshal into a new
+// engineChunk.
+func readChunkUnmarshal(raw []byte) (ChunkFields, error) {
+	var c engineChunk
+	if err := json.Unmarshal(raw, &c); err != nil {
+		return ChunkFields{}, err
+	}
+	return c.fields(), nil
+}
+
+// badChunks are chunks ReadChunk refuses.
+var badChunks = []string{
+	``, `{`, `{"choices":[{"delta":{"content":" hi"}}]}x`, `[]`, `"text"`,
+	`{"choices":{}}`, `{"choices":[1]}`, `{"choices":[{"text":1}]}`, `{"choices":[{"finish_reason":1}]}`,
+	`{"usage":{"prompt_tokens":-1}}`, `{"usage":{"completion_tokens":4294967296}}`, `{"usage":{"total_tokens":1.5}}`,
+	`{} {}`, `{}]`, `null x`, `1`, ` `, "{}\n{\"choices\":[]}",
+}
+
+// One reader reads chunk after chunk, good and bad in every order, as
+// json.Unmarshal reads each alone: nothing of one chunk (a longer choices
+// array, a finish reason, usage, a refused chunk's bytes) shows in the next.
+func TestChunkReaderKeepsNothingBetweenChunks(t *testing.T) {
+	var all []string
+	for _, tc := range engineChunks {
+		all = append(all, tc.raw)
+	}
+	all = append(all, badChunks...)
+	var r chunkReader
+	for _, a := range all {
+		for _, b := range all {
+			for _, raw := range []string{a, b} {
+				checkChunkReader(t, &r, []byte(raw))
+			}
+		}
+	}
+}
+
+func checkChunkReader(t *testing.T, r *chunkReader, raw []byte) {
+	t.Helper()
+	got, err := r.readChunk(raw)
+	want, werr := readChunkUnmarshal(raw)
+	if got != want || (err == nil) != (werr == nil) || (err != nil && err.Error() != werr.Error()) {
+		t.Fatalf("ReadChunk(%q) = %+v, %v; json.Unmarshal reads %+v, %v", raw, got, err, want, werr)
+	}
+}
+
+// FuzzReadChunk holds a reader that has read one chunk to json.Unmarshal
+// on the next.
+func FuzzReadChunk(f *testing.F) {
+	for _, tc := range engineChunks {
+		f.Add([]byte(engineChatChunk), []byte(tc.raw))
+	}
+	for _, raw := range badChunks {
+		f.Add([]byte(raw), []byte(engineChatChunk))
+	}
+	f.Fuzz(func(t *testing.T, first, second []byte) {
+		var r chunkReader
+		checkChunkReader(t, &r, first)
+		checkChunkReader(t, &r, second)
+		checkChunkReader(t, &r, first)
+	})
+}
+
+func BenchmarkReadChunk(b *testing.B) {
+	raw := []byte(engineVLLMChunk)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := ReadChunk(raw); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkReadChunkUnmarshal(b *testing.B) {
+	raw := []byte(engineVLLMChunk)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := readChunkUnmarshal(raw); err != nil {
+			b.Fatal(err)
 		}
 	}
 }

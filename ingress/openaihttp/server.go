@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/switchyard-ai/switchyard/batch"
@@ -231,7 +232,15 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, call *broker.Cal
 	rc := http.NewResponseController(w)
 	ctx := r.Context()
 	out := &sseHead{w: w}
-	var buf []byte
+	sb := sseBufs.Get().(*sseBuffers)
+	buf, events := sb.buf[:0], sb.events[:0]
+	defer func() {
+		if cap(buf) <= keptSSEBuffer {
+			clear(events[:cap(events)]) // the chunks' bytes are not the pool's to keep
+			sb.buf, sb.events = buf[:0], events[:0]
+			sseBufs.Put(sb)
+		}
+	}()
 	// write sends the events as SSE in one write. Under load several
 	// chunks wait at once: they are all written before one flush, one
 	// write(2) per burst instead of per token.
@@ -262,7 +271,6 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, call *broker.Cal
 	// The stream's last events are not flushed: net/http sends them with
 	// the body's terminating chunk when the handler returns, one write(2)
 	// and one wake-up of the client instead of two.
-	var events [][]byte
 	fail := func(e *apiError) {
 		if !out.started {
 			writeError(w, e)
@@ -318,6 +326,18 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, call *broker.Cal
 		}
 	}
 }
+
+// sseBuffers are a stream's SSE encoding buffer and its list of events
+// to write, kept between streams: a stream grew its own from nothing.
+type sseBuffers struct {
+	buf    []byte
+	events [][]byte
+}
+
+var sseBufs = sync.Pool{New: func() any { return new(sseBuffers) }}
+
+// keptSSEBuffer is the largest encoding buffer kept for the next stream.
+const keptSSEBuffer = 64 << 10
 
 // sseHead starts a stream's response: its head is held back until the
 // first token (or the end), so that a failure before any output is still
