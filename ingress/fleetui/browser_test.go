@@ -463,3 +463,98 @@ func TestFleetPageAPIKey(t *testing.T) {
 	}
 	saveScreenshot(t, ctx, "fleet-pd.png")
 }
+
+// batchFleet is pdFleet with batch work: two batches and the pools' batch
+// slots.
+func batchFleet(now time.Time) map[string]any {
+	v := pdFleet(now)
+	m := v["models"].([]any)[0].(map[string]any)
+	pools := m["pools"].([]any)
+	pools[0].(map[string]any)["batch"] = map[string]any{"running": 8, "queued": 120, "share": 0.25}
+	pools[2].(map[string]any)["batch"] = map[string]any{"running": 0, "queued": 0, "share": 0}
+	v["batches"] = []any{
+		map[string]any{"id": "batch_eval", "object": "batch", "model": "meta-llama/Llama-3.1-8B-Instruct", "endpoint": "/v1/chat/completions", "status": "in_progress",
+			"request_counts": map[string]any{"total": 1000, "completed": 600, "failed": 20}, "lines": map[string]any{"queued": 372, "running": 8}},
+		map[string]any{"id": "batch_done", "object": "batch", "model": "meta-llama/Llama-3.1-8B-Instruct", "endpoint": "/v1/embeddings", "status": "completed",
+			"request_counts": map[string]any{"total": 50, "completed": 50, "failed": 0}},
+	}
+	return v
+}
+
+// TestFleetPageBatches checks the batches table (status, counts,
+// progress) and each pool's batch share, and that the page without batch
+// fields shows neither.
+func TestFleetPageBatches(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a browser")
+	}
+	ctx := newBrowser(t)
+	var mu sync.Mutex
+	withBatches := false
+	backend := http.NewServeMux()
+	backend.HandleFunc("GET /v1/fleet", func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		v := pdFleet(time.Now())
+		if withBatches {
+			v = batchFleet(time.Now())
+		}
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(v)
+	})
+	page := servePage(t, backend)
+	if err := chromedp.Do(ctx, chromedp.Navigate(page+"/")); err != nil {
+		t.Fatal(err)
+	}
+	type probe struct {
+		Hidden  bool              `json:"hidden"`
+		Rows    map[string]string `json:"rows"`
+		Share   map[string]string `json:"share"`
+		Headers int               `json:"headers"`
+	}
+	const probeJS = `(() => {
+		const rows = {};
+		document.querySelectorAll('#batches-body tr[data-batch-id]').forEach(e => {
+			rows[e.dataset.batchId] = e.dataset.status + ' ' + e.dataset.counts + ' ' + e.querySelector('[data-progress]').dataset.progress;
+		});
+		const share = {};
+		document.querySelectorAll('.model[data-model] tr[data-pool]').forEach(e => {
+			const c = e.querySelector('[data-batch-share]');
+			share[e.dataset.pool] = c ? c.dataset.batchShare + '/' + c.dataset.batchRunning : '';
+		});
+		return {hidden: document.getElementById('batches-wrap').hidden, rows, share,
+			headers: document.querySelectorAll('.model[data-model] .pools th').length};
+	})()`
+	read := func() (probe, error) { return chromedp.Run(ctx, chromedp.Evaluate[probe](probeJS)) }
+	testwait.For(t, 10*time.Second, 50*time.Millisecond, func() error {
+		return wantState(ctx, []string{"gpu-node-01"}, "ready")
+	})
+	got, err := read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !got.Hidden || len(got.Rows) != 0 || got.Headers != 9 {
+		t.Fatalf("without batch fields the page shows %+v; want the batches hidden and 9 pool columns", got)
+	}
+
+	mu.Lock()
+	withBatches = true
+	mu.Unlock()
+	want := probe{
+		Hidden:  false,
+		Rows:    map[string]string{"batch_eval": "in_progress 600/20/1000 0.620", "batch_done": "completed 50/0/50 1.000"},
+		Share:   map[string]string{"regular": "0.250/8", "prefill": "", "decode": "0.000/0"},
+		Headers: 10,
+	}
+	testwait.For(t, 10*time.Second, 50*time.Millisecond, func() error {
+		got, err := read()
+		if err != nil {
+			return err
+		}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			return fmt.Errorf("page shows %+v\nwant %+v", got, want)
+		}
+		return nil
+	})
+	saveScreenshot(t, ctx, "fleet-batches.png")
+}
