@@ -464,26 +464,31 @@ func TestFleetPageAPIKey(t *testing.T) {
 	saveScreenshot(t, ctx, "fleet-pd.png")
 }
 
-// batchFleet is pdFleet with batch work: two batches and the pools' batch
-// slots.
+// batchFleet is pdFleet with batch work: two batches in flight and the
+// pools' batch slots.
 func batchFleet(now time.Time) map[string]any {
 	v := pdFleet(now)
 	m := v["models"].([]any)[0].(map[string]any)
 	pools := m["pools"].([]any)
 	pools[0].(map[string]any)["batch"] = map[string]any{"running": 8, "queued": 120, "share": 0.25}
 	pools[2].(map[string]any)["batch"] = map[string]any{"running": 0, "queued": 0, "share": 0}
-	v["batches"] = []any{
-		map[string]any{"id": "batch_eval", "object": "batch", "model": "meta-llama/Llama-3.1-8B-Instruct", "endpoint": "/v1/chat/completions", "status": "in_progress",
-			"request_counts": map[string]any{"total": 1000, "completed": 600, "failed": 20}, "lines": map[string]any{"queued": 372, "running": 8}},
-		map[string]any{"id": "batch_done", "object": "batch", "model": "meta-llama/Llama-3.1-8B-Instruct", "endpoint": "/v1/embeddings", "status": "completed",
-			"request_counts": map[string]any{"total": 50, "completed": 50, "failed": 0}},
+	lines := func(total, queued, running, completed, failed int) map[string]any {
+		return map[string]any{"total": total, "queued": queued, "running": running, "completed": completed, "failed": failed}
+	}
+	v["batches"] = map[string]any{
+		"active": 2,
+		"lines":  lines(1050, 400, 8, 622, 20),
+		"items": []any{
+			map[string]any{"id": "batch_eval", "status": "in_progress", "endpoint": "/v1/chat/completions", "driver": "broker-a", "lines": lines(1000, 372, 8, 600, 20)},
+			map[string]any{"id": "batch_new", "status": "validating", "endpoint": "/v1/embeddings", "lines": lines(50, 28, 0, 22, 0)},
+		},
 	}
 	return v
 }
 
-// TestFleetPageBatches checks the batches table (status, counts,
-// progress) and each pool's batch share, and that the page without batch
-// fields shows neither.
+// TestFleetPageBatches checks the batches table (status, lines queued,
+// running, completed, failed, progress) and each pool's batch share, and
+// that a fleet view without batch fields shows neither.
 func TestFleetPageBatches(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a browser")
@@ -508,6 +513,7 @@ func TestFleetPageBatches(t *testing.T) {
 	}
 	type probe struct {
 		Hidden  bool              `json:"hidden"`
+		Active  string            `json:"active"`
 		Rows    map[string]string `json:"rows"`
 		Share   map[string]string `json:"share"`
 		Headers int               `json:"headers"`
@@ -515,15 +521,15 @@ func TestFleetPageBatches(t *testing.T) {
 	const probeJS = `(() => {
 		const rows = {};
 		document.querySelectorAll('#batches-body tr[data-batch-id]').forEach(e => {
-			rows[e.dataset.batchId] = e.dataset.status + ' ' + e.dataset.counts + ' ' + e.querySelector('[data-progress]').dataset.progress;
+			rows[e.dataset.batchId] = e.dataset.status + ' ' + e.dataset.lines + ' ' + e.querySelector('[data-progress]').dataset.progress;
 		});
 		const share = {};
 		document.querySelectorAll('.model[data-model] tr[data-pool]').forEach(e => {
 			const c = e.querySelector('[data-batch-share]');
 			share[e.dataset.pool] = c ? c.dataset.batchShare + '/' + c.dataset.batchRunning : '';
 		});
-		return {hidden: document.getElementById('batches-wrap').hidden, rows, share,
-			headers: document.querySelectorAll('.model[data-model] .pools th').length};
+		return {hidden: document.getElementById('batches-wrap').hidden, active: document.getElementById('batches-count').dataset.active || '',
+			rows, share, headers: document.querySelectorAll('.model[data-model] .pools th').length};
 	})()`
 	read := func() (probe, error) { return chromedp.Run(ctx, chromedp.Evaluate[probe](probeJS)) }
 	testwait.For(t, 10*time.Second, 50*time.Millisecond, func() error {
@@ -542,7 +548,8 @@ func TestFleetPageBatches(t *testing.T) {
 	mu.Unlock()
 	want := probe{
 		Hidden:  false,
-		Rows:    map[string]string{"batch_eval": "in_progress 600/20/1000 0.620", "batch_done": "completed 50/0/50 1.000"},
+		Active:  "2",
+		Rows:    map[string]string{"batch_eval": "in_progress 372/8/600/20/1000 0.620", "batch_new": "validating 28/0/22/0/50 0.440"},
 		Share:   map[string]string{"regular": "0.250/8", "prefill": "", "decode": "0.000/0"},
 		Headers: 10,
 	}

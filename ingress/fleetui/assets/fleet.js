@@ -361,39 +361,46 @@
 
   const BATCH_STATUSES = ['validating', 'failed', 'in_progress', 'finalizing', 'completed', 'expired', 'cancelling', 'cancelled'];
 
+  // batchHTML is a batch in flight: its lines queued (not yet run),
+  // running, completed and failed, and the share of them done.
   function batchHTML(b) {
-    const c = b.request_counts || {};
-    const total = num(c.total), done = num(c.completed), failed = num(c.failed);
-    const lines = b.lines || {};
+    const l = b.lines || {};
+    const total = num(l.total), done = num(l.completed), failed = num(l.failed);
     const frac = total > 0 ? Math.min(1, (done + failed) / total) : 0;
     const status = BATCH_STATUSES.includes(b.status) ? b.status : 'unknown';
-    const cell = (v) => (v === undefined || v === null ? '<td class="num muted">–</td>' : `<td class="num">${num(v)}</td>`);
     return {
       status,
-      html: `<td class="mono">${esc(b.id)}</td><td class="mono muted">${esc(b.model || '')}</td>` +
+      html: `<td class="mono">${esc(b.id)}</td>` +
         `<td><span class="badge batch-${status}">${esc(b.status)}</span></td>` +
         `<td class="mono muted">${esc(b.endpoint || '')}</td>` +
-        `<td class="num">${total}</td>${cell(lines.queued)}${cell(lines.running)}` +
+        `<td class="num">${total}</td><td class="num">${num(l.queued)}</td><td class="num">${num(l.running)}</td>` +
         `<td class="num">${done}</td><td class="num${failed > 0 ? ' hot' : ''}">${failed}</td>` +
         `<td><span class="bar" data-progress="${frac.toFixed(3)}"><span class="track"><span class="fill batch" style="width:${(frac * 100).toFixed(1)}%"></span></span>` +
-        `<span class="txt">${(frac * 100).toFixed(0)}%</span></span></td>`,
+        `<span class="txt">${(frac * 100).toFixed(0)}%</span></span></td>` +
+        `<td class="mono muted" title="the broker driving the batch">${esc(b.driver || '–')}</td>`,
     };
   }
 
+  // renderBatches shows the batches in flight, absent when the broker has
+  // no Batches API.
   function renderBatches(view) {
-    const batches = view.batches;
-    $('batches-wrap').hidden = !Array.isArray(batches);
-    if (!Array.isArray(batches)) return;
-    keyed($('batches-body'), batches, 'tr', (b) => 'b:' + b.id, (el, b) => {
+    const f = view.batches;
+    $('batches-wrap').hidden = !f;
+    if (!f) return;
+    const items = f.items || [];
+    keyed($('batches-body'), items, 'tr', (b) => 'b:' + b.id, (el, b) => {
       const r = batchHTML(b);
+      const l = b.lines || {};
       el.dataset.batchId = b.id;
       el.dataset.status = r.status;
-      const c = b.request_counts || {};
-      el.dataset.counts = `${num(c.completed)}/${num(c.failed)}/${num(c.total)}`;
+      el.dataset.lines = `${num(l.queued)}/${num(l.running)}/${num(l.completed)}/${num(l.failed)}/${num(l.total)}`;
       setHTML(el, r.html);
     });
-    if (batches.length === 0) $('batches-body').innerHTML = '<tr><td colspan="10" class="empty">No batches in progress.</td></tr>';
-    $('batches-count').textContent = String(batches.length);
+    if (items.length === 0) $('batches-body').innerHTML = '<tr><td colspan="10" class="empty">No batch in flight.</td></tr>';
+    const l = f.lines || {};
+    const c = $('batches-count');
+    c.textContent = `${num(f.active)} in flight · ${num(l.queued)} lines queued, ${num(l.running)} running`;
+    c.dataset.active = String(num(f.active));
   }
 
   function agentHTML(a, at) {
