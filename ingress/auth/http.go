@@ -16,7 +16,8 @@ const (
 // /healthz and /readyz). A request without one gets 401 with
 // WWW-Authenticate: Bearer and an OpenAI-shaped error. The Authorization
 // header is removed before next runs, so the key cannot reach a job, an
-// engine or a log line. With no keys configured, next is returned as is.
+// engine or a log line; the request's context carries the key's Owner.
+// With no keys configured, next is returned as is.
 func (k *Keys) HTTP(next http.Handler, exempt ...string) http.Handler {
 	if !k.Enabled() {
 		return next
@@ -40,7 +41,7 @@ func (k *Keys) HTTP(next http.Handler, exempt ...string) http.Handler {
 			return
 		}
 		r.Header.Del("Authorization")
-		next.ServeHTTP(w, r)
+		next.ServeHTTP(w, r.WithContext(WithOwner(r.Context(), ownerOf(key))))
 	})
 }
 

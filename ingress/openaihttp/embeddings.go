@@ -138,7 +138,10 @@ func (s *Server) embeddings(w http.ResponseWriter, r *http.Request) {
 		writeError(w, perr)
 		return
 	}
+	class, deadline := lineClass(r)
 	call, err := s.backend.Submit(r.Context(), broker.Request{
+		Class:           class,
+		Deadline:        deadline,
 		Model:           model,
 		API:             wire.API_API_EMBEDDINGS,
 		Body:            body,

@@ -5,8 +5,10 @@ import (
 	"sort"
 	"time"
 
+	"github.com/switchyard-ai/switchyard/batch"
 	"github.com/switchyard-ai/switchyard/broker"
 	"github.com/switchyard-ai/switchyard/dispatch"
+	"github.com/switchyard-ai/switchyard/ingress/auth"
 )
 
 type fleetAgent struct {
@@ -193,6 +195,9 @@ type fleetView struct {
 	// Pending are the agents whose engine has not named its model yet
 	// (started without --model, the engine loading): in no model.
 	Pending []broker.PendingAgent `json:"pending"`
+	// Batches are the batches in flight (absent without the Batches API,
+	// or while its store cannot be read).
+	Batches *batch.Fleet `json:"batches,omitempty"`
 }
 
 func poolView(ps broker.PoolStats) fleetPool {
@@ -265,5 +270,8 @@ func (s *Server) fleet(w http.ResponseWriter, r *http.Request) {
 		}
 		return a.ID < b.ID
 	})
+	if s.cfg.Batch != nil {
+		view.Batches, _ = s.cfg.Batch.Fleet(r.Context(), auth.Owner(r.Context()))
+	}
 	writeJSON(w, http.StatusOK, view)
 }

@@ -10,6 +10,14 @@ func (s *Server) routes() {
 	s.handle("/v1/models/{id...}", http.MethodGet, s.model)
 	s.handle("/v1/embeddings", http.MethodPost, s.embeddings)
 	s.handle("/v1/fleet", http.MethodGet, s.fleet)
+	if s.cfg.Batch != nil {
+		s.handleEach("/v1/files", map[string]http.HandlerFunc{http.MethodGet: s.listFiles, http.MethodPost: s.createFile})
+		s.handleEach("/v1/files/{id}", map[string]http.HandlerFunc{http.MethodGet: s.getFile, http.MethodDelete: s.deleteFile})
+		s.handle("/v1/files/{id}/content", http.MethodGet, s.fileContent)
+		s.handleEach("/v1/batches", map[string]http.HandlerFunc{http.MethodGet: s.listBatches, http.MethodPost: s.createBatch})
+		s.handle("/v1/batches/{id}", http.MethodGet, s.getBatch)
+		s.handle("/v1/batches/{id}/cancel", http.MethodPost, s.cancelBatch)
+	}
 	s.handle("/healthz", http.MethodGet, s.healthz)
 	s.handle("/readyz", http.MethodGet, s.readyz)
 	if s.cfg.Metrics != nil {

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/switchyard-ai/switchyard/batch"
 	"github.com/switchyard-ai/switchyard/broker"
 	"github.com/switchyard-ai/switchyard/dispatch"
 	"github.com/switchyard-ai/switchyard/oaiformat"
@@ -50,6 +51,8 @@ type Config struct {
 	StreamWriteTimeout time.Duration
 	// Page serves the fleet page at / and its assets under /ui/ when set.
 	Page http.Handler
+	// Batch serves the Files and Batches APIs when set.
+	Batch *batch.Store
 	// BodyReadTimeout bounds reading a request body, so a client trickling
 	// its body cannot hold a connection and a buffer forever (default
 	// DefaultBodyReadTimeout).
@@ -130,7 +133,10 @@ func (s *Server) completions(kind apiKind) http.HandlerFunc {
 			writeError(w, fromFormat(err))
 			return
 		}
+		class, deadline := lineClass(r)
 		call, err := s.backend.Submit(r.Context(), broker.Request{
+			Class:           class,
+			Deadline:        deadline,
 			Model:           p.Model,
 			API:             kind.api,
 			Stream:          p.Stream,

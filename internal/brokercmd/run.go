@@ -28,6 +28,7 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"github.com/switchyard-ai/switchyard/affinity"
+	"github.com/switchyard-ai/switchyard/batch"
 	"github.com/switchyard-ai/switchyard/broker"
 	"github.com/switchyard-ai/switchyard/dispatch"
 	"github.com/switchyard-ai/switchyard/ingress/auth"
@@ -131,6 +132,7 @@ type options struct {
 	affMaxBlocks  int
 	affQueue      int
 	affMode       broker.AffinityMode
+	batch         batchOptions
 }
 
 func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*options, error) {
@@ -206,6 +208,7 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*o
 	fs.IntVar(&o.affBlockSize, "affinity-block-size", affinity.DefaultBlockSize, "words per prefix block; match the engines' block size for KV events in broker keys (sim-engine's), and agents' --affinity-block-size where they translate vLLM's (--kv-events-hash vllm)")
 	fs.IntVar(&o.affQueue, "affinity-queue", broker.DefaultAffinityQueue, "offers an agent may have waiting beyond its free slots: a job waits up to --affinity-wait for the agent caching its prefix rather than prefill it elsewhere (0: prefer only agents with a free slot)")
 	fs.IntVar(&o.affMaxBlocks, "affinity-max-blocks", affinity.DefaultMaxBlocks, "bound of (block, agent) entries remembered per model and pool")
+	registerBatchFlags(fs, &o.batch)
 	fs.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	cli.SetUsage(fs, `broker: Switchyard's entry point. OpenAI-compatible HTTP and gRPC in front, NATS
@@ -220,6 +223,7 @@ Usage:
 		{Title: "Dispatch", Flags: []string{"dispatch-mode", "slo-ttft", "slo-itl", "slo-probe-share", "slo-probe-age", "pd-threshold", "slow-start", "heartbeat-interval", "queue-max", "queue-timeout", "capacity-wait", "models", "request-timeout", "stall-timeout", "max-answer-bytes", "answer-buffer-bytes", "retry-limit", "migration-limit", "publish-wait"}},
 		{Title: "NATS", Flags: []string{"nats-url", "nats-listen", "nats-config", "nats-monitor", "data-dir", "nats-max-payload", "replicas", "jobs-storage", "prefix", "id",
 			"nats-creds", "nats-nkey", "nats-user", "nats-password", "nats-token", "nats-tls-ca", "nats-tls-cert", "nats-tls-key", "nats-inbox-prefix"}},
+		{Title: "Files and batches", Flags: batchFlags},
 		{Title: "Lifecycle, metrics and logs", Flags: []string{"shutdown-grace", "shutdown-delay", "metrics-listen", "log-format", "log-level"}},
 		{Title: "Demo", Flags: []string{"demo", "demo-agents", "demo-model", "demo-pd-protocol", "demo-slots", "demo-ttft", "demo-itl"}},
 	})
@@ -244,6 +248,9 @@ Usage:
 	}
 	if !(o.probeShare >= 0 && o.probeShare <= 1) || o.probeAge < 0 {
 		return nil, fmt.Errorf("--slo-probe-share must be in [0, 1] and --slo-probe-age must not be negative")
+	}
+	if err := o.batch.validate(); err != nil {
+		return nil, err
 	}
 	m, err := broker.ParseAffinityMode(o.affinity)
 	if err != nil {
@@ -391,7 +398,13 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	// Demo agents.
 	runDemoAgents(gctx, g, o, demo, natsURL, log, stderr)
 	// Ingresses.
-	in, err := listenIngresses(o, sec, b, reg, gcfg, log)
+	bst, err := newBatchStore(o, nc, log)
+	if err != nil {
+		stop()
+		_ = g.Wait()
+		return err
+	}
+	in, err := listenIngresses(o, sec, b, bst, reg, gcfg, log)
 	if err != nil {
 		// The demo agents started: stop them before returning.
 		stop()
@@ -414,6 +427,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		watchReady(gctx, b, log)
 		return nil
 	})
+	g.Go(func() error { return runBatchDriver(gctx, o, b.ID(), bst, in.api, b.Models, reg, log) })
 	log.Info("broker listening", "http", in.ln.Addr().String(), "grpc", o.grpcAddr, "metrics", in.metricsAddr(), "nats", natsURL, "id", b.ID(), "demo_agents", o.demo)
 	fmt.Fprintf(stdout, "switchyard broker listening: http=%s://%s nats=%s%s%s\n", in.scheme(), in.ln.Addr(), natsURL, in.grpcLine(), in.metricsLine())
 	return g.Wait()
@@ -551,6 +565,7 @@ func runDemoAgents(ctx context.Context, g *errgroup.Group, o *options, demo map[
 // ingresses are the broker's HTTP and gRPC servers and their listeners.
 type ingresses struct {
 	ln   net.Listener
+	api  *openaihttp.Server
 	http *http.Server
 	tls  bool
 	gln  net.Listener
@@ -563,7 +578,7 @@ type ingresses struct {
 
 // listenIngresses opens the HTTP and gRPC listeners and builds their
 // servers; nothing is served until serveHTTP and serveGRPC run.
-func listenIngresses(o *options, sec security, b *broker.Broker, reg *prometheus.Registry, gcfg grpcapi.Config, log *slog.Logger) (*ingresses, error) {
+func listenIngresses(o *options, sec security, b *broker.Broker, bst *batch.Store, reg *prometheus.Registry, gcfg grpcapi.Config, log *slog.Logger) (*ingresses, error) {
 	api := openaihttp.New(b, openaihttp.Config{
 		MaxBody:            o.maxBody,
 		WriteTimeout:       o.writeTimeout,
@@ -571,6 +586,7 @@ func listenIngresses(o *options, sec security, b *broker.Broker, reg *prometheus
 		BodyReadTimeout:    o.readBody,
 		Metrics:            promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}),
 		Page:               fleetui.Handler(),
+		Batch:              bst,
 	}, openaihttp.WithLogger(log))
 	if !sec.keys.Enabled() && (sec.tls != nil || !loopback(o.httpAddr)) {
 		log.Warn("HTTP and gRPC ingress accept requests without an API key; set --api-key or --api-keys-file", "http", o.httpAddr)
@@ -590,7 +606,7 @@ func listenIngresses(o *options, sec security, b *broker.Broker, reg *prometheus
 	// The page and health answer without a key; the page asks for one
 	// when /v1/fleet answers 401. The edge goes before the key check.
 	handler := api.Edge(sec.keys.HTTP(api, "/healthz", "/readyz", "/", fleetui.AssetPrefix, fleetui.AssetPrefix+"fleet.js", fleetui.AssetPrefix+"fleet.css"))
-	in := &ingresses{ln: ln, tls: sec.tls != nil, http: &http.Server{
+	in := &ingresses{ln: ln, api: api, tls: sec.tls != nil, http: &http.Server{
 		Handler:           handler,
 		TLSConfig:         sec.tls,
 		ReadHeaderTimeout: o.readHeader,
