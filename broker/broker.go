@@ -70,6 +70,7 @@ type Broker struct {
 	nextReq  atomic.Uint64
 
 	jobSubj     sync.Map // jobsKey -> subject, built once per (model, pool)
+	batchSubj   sync.Map // jobsKey -> batch-class subject (see classSubject)
 	replyChunks string   // the one reply subject of every job (subjects.ReplyChunks)
 
 	metrics  *Metrics
