@@ -14,14 +14,19 @@ var _ batch.Runner = (*Server)(nil)
 
 type batchLineKey struct{}
 
-// lineClass is the work class of r: batch for a batch line, which carries
-// its batch's expiry as its deadline.
+// lineClass is the work class of r: batch for a batch line, whose
+// deadline is its context's (the batch's expiry) and a second, so that the
+// context's end decides a line cut off by the window (not run, no answer
+// recorded), not the broker's timer (a 504 answer).
 func lineClass(r *http.Request) (broker.Class, time.Time) {
 	if r.Context().Value(batchLineKey{}) == nil {
 		return broker.ClassInteractive, time.Time{}
 	}
-	d, _ := r.Context().Deadline()
-	return broker.ClassBatch, d
+	d, ok := r.Context().Deadline()
+	if !ok {
+		return broker.ClassBatch, time.Time{}
+	}
+	return broker.ClassBatch, d.Add(time.Second)
 }
 
 // RunLine runs one batch line through its endpoint's handler, in-process:
