@@ -520,11 +520,14 @@ func (b *Broker) onHeartbeat(m *nats.Msg) {
 	}
 	now := b.now()
 	a := dispatch.Agent{
-		ID:          key.Agent,
-		Pool:        pool,
-		State:       state,
-		Slots:       int(hb.GetSlots()),
-		Active:      int(hb.GetActive()),
+		ID:    key.Agent,
+		Pool:  pool,
+		State: state,
+		Slots: int(hb.GetSlots()),
+		// Batch jobs are the agent's to give back (batch_active): free
+		// capacity to interactive dispatch.
+		Active:      max(int(hb.GetActive())-int(hb.GetBatchActive()), 0),
+		Batch:       int(hb.GetBatchActive()),
 		LastSeen:    now,
 		Interval:    hb.GetInterval().AsDuration(),
 		PullLimit:   int(hb.GetPullLimit()),

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/switchyard-ai/switchyard/oaiformat"
 	"github.com/switchyard-ai/switchyard/wire"
 )
 
@@ -78,4 +79,13 @@ func (c *Call) preemptible() bool {
 // it (wire.CodePreempted).
 func preempted(why error) bool {
 	return errors.Is(why, &wire.Error{Code: wire.CodePreempted})
+}
+
+// FormatClass is the class a request's own body asks for: batch for
+// service_tier "flex", interactive otherwise (see oaiformat.ServiceTiers).
+func FormatClass(p *oaiformat.Request) Class {
+	if p != nil && p.Flex {
+		return ClassBatch
+	}
+	return ClassInteractive
 }

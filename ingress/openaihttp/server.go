@@ -147,6 +147,7 @@ func (s *Server) completions(kind apiKind) http.HandlerFunc {
 			NoMigration:     p.NoMigration,
 			Trace:           traceContext(r),
 			Format:          p,
+			Class:           broker.FormatClass(p),
 			Targets:         sloTargets(r),
 		})
 		if err != nil {
