@@ -134,6 +134,9 @@ func (s *Server) completions(kind apiKind) http.HandlerFunc {
 			return
 		}
 		class, deadline := lineClass(r)
+		if class == broker.ClassInteractive {
+			class = broker.FormatClass(p) // service_tier flex
+		}
 		call, err := s.backend.Submit(r.Context(), broker.Request{
 			Class:           class,
 			Deadline:        deadline,
@@ -147,7 +150,6 @@ func (s *Server) completions(kind apiKind) http.HandlerFunc {
 			NoMigration:     p.NoMigration,
 			Trace:           traceContext(r),
 			Format:          p,
-			Class:           broker.FormatClass(p),
 			Targets:         sloTargets(r),
 		})
 		if err != nil {
