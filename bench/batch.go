@@ -17,8 +17,12 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/switchyard-ai/switchyard/oaiformat/sse"
 	"github.com/switchyard-ai/switchyard/simengine"
+	"github.com/switchyard-ai/switchyard/subjects"
+	"github.com/switchyard-ai/switchyard/wire"
 )
 
 // The batch scenario's engines run the batch model's defaults (one H100
@@ -69,9 +73,9 @@ type interactiveSample struct {
 	failed     bool
 }
 
-// slotSample is the fleet's slots at one moment, as /v1/fleet reports
-// the agents' heartbeats: every slot, those interactive jobs hold and
-// those batch jobs hold.
+// slotSample is the ready agents' slots at one moment, as their last
+// heartbeats say: every slot, those interactive jobs hold and those batch
+// jobs hold.
 type slotSample struct {
 	at                        time.Time
 	slots, interactive, batch int
@@ -100,7 +104,7 @@ func (e *env) batchScenario(d *doc) error {
 	e.logf("batch: goodput %g requests/s; bursts at %.1f, idle at %.1f", goodput, burstRate, idleRate)
 
 	e.logf("batch: interactive load alone")
-	alone, aloneSlots := e.batchRun(client, g.br.HTTP, rng, plan.aloneCycles, plan, burstRate, idleRate, nil)
+	alone, aloneSlots := e.batchRun(client, g.br.HTTP, g.br.NATS, rng, plan.aloneCycles, plan, burstRate, idleRate, nil)
 
 	e.logf("batch: interactive load with %d batches of %d lines", plan.batches, plan.lines)
 	inputs := make([][]byte, plan.batches)
@@ -108,7 +112,7 @@ func (e *env) batchScenario(d *doc) error {
 		inputs[i] = batchInput(rng, i, plan.lines)
 	}
 	bw := &batchWork{e: e, client: client, base: g.br.HTTP, inputs: inputs}
-	with, withSlots := e.batchRun(client, g.br.HTTP, rng, plan.withCycles, plan, burstRate, idleRate, bw)
+	with, withSlots := e.batchRun(client, g.br.HTTP, g.br.NATS, rng, plan.withCycles, plan, burstRate, idleRate, bw)
 	if bw.submitErr != nil {
 		return fmt.Errorf("batch work: %w", bw.submitErr)
 	}
@@ -154,7 +158,7 @@ func (e *env) batchScenario(d *doc) error {
 		once += r.once
 	}
 	fmt.Fprintf(&b, "\nAll batches ended %s after submission. While batch work was pending, the agents' idle slots (not held by interactive work) added up to %s slot-seconds, of which batch jobs held %s: **%.0f%%**. "+
-		"(Without batch work the same schedule left %s slot-seconds idle.) Slots are sampled from `GET /v1/fleet` every 250 ms.\n\n",
+		"(Without batch work the same schedule left %s slot-seconds idle.) Slots are the agents' heartbeats (`slots`, `active`, `batch_active`) added up every 250 ms.\n\n",
 		bw.finished.Sub(bw.started).Round(time.Second), fmtInt(idleSS), fmtInt(batchSS), share*100, fmtInt(aloneIdle))
 	within := func(x, y time.Duration) bool { return y > 0 && float64(x) <= 1.1*float64(y) }
 	fmt.Fprintf(&b, "| goal | wanted | measured | |\n|---|---|---|---|\n")
@@ -241,14 +245,15 @@ type phase struct {
 // batchRun runs cycles of plan's interactive load while sampling the
 // fleet's slots; with bw it submits bw's batches at the start and adds
 // idle stretches until they have ended.
-func (e *env) batchRun(client *http.Client, base string, rng *rand.Rand, cycles int, plan batchPlan, burstRate, idleRate float64, bw *batchWork) ([]interactiveSample, []slotSample) {
+func (e *env) batchRun(client *http.Client, base, natsURL string, rng *rand.Rand, cycles int, plan batchPlan, burstRate, idleRate float64, bw *batchWork) ([]interactiveSample, []slotSample) {
 	ctx, stop := context.WithCancel(e.ctx)
 	defer stop()
 	var slots []slotSample
+	var sampleErr error
 	sampled := make(chan struct{})
 	go func() {
 		defer close(sampled)
-		slots = sampleSlots(ctx, base)
+		slots, sampleErr = sampleSlots(ctx, natsURL)
 	}()
 	var phases []phase
 	for range cycles {
@@ -282,6 +287,9 @@ func (e *env) batchRun(client *http.Client, base string, rng *rand.Rand, cycles 
 	}
 	stop()
 	<-sampled
+	if sampleErr != nil {
+		e.logf("batch: no slot samples: %v", sampleErr)
+	}
 	return samples, slots
 }
 
@@ -628,46 +636,55 @@ func doJSON(ctx context.Context, c *http.Client, method, url, ctype string, body
 	return json.NewDecoder(resp.Body).Decode(out)
 }
 
-// sampleSlots reads the fleet's slots from /v1/fleet every 250 ms until
-// ctx ends.
-func sampleSlots(ctx context.Context, base string) []slotSample {
+// sampleSlots listens to the agents' heartbeats on natsURL and every
+// 250 ms adds up the last one of each ready agent: its slots, the jobs it
+// holds (active) and how many of those are batch jobs (batch_active). It
+// returns the samples when ctx ends.
+func sampleSlots(ctx context.Context, natsURL string) ([]slotSample, error) {
+	nc, err := nats.Connect(natsURL, nats.Name("bench-slot-sampler"))
+	if err != nil {
+		return nil, err
+	}
+	defer nc.Close()
+	sb, err := subjects.New(subjects.DefaultPrefix)
+	if err != nil {
+		return nil, err
+	}
+	var mu sync.Mutex
+	last := map[string]*wire.Heartbeat{}
+	sub, err := nc.Subscribe(sb.HeartbeatsAll(), func(m *nats.Msg) {
+		hb, err := wire.UnmarshalHeartbeat(m.Data)
+		if err != nil {
+			return
+		}
+		mu.Lock()
+		last[hb.GetAgentId()] = hb
+		mu.Unlock()
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer sub.Unsubscribe()
 	var out []slotSample
 	for {
-		if f, err := getBatchFleet(ctx, base); err == nil {
-			s := slotSample{at: time.Now()}
-			for _, a := range f.Agents {
-				if !a.Eligible {
-					continue
-				}
-				s.slots += a.Slots
-				s.batch += a.Batch
-				s.interactive += a.Active - a.Batch
-			}
-			out = append(out, s)
-		}
 		select {
 		case <-ctx.Done():
-			return out
+			return out, nil
 		case <-time.After(250 * time.Millisecond):
 		}
+		s := slotSample{at: time.Now()}
+		mu.Lock()
+		for _, hb := range last {
+			if hb.GetState() != wire.StateReady {
+				continue
+			}
+			s.slots += int(hb.GetSlots())
+			s.batch += int(hb.GetBatchActive())
+			s.interactive += max(0, int(hb.GetActive())-int(hb.GetBatchActive()))
+		}
+		mu.Unlock()
+		out = append(out, s)
 	}
-}
-
-// batchFleetView is the part of GET /v1/fleet the batch scenario reads:
-// per agent its slots, the jobs it holds and how many of them are batch
-// jobs.
-type batchFleetView struct {
-	Agents []struct {
-		Slots    int  `json:"slots"`
-		Active   int  `json:"active"`
-		Batch    int  `json:"batch_active"`
-		Eligible bool `json:"eligible"`
-	} `json:"agents"`
-}
-
-func getBatchFleet(ctx context.Context, base string) (batchFleetView, error) {
-	var f batchFleetView
-	return f, doJSON(ctx, http.DefaultClient, http.MethodGet, base+"/v1/fleet", "", nil, &f)
 }
 
 // idleShare sums, over the samples between from and to (all of them when
