@@ -264,18 +264,24 @@ func (s *Store) Files(ctx context.Context, owner string, p ListFiles) (files []*
 }
 
 // OpenFile returns owner's file id and a reader of its content, streamed
-// from the Object Store; the caller closes it.
+// from the Object Store a few chunks ahead; the caller closes it.
 func (s *Store) OpenFile(ctx context.Context, owner, id string) (*File, io.ReadCloser, error) {
-	f, err := s.File(ctx, owner, id)
+	obj, _, err := s.buckets(ctx)
 	if err != nil {
 		return nil, nil, err
 	}
-	obj, _, _ := s.buckets(ctx)
-	rd, err := obj.Get(ctx, id)
+	if _, err := s.File(ctx, owner, id); err != nil {
+		return nil, nil, err
+	}
+	info, err := obj.GetInfo(ctx, id)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%w: reading %s: %w", ErrUnavailable, id, err)
 	}
-	return f, rd, nil
+	rd, err := s.openObject(ctx, info)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: reading %s: %w", ErrUnavailable, id, err)
+	}
+	return fileOf(info), rd, nil
 }
 
 // DeleteFile deletes owner's file id.
