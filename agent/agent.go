@@ -1173,14 +1173,14 @@ func (a *Agent) Heartbeat() *wire.Heartbeat {
 		State:       st.state,
 		StateReason: st.reason,
 
-		Slots:    uint32(a.cfg.Slots),
-		Active:   uint32(max(0, a.Active())),
+		Slots:  uint32(a.cfg.Slots),
+		Active: uint32(max(0, a.Active())),
 		// Counted as free by interactive dispatch: see batchclass.go.
 		BatchActive: uint32(max(0, a.batch.held.Load())),
-		Interval: durationpb.New(a.cfg.Heartbeat),
-		Seq:      a.hbSeq.Add(1),
-		Version:  a.cfg.Version,
-		SentAt:   timestamppb.Now(),
+		Interval:    durationpb.New(a.cfg.Heartbeat),
+		Seq:         a.hbSeq.Add(1),
+		Version:     a.cfg.Version,
+		SentAt:      timestamppb.Now(),
 	}
 	if a.cfg.Pool != subjects.PoolRegular {
 		hb.PdProtocol = a.cfg.PDProtocol

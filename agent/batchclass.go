@@ -20,7 +20,7 @@ import (
 //
 //   - A batch job is pulled only while the interactive queue is empty: the
 //     agent's interactive pull has been waiting, unfilled, for
-//     batchIdleGate (JetStream hands a waiting pull every job it has at
+//     Config.BatchIdleGate (JetStream hands a waiting pull every job it has at
 //     once, so a pull that waits found the queue empty).
 //   - Batch jobs never take the last Config.BatchReserve slots, nor more
 //     than Config.BatchMax of them, so a small burst starts at once.
@@ -36,10 +36,10 @@ import (
 // Agents of the prefill and decode pools apply the first two rules only:
 // a PD leg is not preempted (its hand-off's KV is the other leg's).
 
-// batchIdleGate is how long the interactive pull must have waited unfilled
-// before a batch job may start: long enough for JetStream to have handed
-// it a job the queue held.
-const batchIdleGate = 20 * time.Millisecond
+// DefaultBatchIdleGate is how long the interactive pull must have waited
+// unfilled before a batch job may start (Config.BatchIdleGate): long
+// enough for JetStream to have handed it a job the queue held.
+const DefaultBatchIdleGate = 20 * time.Millisecond
 
 // batchPullWait bounds a batch pull: a batch job delivered after the
 // interactive queue filled again is handed back, so pulls stay short.
@@ -57,10 +57,11 @@ func preemptedError(agentID string) *wire.Error {
 // batchSched is an agent's batch-class state.
 type batchSched struct {
 	held atomic.Int32 // batch jobs held (pulled and not yet ended)
-	// The interactive pull in flight: when it was asked (unix ns, 0 for
-	// none) and whether a job it asked for is still due.
-	pullAt  atomic.Int64
-	pullDue atomic.Bool
+	// Since when the interactive queue looks empty (unix ns): the start
+	// of an interactive pull, or its last job, while the pulls are not
+	// filled; 0 once a pull got every job it asked for (the queue may hold
+	// more), until the next pull.
+	pullAt atomic.Int64
 
 	mu      sync.Mutex
 	running []*batchRun // preemptible jobs in the order they started
@@ -72,24 +73,25 @@ type batchRun struct {
 	stop context.CancelCauseFunc
 }
 
-// interactivePulling notes an interactive pull for n jobs; done notes its
-// end.
-func (s *batchSched) interactivePulling(now time.Time) {
-	s.pullDue.Store(true)
-	s.pullAt.Store(now.UnixNano())
+// interactivePulling notes an interactive pull asked at now: a pull that
+// follows an unfilled one keeps its time.
+func (s *batchSched) interactivePulling(now time.Time) { s.pullAt.CompareAndSwap(0, now.UnixNano()) }
+
+// interactiveGot notes a job the interactive pull delivered at now; filled:
+// the pull got every job it asked for, so the queue may hold more.
+func (s *batchSched) interactiveGot(now time.Time, filled bool) {
+	if filled {
+		s.pullAt.Store(0)
+	} else {
+		s.pullAt.Store(now.UnixNano())
+	}
 }
 
-// interactiveDelivered notes that the pull got every job it asked for: the
-// queue may hold more.
-func (s *batchSched) interactiveFilled() { s.pullAt.Store(0) }
-
-func (s *batchSched) interactiveDone() { s.pullAt.Store(0) }
-
 // interactiveIdle reports whether the interactive queue is empty as far as
-// the agent can tell: its pull has waited, unfilled, batchIdleGate.
-func (s *batchSched) interactiveIdle(now time.Time) bool {
+// the agent can tell: its pull has waited, unfilled, gate.
+func (s *batchSched) interactiveIdle(now time.Time, gate time.Duration) bool {
 	at := s.pullAt.Load()
-	return at != 0 && now.Sub(time.Unix(0, at)) >= batchIdleGate
+	return at != 0 && now.Sub(time.Unix(0, at)) >= gate
 }
 
 // preemptible returns the batch jobs an interactive one may preempt.
@@ -140,7 +142,7 @@ func (a *Agent) batchLimit(limit int) int {
 
 // batchRoom returns how many batch jobs the next batch pull may ask for.
 func (a *Agent) batchRoom(now time.Time) int {
-	if !a.batch.interactiveIdle(now) {
+	if !a.batch.interactiveIdle(now, a.cfg.BatchIdleGate) {
 		return 0
 	}
 	limit := a.pullLimit(now)

@@ -137,6 +137,9 @@ type Config struct {
 	// NoBatchPreempt keeps an interactive job that finds no free slot
 	// from preempting a batch job; it then waits for one to end.
 	NoBatchPreempt bool
+	// BatchIdleGate is how long the interactive pull must have waited,
+	// unfilled, before a batch job may start (0: DefaultBatchIdleGate).
+	BatchIdleGate time.Duration
 	// KVEvents is the endpoint of the engine's KV-cache events (vLLM's
 	// --kv-events-config, "tcp://127.0.0.1:5557"); the agent forwards them,
 	// summarised, to the brokers. Empty: none.
@@ -186,6 +189,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.Pool == "" {
 		c.Pool = subjects.PoolRegular
+	}
+	if c.BatchIdleGate <= 0 {
+		c.BatchIdleGate = DefaultBatchIdleGate
 	}
 	if c.Slots == 0 {
 		c.Slots = DefaultSlots

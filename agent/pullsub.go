@@ -136,13 +136,10 @@ func (a *Agent) pull(ctx context.Context, ref *consumerRef, jobs *sync.WaitGroup
 		// agent waits the pull out, handing back what still comes.
 		got := 0
 		for msg := range batch.Messages() {
-			if got++; ref.signal && got == n {
-				a.batch.interactiveFilled()
+			if got++; ref.signal {
+				a.batch.interactiveGot(time.Now(), got == n)
 			}
 			l.take(msg)
-		}
-		if ref.signal {
-			a.batch.interactiveDone()
 		}
 		switch err := batch.Error(); {
 		case err == nil || ctx.Err() != nil:
@@ -198,6 +195,11 @@ func (l *pullLoop) room() int {
 	if n > 0 {
 		return n
 	}
+	if l.ref.signal {
+		// No pull watches the interactive queue while the agent is full:
+		// it may fill meanwhile.
+		a.batch.interactiveGot(now, true)
+	}
 	var grow <-chan time.Time
 	if every, ok := a.ramping(now); ok {
 		t := time.NewTimer(every)
@@ -207,7 +209,7 @@ func (l *pullLoop) room() int {
 	if l.ref.batch && a.slots.held() < a.pullLimit(now) {
 		// Room, but interactive work may want it: look again once the
 		// interactive pull had time to show its queue empty.
-		t := time.NewTimer(batchIdleGate)
+		t := time.NewTimer(a.cfg.BatchIdleGate)
 		defer t.Stop()
 		grow = t.C
 	}
@@ -232,7 +234,7 @@ func (l *pullLoop) take(msg jobMessage) {
 	}
 	if l.ref.batch {
 		now := time.Now()
-		if !a.batch.interactiveIdle(now) || int(a.batch.held.Load()) >= a.batchLimit(a.pullLimit(now)) ||
+		if !a.batch.interactiveIdle(now, a.cfg.BatchIdleGate) || int(a.batch.held.Load()) >= a.batchLimit(a.pullLimit(now)) ||
 			!a.slots.acquire(a.pullLimit(now)-a.cfg.BatchReserve) {
 			// Interactive work came meanwhile: the batch job waits a
 			// moment in its queue rather than come straight back here.
