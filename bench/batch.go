@@ -121,7 +121,7 @@ func (e *env) batchScenario(d *doc) error {
 	_, aloneIdle, _ := idleShare(aloneSlots, time.Time{}, time.Time{})
 
 	var b strings.Builder
-	fmt.Fprintf(&b, "## Figures\n\n")
+	fmt.Fprintf(&b, "## Benchmark\n\n")
 	fmt.Fprintf(&b, "Measured by `go run ./bench --only batch`%s on a shared 2-core machine under other load (load average %s when the batches were submitted), so the figures move between runs. "+
 		"Fleet: %d `sim-engine --batch-model` processes, 16 slots each, each behind its own worker-agent (16 slots), one broker; the engines run the batch model's defaults (Llama-3.1-8B on one H100) slowed %d times (`%s`), "+
 		"so that every token is relayed on time here, and a step lasts longer the more sequences it decodes: batch decodes slow the interactive ones beside them. "+
@@ -179,7 +179,7 @@ func (e *env) batchScenario(d *doc) error {
 	}
 	out := b.String()
 	fmt.Println(out)
-	return writeSection(filepath.Join(d.out, "batch.md"), "## Figures", out)
+	return writeSection(filepath.Join(d.out, "batch.md"), "## Benchmark", out)
 }
 
 func (e *env) quickNote() string {

@@ -11,11 +11,11 @@ import (
 func TestWriteSection(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "batch.md")
 	steps := []struct{ before, want string }{
-		{"", "## Figures\nfirst\n"},
-		{"# Batch\n\n## API\ntext\n", "# Batch\n\n## API\ntext\n\n## Figures\nfirst\n"},
-		{"# Batch\n\n## Figures\nold\nrows\n\n## Later\nkept\n", "# Batch\n\n## Figures\nfirst\n\n## Later\nkept\n"},
-		{"## Figures\nold\n", "## Figures\nfirst\n"},
-		{"# Batch\n\n### Figures of something\nkept\n", "# Batch\n\n### Figures of something\nkept\n\n## Figures\nfirst\n"},
+		{"", "## Benchmark\nfirst\n"},
+		{"# Batch\n\n## API\ntext\n", "# Batch\n\n## API\ntext\n\n## Benchmark\nfirst\n"},
+		{"# Batch\n\n## Benchmark\nold\nrows\n\n## Later\nkept\n", "# Batch\n\n## Benchmark\nfirst\n\n## Later\nkept\n"},
+		{"## Benchmark\nold\n", "## Benchmark\nfirst\n"},
+		{"# Batch\n\n### Figures of something\nkept\n", "# Batch\n\n### Figures of something\nkept\n\n## Benchmark\nfirst\n"},
 	}
 	for _, s := range steps {
 		if s.before != "" {
@@ -25,7 +25,7 @@ func TestWriteSection(t *testing.T) {
 		} else {
 			_ = os.Remove(path)
 		}
-		if err := writeSection(path, "## Figures", "## Figures\nfirst\n\n"); err != nil {
+		if err := writeSection(path, "## Benchmark", "## Benchmark\nfirst\n\n"); err != nil {
 			t.Fatal(err)
 		}
 		got, _ := os.ReadFile(path)

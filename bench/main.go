@@ -10,7 +10,7 @@
 //	go run ./bench --only overhead,dispatch
 //	go run ./bench --only goodput       # about 50 minutes
 //	go run ./bench --only fleet         # about 2 minutes; table on stdout
-//	go run ./bench --only batch         # about 15 minutes; docs/batch.md's figures
+//	go run ./bench --only batch         # about 15 minutes; docs/batch.md's benchmark
 //
 // Scenarios: overhead (added TTFT/ITL and relayed tokens/s, plus a CPU
 // profile of the broker and an agent), scheduling (a heterogeneous fleet
@@ -32,9 +32,10 @@
 // on a batch-model fleet with and without three batches of the Batches
 // API beside it, the share of idle capacity the batch work used and
 // whether every line was answered exactly once; its figures go to
-// stdout and to docs/batch.md's "Figures" section). nginx and HAProxy are installed with
-// apt-get when missing (Debian, as root). Every process the runner starts
-// is stopped when it ends, fails or is interrupted.
+// stdout and to docs/batch.md's "Benchmark" section). nginx and HAProxy
+// are installed with apt-get when missing (Debian, as root). Every
+// process the runner starts is stopped when it ends, fails or is
+// interrupted.
 package main
 
 import (
