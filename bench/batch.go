@@ -157,9 +157,13 @@ func (e *env) batchScenario(d *doc) error {
 		all += r.total
 		once += r.once
 	}
-	fmt.Fprintf(&b, "\nAll batches ended %s after submission. While batch work was pending, the agents' idle slots (not held by interactive work) added up to %s slot-seconds, of which batch jobs held %s: **%.0f%%**. "+
-		"(Without batch work the same schedule left %s slot-seconds idle.) Slots are the agents' heartbeats (`slots`, `active`, `batch_active`) added up every 250 ms.\n\n",
-		bw.finished.Sub(bw.started).Round(time.Second), fmtInt(idleSS), fmtInt(batchSS), share*100, fmtInt(aloneIdle))
+	ended := fmt.Sprintf("All batches ended %s after submission.", bw.finished.Sub(bw.started).Round(time.Second))
+	if bw.err != nil {
+		ended = fmt.Sprintf("Not every batch had ended when the runner stopped waiting, %s after submission (counts as last read).", bw.finished.Sub(bw.started).Round(time.Second))
+	}
+	fmt.Fprintf(&b, "\n%s While batch work was pending, the agents' idle slots (not held by interactive work) added up to %s slot-seconds, of which batch jobs held %s: **%.0f%%**. "+
+		"(Without batch work, %d cycle(s) left %s slot-seconds idle.) Slots are the agents' heartbeats (`slots`, `active`, `batch_active`) added up every 250 ms.\n\n",
+		ended, fmtInt(idleSS), fmtInt(batchSS), share*100, plan.aloneCycles, fmtInt(aloneIdle))
 	within := func(x, y time.Duration) bool { return y > 0 && float64(x) <= 1.1*float64(y) }
 	fmt.Fprintf(&b, "| goal | wanted | measured | |\n|---|---|---|---|\n")
 	goal := func(name, want, got string, met bool) {
@@ -548,7 +552,8 @@ func waitBatch(ctx context.Context, c *http.Client, base, id string, input []byt
 		}
 		select {
 		case <-ctx.Done():
-			return batchResult{status: b.Status}, fmt.Errorf("batch %s still %s: %w", id, b.Status, ctx.Err())
+			return batchResult{status: b.Status, total: b.RequestCounts.Total, completed: b.RequestCounts.Completed, failed: b.RequestCounts.Failed},
+				fmt.Errorf("batch %s still %s: %w", id, b.Status, ctx.Err())
 		case <-time.After(time.Second):
 		}
 	}
