@@ -471,7 +471,7 @@ func batchFleet(now time.Time) map[string]any {
 	m := v["models"].([]any)[0].(map[string]any)
 	pools := m["pools"].([]any)
 	pools[0].(map[string]any)["batch"] = map[string]any{"running": 8, "queued": 120, "share": 0.25}
-	pools[2].(map[string]any)["batch"] = map[string]any{"running": 0, "queued": 0, "share": 0}
+	pools[2].(map[string]any)["batch"] = 4 // a count of jobs: the share is of the pool's 16 slots
 	lines := func(total, queued, running, completed, failed int) map[string]any {
 		return map[string]any{"total": total, "queued": queued, "running": running, "completed": completed, "failed": failed}
 	}
@@ -550,7 +550,7 @@ func TestFleetPageBatches(t *testing.T) {
 		Hidden:  false,
 		Active:  "2",
 		Rows:    map[string]string{"batch_eval": "in_progress 372/8/600/20/1000 0.620", "batch_new": "validating 28/0/22/0/50 0.440"},
-		Share:   map[string]string{"regular": "0.250/8", "prefill": "", "decode": "0.000/0"},
+		Share:   map[string]string{"regular": "0.250/8", "prefill": "", "decode": "0.250/4"},
 		Headers: 10,
 	}
 	testwait.For(t, 10*time.Second, 50*time.Millisecond, func() error {

@@ -340,14 +340,16 @@
       `<tbody>${rows}</tbody></table>`;
   }
 
-  // poolBatch is a pool's batch work: the slots its batch jobs hold and
-  // their share of the pool's slots, or null when the broker sends none.
+  // poolBatch is a pool's batch work: the batch jobs its agents hold (a
+  // number, or an object with running, queued and share) and their share
+  // of the pool's slots, or null when the broker reports none.
   function poolBatch(p) {
     const b = p.batch;
-    if (!b) return null;
-    const running = num(b.running), slots = num(p.slots);
-    const share = typeof b.share === 'number' ? b.share : slots > 0 ? running / slots : 0;
-    return { running, queued: num(b.queued), share: Math.max(0, Math.min(1, share)) };
+    if (b === undefined || b === null) return null;
+    const o = typeof b === 'number' ? { running: b } : b;
+    const running = num(o.running), slots = num(p.slots);
+    const share = typeof o.share === 'number' ? o.share : slots > 0 ? running / slots : 0;
+    return { running, queued: num(o.queued), share: Math.max(0, Math.min(1, share)) };
   }
 
   function poolBatchCell(p) {
