@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -113,7 +114,7 @@ func (d *Driver) Run(ctx context.Context) error {
 
 // scan takes the lease of each batch in flight that nobody holds.
 func (d *Driver) scan(ctx context.Context, wg *sync.WaitGroup) {
-	rs, err := d.st.records(ctx)
+	rs, err := d.st.active(ctx)
 	if err != nil {
 		if ctx.Err() == nil {
 			d.log.Debug("batch driver: listing batches", "err", err)
@@ -592,6 +593,13 @@ func (d *Driver) record(ctx context.Context, id string, idx int, res *result) er
 		}
 		if errors.Is(err, jetstream.ErrKeyExists) {
 			return errors.New("recorded already")
+		}
+		if errors.Is(err, nats.ErrMaxPayload) && res.Error == nil {
+			// An answer larger than a NATS message is the line's error.
+			*res = result{CustomID: res.CustomID, Error: &LineError{Code: "response_too_large",
+				Message: fmt.Sprintf("The answer (%d bytes) is larger than the broker's NATS connection carries in one message.", len(res.Body))}}
+			data, _ = json.Marshal(res)
+			continue
 		}
 		if !sleep(ctx, time.Second) {
 			return ctx.Err()

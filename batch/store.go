@@ -60,6 +60,10 @@ type Store struct {
 	mu  sync.Mutex // guards obj and kv
 	obj jetstream.ObjectStore
 	kv  jetstream.KeyValue
+	// ended holds the ids of batches seen in a terminal status, which
+	// never changes again: the driver's scan and /v1/fleet read only the
+	// others' records.
+	ended sync.Map
 }
 
 // NewStore returns the store on js.
@@ -163,12 +167,8 @@ func (s *Store) PutFile(ctx context.Context, owner, filename, purpose string, r 
 }
 
 func (s *Store) putFile(ctx context.Context, id, owner, filename, purpose string, r io.Reader) (*File, error) {
-	obj, _, err := s.buckets(ctx)
-	if err != nil {
-		return nil, err
-	}
 	created := s.now().Unix()
-	info, err := obj.Put(ctx, jetstream.ObjectMeta{
+	info, err := s.putObject(ctx, jetstream.ObjectMeta{
 		Name: id,
 		Metadata: map[string]string{
 			"owner": owner, "purpose": purpose, "filename": filename,
@@ -178,6 +178,9 @@ func (s *Store) putFile(ctx context.Context, id, owner, filename, purpose string
 	if err != nil {
 		if errors.Is(err, ErrTooLarge) {
 			return nil, fmt.Errorf("%w: larger than %d bytes", ErrTooLarge, s.cfg.MaxFileBytes)
+		}
+		if errors.Is(err, ErrUnavailable) {
+			return nil, err
 		}
 		return nil, fmt.Errorf("%w: storing %s: %w", ErrUnavailable, id, err)
 	}
@@ -284,10 +287,20 @@ func (s *Store) OpenFile(ctx context.Context, owner, id string) (*File, io.ReadC
 	return fileOf(info), rd, nil
 }
 
-// DeleteFile deletes owner's file id.
+// DeleteFile deletes owner's file id. The input of a batch in flight is
+// refused: its driver reads it until the batch ends.
 func (s *Store) DeleteFile(ctx context.Context, owner, id string) error {
 	if _, err := s.File(ctx, owner, id); err != nil {
 		return err
+	}
+	rs, err := s.active(ctx)
+	if err != nil {
+		return err
+	}
+	for _, r := range rs {
+		if r.InputFileID == id {
+			return invalid("id", fmt.Sprintf("file %s is the input of batch %s, which has not ended: cancel it first", id, r.ID))
+		}
 	}
 	obj, _, _ := s.buckets(ctx)
 	if err := obj.Delete(ctx, id); err != nil {
@@ -426,8 +439,17 @@ func (s *Store) Batch(ctx context.Context, owner, id string) (*Batch, error) {
 	return r.public(), nil
 }
 
+// active returns the records of the batches not known to have ended.
+func (s *Store) active(ctx context.Context) ([]*record, error) {
+	return s.list(ctx, true)
+}
+
 // records returns every batch's record.
 func (s *Store) records(ctx context.Context) ([]*record, error) {
+	return s.list(ctx, false)
+}
+
+func (s *Store) list(ctx context.Context, activeOnly bool) ([]*record, error) {
 	_, kv, err := s.buckets(ctx)
 	if err != nil {
 		return nil, err
@@ -442,12 +464,21 @@ func (s *Store) records(ctx context.Context) ([]*record, error) {
 	}
 	var out []*record
 	for _, id := range ids {
+		if _, ended := s.ended.Load(id); ended && activeOnly {
+			continue
+		}
 		r, _, err := s.record(ctx, id)
 		if errors.Is(err, ErrNotFound) {
 			continue
 		}
 		if err != nil {
 			return nil, err
+		}
+		if terminal(r.Status) {
+			s.ended.Store(id, true)
+			if activeOnly {
+				continue
+			}
 		}
 		out = append(out, r)
 	}
@@ -537,7 +568,7 @@ type FleetBatch struct {
 
 // Fleet summarizes the batches in flight for owner.
 func (s *Store) Fleet(ctx context.Context, owner string) (*Fleet, error) {
-	rs, err := s.records(ctx)
+	rs, err := s.active(ctx)
 	if err != nil {
 		return nil, err
 	}

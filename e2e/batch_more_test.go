@@ -197,6 +197,14 @@ func TestBatchCancel(t *testing.T) {
 	if fl.Active != 1 || len(fl.Items) != 1 || fl.Items[0].ID != id || fl.Items[0].Lines.Total != n || fl.Items[0].Driver == "" {
 		t.Fatalf("fleet batches %+v", fl)
 	}
+	// Its input cannot be deleted while it runs.
+	cur, err := c.Batches.Get(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Files.Delete(ctx, cur.InputFileID); !isStatus(err, http.StatusBadRequest) {
+		t.Fatalf("deleting a running batch's input: %v", err)
+	}
 	got, err := c.Batches.Cancel(ctx, id)
 	if err != nil || (got.Status != openai.BatchStatusCancelling && got.Status != openai.BatchStatusCancelled) || got.CancellingAt == 0 {
 		t.Fatalf("cancel: %+v %v", got, err)
@@ -206,6 +214,9 @@ func TestBatchCancel(t *testing.T) {
 		t.Fatalf("cancelled batch %+v", done)
 	}
 	checkCutOff(t, c, done, n, "batch_cancelled")
+	if _, err := c.Files.Delete(ctx, cur.InputFileID); err != nil {
+		t.Fatalf("deleting an ended batch's input: %v", err)
+	}
 	if fl := getFleetBatches(t, b.HTTP); fl.Active != 0 {
 		t.Fatalf("fleet batches after the end %+v", fl)
 	}

@@ -76,12 +76,16 @@ func TestBatchBrokerKill(t *testing.T) {
 	}
 }
 
-// TestBatchLargeFile moves a large file (64 MiB; SWITCHYARD_BATCH_FILE_MB
+// TestBatchLargeFile moves a large file (256 MiB; SWITCHYARD_BATCH_FILE_MB
 // sets another size) through a broker process, up and back down, and
-// checks its bytes and that the broker's peak RSS grew by far less than
-// the file: it is streamed to and from the Object Store, never held.
+// checks its bytes and that the broker's peak RSS (its embedded NATS
+// server's included) grew by less than half the file: it is streamed to
+// and from the Object Store, never held.
 func TestBatchLargeFile(t *testing.T) {
-	mb := 64
+	if testing.Short() {
+		t.Skip("a 256 MiB file")
+	}
+	mb := 256
 	if v := os.Getenv("SWITCHYARD_BATCH_FILE_MB"); v != "" {
 		mb, _ = strconv.Atoi(v)
 	}

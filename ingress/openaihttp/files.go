@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/switchyard-ai/switchyard/batch"
@@ -15,13 +17,12 @@ import (
 // handleEach registers one handler per method on path; other methods get
 // 405 in OpenAI's shape.
 func (s *Server) handleEach(path string, hs map[string]http.HandlerFunc) {
-	allow := ""
+	methods := make([]string, 0, len(hs))
 	for m := range hs {
-		if allow != "" {
-			allow += ", "
-		}
-		allow += m
+		methods = append(methods, m)
 	}
+	slices.Sort(methods)
+	allow := strings.Join(methods, ", ")
 	s.mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
 		m := r.Method
 		if m == http.MethodHead {
