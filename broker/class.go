@@ -4,6 +4,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/switchyard-ai/switchyard/dispatch"
 	"github.com/switchyard-ai/switchyard/oaiformat"
 	"github.com/switchyard-ai/switchyard/wire"
 )
@@ -88,4 +89,12 @@ func FormatClass(p *oaiformat.Request) Class {
 		return ClassBatch
 	}
 	return ClassInteractive
+}
+
+// BatchSlotShare is the share of a pool's slots its batch-class jobs hold.
+func BatchSlotShare(ps dispatch.PoolStats) float64 {
+	if ps.Slots <= 0 {
+		return 0
+	}
+	return float64(ps.Batch) / float64(ps.Slots)
 }
