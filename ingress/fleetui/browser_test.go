@@ -465,13 +465,14 @@ func TestFleetPageAPIKey(t *testing.T) {
 }
 
 // batchFleet is pdFleet with batch work: two batches in flight and the
-// pools' batch slots.
+// batch work of two pools (the third as a broker without work classes
+// shows it: no field).
 func batchFleet(now time.Time) map[string]any {
 	v := pdFleet(now)
 	m := v["models"].([]any)[0].(map[string]any)
 	pools := m["pools"].([]any)
-	pools[0].(map[string]any)["batch"] = map[string]any{"running": 8, "queued": 120, "share": 0.25}
-	pools[2].(map[string]any)["batch"] = 4 // a count of jobs: the share is of the pool's 16 slots
+	pools[0].(map[string]any)["batch"] = map[string]any{"running": 8, "queued": 120, "slot_share": 0.25}
+	pools[2].(map[string]any)["batch"] = map[string]any{"running": 4, "queued": 0, "slot_share": 0.25}
 	lines := func(total, queued, running, completed, failed int) map[string]any {
 		return map[string]any{"total": total, "queued": queued, "running": running, "completed": completed, "failed": failed}
 	}

@@ -340,16 +340,13 @@
       `<tbody>${rows}</tbody></table>`;
   }
 
-  // poolBatch is a pool's batch work: the batch jobs its agents hold (a
-  // number, or an object with running, queued and share) and their share
-  // of the pool's slots, or null when the broker reports none.
+  // poolBatch is a pool's batch work as /v1/fleet reports it: the batch
+  // jobs its agents run, those waiting in its batch queue, and the share
+  // of its slots they hold; null from a broker without work classes.
   function poolBatch(p) {
     const b = p.batch;
-    if (b === undefined || b === null) return null;
-    const o = typeof b === 'number' ? { running: b } : b;
-    const running = num(o.running), slots = num(p.slots);
-    const share = typeof o.share === 'number' ? o.share : slots > 0 ? running / slots : 0;
-    return { running, queued: num(o.queued), share: Math.max(0, Math.min(1, share)) };
+    if (!b || typeof b !== 'object') return null;
+    return { running: num(b.running), queued: num(b.queued), share: Math.max(0, Math.min(1, num(b.slot_share))) };
   }
 
   function poolBatchCell(p) {
