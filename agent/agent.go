@@ -40,6 +40,9 @@ type Agent struct {
 	// hand-offs pull.
 	pair       string
 	decodeSubj string
+	// decodeBatchSubj is decodeSubj's batch-class queue (see batchclass.go).
+	decodeBatchSubj string
+	batch           batchSched
 
 	state       atomic.Pointer[stateInfo]
 	readySince  atomic.Int64 // unix nanos
@@ -201,6 +204,7 @@ func New(nc *nats.Conn, engine Engine, cfg Config, opts ...Option) (*Agent, erro
 	a.pair = cfg.pairKey()
 	if a.pair != "" {
 		a.decodeSubj, _ = a.subj.PDJobs(cfg.Model, subjects.PoolDecode, a.pair)
+		a.decodeBatchSubj, _ = a.subj.BatchJobs(cfg.Model, subjects.PoolDecode, a.pair)
 	}
 	a.metrics = newMetrics(a)
 	a.out = newOutbox(nc, a.cfg.ReplyLinger, a.metrics.replyMsgs, a.metrics.replyChunks)
@@ -620,8 +624,10 @@ func (a *Agent) handle(base context.Context, msg jobMessage) {
 		return
 	}
 	run.ran = true
-	a.hold(run, a.stopper(run, cancel))
+	stop := a.stopper(run, cancel)
+	a.hold(run, stop)
 	defer a.unhold(run)
+	defer a.holdBatch(run, stop)()
 	a.callEngine(ctx, run)
 }
 
@@ -913,6 +919,10 @@ func (a *Agent) finish(ctx context.Context, out *stream, id string, err error) {
 		a.metrics.jobs.WithLabelValues(JobDrained).Inc()
 		a.log.Info("job ended by the drain timeout", "request", id, "tokens", out.tokens)
 		out.fail(drainedError(a.cfg.ID))
+	case cause == errPreempted:
+		a.metrics.jobs.WithLabelValues(JobPreempted).Inc()
+		a.log.Debug("batch job preempted", "request", id, "tokens", out.tokens)
+		out.fail(preemptedError(a.cfg.ID))
 	case errors.Is(ctx.Err(), context.DeadlineExceeded):
 		a.metrics.jobs.WithLabelValues(JobExpired).Inc()
 		out.fail(&wire.Error{Code: wire.CodeDeadlineExceeded, Message: "request deadline exceeded in the engine"})
@@ -1088,7 +1098,8 @@ func (a *Agent) publishDecode(ctx context.Context, job *wire.Job, h *wire.PDHand
 	// attempt (see onCancel), the second one's decode job, a release one
 	// if it was stopped, must not be taken for the first one's.
 	msgID := fmt.Sprintf("%s.%d.decode.%s", job.GetRequestId(), job.GetAttempt(), a.cfg.ID)
-	_, _, err = natsx.Publish(ctx, a.js, a.decodeSubj, data, msgID, natsx.Retry{
+	decodeSubj := a.decodeSubject(job)
+	_, _, err = natsx.Publish(ctx, a.js, decodeSubj, data, msgID, natsx.Retry{
 		Try: publishTry, MinBackoff: publishBackoffMin, MaxBackoff: publishBackoffMax,
 		Retrying: func(err error, backoff time.Duration) {
 			a.metrics.publishRetries.Inc()
@@ -1100,7 +1111,7 @@ func (a *Agent) publishDecode(ctx context.Context, job *wire.Job, h *wire.PDHand
 		return nil
 	case natsx.QueueFull(err):
 		return &wire.Error{Code: wire.CodeQueueFull, Retryable: true,
-			Message: "the decode queue " + a.decodeSubj + " is full: " + err.Error()}
+			Message: "the decode queue " + decodeSubj + " is full: " + err.Error()}
 	case ctx.Err() != nil:
 		return &wire.Error{Code: wire.CodeEngineDown, Message: "publishing the decode job until its deadline or KV hold: " + err.Error()}
 	default:
@@ -1162,12 +1173,14 @@ func (a *Agent) Heartbeat() *wire.Heartbeat {
 		State:       st.state,
 		StateReason: st.reason,
 
-		Slots:    uint32(a.cfg.Slots),
-		Active:   uint32(max(0, a.Active())),
-		Interval: durationpb.New(a.cfg.Heartbeat),
-		Seq:      a.hbSeq.Add(1),
-		Version:  a.cfg.Version,
-		SentAt:   timestamppb.Now(),
+		Slots:  uint32(a.cfg.Slots),
+		Active: uint32(max(0, a.Active())),
+		// Counted as free by interactive dispatch: see batchclass.go.
+		BatchActive: uint32(max(0, a.batch.held.Load())),
+		Interval:    durationpb.New(a.cfg.Heartbeat),
+		Seq:         a.hbSeq.Add(1),
+		Version:     a.cfg.Version,
+		SentAt:      timestamppb.Now(),
 	}
 	if a.cfg.Pool != subjects.PoolRegular {
 		hb.PdProtocol = a.cfg.PDProtocol

@@ -125,6 +125,21 @@ type Config struct {
 	// offers it first reach it, or another agent, through the shared queue
 	// once the broker's directed bound passes.
 	NoDirected bool
+	// NoBatch turns off the pool's batch queue: the agent runs
+	// interactive work only.
+	NoBatch bool
+	// BatchReserve is the slots batch jobs never take, so that a burst
+	// of interactive work starts at once without preempting any.
+	BatchReserve int
+	// BatchMax bounds the batch jobs held at once; 0: as many as the
+	// reserve leaves.
+	BatchMax int
+	// NoBatchPreempt keeps an interactive job that finds no free slot
+	// from preempting a batch job; it then waits for one to end.
+	NoBatchPreempt bool
+	// BatchIdleGate is how long the interactive pull must have waited,
+	// unfilled, before a batch job may start (0: DefaultBatchIdleGate).
+	BatchIdleGate time.Duration
 	// KVEvents is the endpoint of the engine's KV-cache events (vLLM's
 	// --kv-events-config, "tcp://127.0.0.1:5557"); the agent forwards them,
 	// summarised, to the brokers. Empty: none.
@@ -174,6 +189,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.Pool == "" {
 		c.Pool = subjects.PoolRegular
+	}
+	if c.BatchIdleGate <= 0 {
+		c.BatchIdleGate = DefaultBatchIdleGate
 	}
 	if c.Slots == 0 {
 		c.Slots = DefaultSlots
@@ -258,6 +276,9 @@ func (c Config) Validate() error {
 	}
 	if c.Pool != subjects.PoolRegular && c.PDProtocol != "vllm" && c.PDProtocol != "sglang" {
 		errs = append(errs, fmt.Errorf("pool %s: pd protocol %q: want vllm or sglang", c.Pool, c.PDProtocol))
+	}
+	if c.BatchReserve < 0 || c.BatchMax < 0 {
+		errs = append(errs, fmt.Errorf("batch reserve %d and batch max %d: want 0 or more", c.BatchReserve, c.BatchMax))
 	}
 	if c.Slots < 1 {
 		errs = append(errs, fmt.Errorf("slots %d: want at least 1", c.Slots))

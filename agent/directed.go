@@ -24,13 +24,26 @@ const directedInactive = 5 * time.Minute
 // pullAll runs the pull loops of the agent's queues: the shared one and,
 // unless turned off, its directed one; it returns when both have stopped.
 func (a *Agent) pullAll(ctx context.Context, shared *consumerRef, jobs *sync.WaitGroup) {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	shared.signal = true
+	if !a.cfg.NoBatch {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cons, err := a.batchConsumer(ctx)
+			if err != nil {
+				return // ctx ended
+			}
+			a.pull(ctx, &consumerRef{cons: cons, bind: a.batchConsumer, batch: true}, jobs)
+		}()
+	}
 	if a.cfg.NoDirected || a.cfg.Pool == subjects.PoolDecode {
 		// Decode jobs come from prefill agents, always to the shared
 		// queue: the prefix cache pays on the prefill side.
 		a.pull(ctx, shared, jobs)
 		return
 	}
-	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -47,7 +60,6 @@ func (a *Agent) pullAll(ctx context.Context, shared *consumerRef, jobs *sync.Wai
 	// another agent.
 	shared.yield = directedFirst
 	a.pull(ctx, shared, jobs)
-	wg.Wait()
 }
 
 // directedFirst is how long the shared queue's pull waits after a slot

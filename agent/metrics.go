@@ -36,6 +36,9 @@ const (
 	JobExpired   = "expired"
 	JobHandedOff = "handed_off"
 	JobDrained   = "drained" // ended by the drain timeout, continued elsewhere
+	// JobPreempted: a batch job stopped for interactive work, run again
+	// by the broker.
+	JobPreempted = "preempted"
 	// JobClientError: the engine refused the request as invalid (a 400):
 	// the client's mistake, kept out of the error count operators watch.
 	JobClientError = "client_error"

@@ -35,6 +35,10 @@ type consumerRef struct {
 	// yield delays a pull after a slot freed on a full agent, so that
 	// another queue's pull claims it first (see pullAll).
 	yield time.Duration
+	// batch: the pool's batch queue, pulled only with room interactive
+	// work leaves (see batchclass.go). signal: the shared interactive
+	// queue, whose pulls tell the batch pull when it is empty.
+	batch, signal bool
 }
 
 func (r *consumerRef) get() (jetstream.Consumer, int) {
@@ -112,7 +116,11 @@ func (a *Agent) pull(ctx context.Context, ref *consumerRef, jobs *sync.WaitGroup
 			continue
 		}
 		cons, gen := ref.get()
-		batch, err := cons.Fetch(n, jetstream.FetchMaxWait(a.cfg.PullWait))
+		wait := a.cfg.PullWait
+		if ref.batch {
+			wait = min(wait, batchPullWait)
+		}
+		batch, err := cons.Fetch(n, jetstream.FetchMaxWait(wait))
 		if err != nil {
 			if ctx.Err() == nil {
 				a.log.Warn("pull failed", "err", err)
@@ -120,10 +128,17 @@ func (a *Agent) pull(ctx context.Context, ref *consumerRef, jobs *sync.WaitGroup
 			}
 			continue
 		}
+		if ref.signal {
+			a.batch.interactivePulling(time.Now())
+		}
 		// A pull ends when it has n jobs or expires; while it has fewer,
 		// every job that arrives is delivered to it at once. A draining
 		// agent waits the pull out, handing back what still comes.
+		got := 0
 		for msg := range batch.Messages() {
+			if got++; ref.signal {
+				a.batch.interactiveGot(time.Now(), got == n)
+			}
 			l.take(msg)
 		}
 		switch err := batch.Error(); {
@@ -171,12 +186,30 @@ func (l *pullLoop) room() int {
 	a := l.a
 	now := time.Now()
 	freed := a.slots.freed() // before counting: a job ending meanwhile wakes the wait below
-	if n := a.pullLimit(now) - a.slots.held(); n > 0 {
+	var n int
+	if l.ref.batch {
+		n = a.batchRoom(now)
+	} else {
+		n = a.interactiveRoom(a.pullLimit(now))
+	}
+	if n > 0 {
 		return n
+	}
+	if l.ref.signal {
+		// No pull watches the interactive queue while the agent is full:
+		// it may fill meanwhile.
+		a.batch.interactiveGot(now, true)
 	}
 	var grow <-chan time.Time
 	if every, ok := a.ramping(now); ok {
 		t := time.NewTimer(every)
+		defer t.Stop()
+		grow = t.C
+	}
+	if l.ref.batch && a.slots.held() < a.pullLimit(now) {
+		// Room, but interactive work may want it: look again once the
+		// interactive pull had time to show its queue empty.
+		t := time.NewTimer(a.cfg.BatchIdleGate)
 		defer t.Stop()
 		grow = t.C
 	}
@@ -199,7 +232,17 @@ func (l *pullLoop) take(msg jobMessage) {
 		_ = msg.Nak()
 		return
 	}
-	if !a.slots.acquire(a.pullLimit(time.Now())) {
+	if l.ref.batch {
+		now := time.Now()
+		if !a.batch.interactiveIdle(now, a.cfg.BatchIdleGate) || int(a.batch.held.Load()) >= a.batchLimit(a.pullLimit(now)) ||
+			!a.slots.acquire(a.pullLimit(now)-a.cfg.BatchReserve) {
+			// Interactive work came meanwhile: the batch job waits a
+			// moment in its queue rather than come straight back here.
+			_ = msg.NakWithDelay(batchPullWait)
+			return
+		}
+		a.batch.held.Add(1)
+	} else if !a.takeInteractive(a.pullLimit(time.Now())) {
 		// The other queue's pull filled the room meanwhile.
 		_ = msg.Nak()
 		return
@@ -233,5 +276,8 @@ func (l *pullLoop) worker(msg jobMessage) {
 func (l *pullLoop) run(msg jobMessage) {
 	defer l.jobs.Done()
 	defer l.a.slots.release()
+	if l.ref.batch {
+		defer l.a.batch.held.Add(-1)
+	}
 	l.a.handle(l.base, msg)
 }

@@ -10,6 +10,7 @@
 //	go run ./bench --only overhead,dispatch
 //	go run ./bench --only goodput       # about 60 minutes
 //	go run ./bench --only fleet         # about 2 minutes; table on stdout
+//	go run ./bench --only batch         # about 15 minutes; docs/batch.md's benchmark
 //
 // Scenarios: overhead (added TTFT/ITL and relayed tokens/s, plus a CPU
 // profile of the broker and an agent), scheduling (a heterogeneous fleet
@@ -27,9 +28,14 @@
 // listening to 100 to 5,000 simulated agents at rest: its CPU per
 // heartbeat, RSS, the time a new broker takes to see the fleet and a
 // silent agent to stop counting; its table goes to stdout, for
-// docs/performance.md). nginx and HAProxy are installed with
-// apt-get when missing (Debian, as root). Every process the runner starts
-// is stopped when it ends, fails or is interrupted.
+// docs/performance.md), and, only when named, batch (interactive latency
+// on a batch-model fleet with and without three batches of the Batches
+// API beside it, the share of idle capacity the batch work used and
+// whether every line was answered exactly once; its figures go to
+// stdout and to docs/batch.md's "Benchmark" section). nginx and HAProxy
+// are installed with apt-get when missing (Debian, as root). Every
+// process the runner starts is stopped when it ends, fails or is
+// interrupted.
 package main
 
 import (
@@ -94,12 +100,13 @@ func main() {
 	}
 }
 
-var scenarios = []string{"overhead", "tokenpath", "scheduling", "transition", "dispatch", "rollout", "affinity", "goodput", "fleet"}
+var scenarios = []string{"overhead", "tokenpath", "scheduling", "transition", "dispatch", "rollout", "affinity", "goodput", "fleet", "batch"}
 
 // peerScenarios are the scenarios of benchmarks-peers.md, the default.
-// fleet, whose table belongs to docs/performance.md, runs when asked for
-// by name and prints its table on stdout.
-var peerScenarios = scenarios[:len(scenarios)-1]
+// fleet, whose table belongs to docs/performance.md, and batch, whose
+// figures belong to docs/batch.md, run when asked for by name and print
+// their tables on stdout.
+var peerScenarios = scenarios[:len(scenarios)-2]
 
 func run(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
@@ -209,6 +216,7 @@ func run(ctx context.Context, args []string) error {
 		{"fleet", func(d *doc) error {
 			return e.fleetScenario(d, sizes, realSizes, clusterSizes, *fleetDirected, *fleetWindow)
 		}},
+		{"batch", e.batchScenario},
 	}
 	for _, s := range steps {
 		if !want[s.name] {
@@ -221,8 +229,9 @@ func run(ctx context.Context, args []string) error {
 		e.sup.stopAll()
 	}
 	d.elapsed = time.Since(start)
-	if len(want) == 1 && want["fleet"] {
-		// Its table went to stdout; benchmarks-peers.md keeps the peers'.
+	if !slices.ContainsFunc(peerScenarios, func(s string) bool { return want[s] }) {
+		// Their tables went to stdout (and batch's to batch.md);
+		// benchmarks-peers.md keeps the peers'.
 		return nil
 	}
 	d.machine += fmt.Sprintf("\nLoad average (1, 5, 15 min) at the start: %s; at the end: %s.\n", loadStart, loadavg())

@@ -70,6 +70,7 @@ type Broker struct {
 	nextReq  atomic.Uint64
 
 	jobSubj     sync.Map // jobsKey -> subject, built once per (model, pool)
+	batchSubj   sync.Map // jobsKey -> batch-class subject (see classSubject)
 	replyChunks string   // the one reply subject of every job (subjects.ReplyChunks)
 
 	metrics  *Metrics
@@ -519,11 +520,14 @@ func (b *Broker) onHeartbeat(m *nats.Msg) {
 	}
 	now := b.now()
 	a := dispatch.Agent{
-		ID:          key.Agent,
-		Pool:        pool,
-		State:       state,
-		Slots:       int(hb.GetSlots()),
-		Active:      int(hb.GetActive()),
+		ID:    key.Agent,
+		Pool:  pool,
+		State: state,
+		Slots: int(hb.GetSlots()),
+		// Batch jobs are the agent's to give back (batch_active): free
+		// capacity to interactive dispatch.
+		Active:      max(int(hb.GetActive())-int(hb.GetBatchActive()), 0),
+		Batch:       int(hb.GetBatchActive()),
 		LastSeen:    now,
 		Interval:    hb.GetInterval().AsDuration(),
 		PullLimit:   int(hb.GetPullLimit()),

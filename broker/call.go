@@ -121,6 +121,7 @@ type attemptRun struct {
 	tm              callTiming // what this call teaches the broker's timing (timing.go)
 	migrations      int
 	repairs         int // the migrations for chunks lost in transit (see transportRepairLimit)
+	preemptions     int // the retries and migrations of a preempted batch job (see preempted)
 }
 
 // publishState is the current attempt's job and its publish, owned by the
@@ -185,7 +186,7 @@ func (b *Broker) submit(ctx context.Context, req Request) (*Call, error) {
 	now := b.now()
 	deadline := req.Deadline
 	if deadline.IsZero() || deadline.Sub(now) > b.cfg.RequestTimeout {
-		deadline = now.Add(b.cfg.RequestTimeout)
+		deadline = batchDeadline(req.Class, deadline, now.Add(b.cfg.RequestTimeout))
 	}
 	c := &Call{
 		ID:       b.newRequestID(),
@@ -233,11 +234,13 @@ func (c *Call) dispatch(ctx context.Context) error {
 		pool = subjects.PoolPrefill
 		pd = &wire.PDHandoff{}
 	}
-	subject, err := b.jobsSubject(c.Model, pool, d.Pair)
+	subject, err := b.classSubject(c.req.Class, c.Model, pool, d.Pair)
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrUnknownModel, err)
 	}
-	subject = c.prefer(m, pool, d.Pair, subject)
+	if c.req.Class != ClassBatch {
+		subject = c.prefer(m, pool, d.Pair, subject)
+	}
 	// Each attempt has its own secret: chunks must bring it back, as the
 	// reply subject is shared by every request of the broker.
 	secret := newSecret()
@@ -265,6 +268,8 @@ func (c *Call) dispatch(ctx context.Context) error {
 		Pd:              pd,
 		PdPair:          d.Pair,
 		Secret:          secret,
+		Batch:           c.req.Class == ClassBatch,
+		Preemptible:     c.preemptible(),
 	}
 	data, err := proto.Marshal(job)
 	if err != nil {
@@ -288,7 +293,11 @@ func (c *Call) dispatch(ctx context.Context) error {
 	c.attemptStart = b.now()
 	b.metrics.dispatchPublish.Observe(time.Since(began).Seconds())
 	c.jobSeq = seq
-	c.load.dispatched(flight, route, c.pair)
+	if c.req.Class != ClassBatch {
+		// A batch job takes no capacity from interactive dispatch: agents
+		// run it only on room interactive work leaves.
+		c.load.dispatched(flight, route, c.pair)
+	}
 	c.offered(seq, data)
 	b.countRoute(c.Model, route)
 	return nil
@@ -297,7 +306,9 @@ func (c *Call) dispatch(ctx context.Context) error {
 // retry abandons the current attempt and dispatches the next one. It is
 // called by the reader before any token reached the client.
 func (c *Call) retry(ctx context.Context, why error) error {
-	if c.retries >= c.b.cfg.RetryLimit {
+	if preempted(why) {
+		c.preemptions++ // the agent gave its slot to interactive work
+	} else if c.retries-c.preemptions >= c.b.cfg.RetryLimit {
 		return fmt.Errorf("request %s: %d retries: %w", c.ID, c.retries, why)
 	}
 	if err := c.startAttempt(ctx, retryAttempt, why); err != nil {

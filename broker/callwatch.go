@@ -51,7 +51,7 @@ func (c *Call) checkStall(ctx context.Context) error {
 // request nobody took in time, and at any time it recovers an attempt
 // that is stuck or whose stream went silent when the broker reconnected.
 func (c *Call) checkWatch(ctx context.Context) error {
-	if c.agent == "" && c.prefillAgent == "" && c.firstToken.IsZero() && c.b.now().Sub(c.Started) > c.b.cfg.QueueTimeout {
+	if c.agent == "" && c.prefillAgent == "" && c.firstToken.IsZero() && !c.waitsInQueue() && c.b.now().Sub(c.Started) > c.b.cfg.QueueTimeout {
 		// Nobody took the job in time: give up cleanly; the cancel at
 		// Close keeps the queued job from starting.
 		return fmt.Errorf("%w: request %s waited %s", ErrQueueTimeout, c.ID, c.b.cfg.QueueTimeout)
@@ -136,6 +136,12 @@ func (c *Call) deliveredUnaccepted() bool {
 	var name string
 	var err error
 	switch {
+	case c.req.Class == ClassBatch:
+		pool := subjects.PoolRegular
+		if c.Route == dispatch.RoutePD {
+			pool = subjects.PoolPrefill
+		}
+		name, err = subjects.BatchConsumerName(c.Model, pool, c.pair)
 	case c.Route == dispatch.RoutePD && c.pair != "":
 		name, err = subjects.PDConsumerName(c.Model, subjects.PoolPrefill, c.pair)
 	case c.Route == dispatch.RoutePD:
@@ -243,9 +249,12 @@ func (c *Call) queued(since time.Time) (int, bool) {
 	if c.Route == dispatch.RoutePD {
 		pool = subjects.PoolPrefill
 	}
-	d, at := c.b.queueDepth()
-	if d == nil || at.Before(since) {
+	r := c.b.depth.Load()
+	if r == nil || r.at.Before(since) {
 		return 0, false
 	}
-	return d[c.Model][pool], true
+	if c.req.Class == ClassBatch {
+		return r.batch[c.Model][pool], true
+	}
+	return r.pools[c.Model][pool], true
 }

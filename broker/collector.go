@@ -17,6 +17,7 @@ type fleetCollector struct {
 	hitRate, treeBlocks *prometheus.Desc
 	// The latency learned per pool (timing.go).
 	ttft, itl, wait, prefillRate *prometheus.Desc
+	batch                        batchDescs
 }
 
 // Collector returns a Prometheus collector of the broker's fleet: route
@@ -25,6 +26,7 @@ func (b *Broker) Collector() prometheus.Collector {
 	mp := []string{"model", "pool"}
 	return &fleetCollector{
 		b:      b,
+		batch:  newBatchDescs(),
 		weight: prometheus.NewDesc("switchyard_route_weight", "Current dispatch weight of each route.", []string{"model", "route"}, nil),
 		agents: prometheus.NewDesc("switchyard_agents", "Agents in the capacity table by pool and state (stale: heartbeats missed).", []string{"model", "pool", "state"}, nil),
 		slots:  prometheus.NewDesc("switchyard_pool_slots", "Slots advertised by the pool's eligible agents.", mp, nil),
@@ -56,6 +58,7 @@ func (c *fleetCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.weight, c.agents, c.slots, c.eff, c.free, c.active, c.eligibleActive, c.queue, c.demand, c.waiting, c.hitRate, c.treeBlocks, c.ttft, c.itl, c.wait, c.prefillRate} {
 		ch <- d
 	}
+	c.batch.describe(ch)
 }
 
 func (c *fleetCollector) Collect(ch chan<- prometheus.Metric) {
@@ -125,6 +128,7 @@ func (c *fleetCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(c.hitRate, g, r.h/r.q, k[0], k[1])
 		}
 	}
+	c.batch.collect(ch, f, c.b.BatchQueueDepth())
 	known := c.b.knownPools()
 	depths := queueDepths(f, known, c.b.QueueDepth())
 	for k, n := range depths {

@@ -59,7 +59,7 @@ func (b *Broker) markDirty(model string) {
 // agentChanged reports whether an agent's new heartbeat changes what a
 // snapshot shows of it, beyond its last-heard time.
 func agentChanged(prev, a *dispatch.Agent) bool {
-	return prev.State != a.State || prev.Pool != a.Pool || prev.Slots != a.Slots || prev.Active != a.Active ||
+	return prev.State != a.State || prev.Pool != a.Pool || prev.Slots != a.Slots || prev.Active != a.Active || prev.Batch != a.Batch ||
 		prev.PullLimit != a.PullLimit || prev.EngineWaiting != a.EngineWaiting || prev.StateReason != a.StateReason || prev.PDProtocol != a.PDProtocol ||
 		prev.PDLabels != a.PDLabels || prev.Interval != a.Interval || !prev.ReadySince.Equal(a.ReadySince)
 }

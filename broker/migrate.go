@@ -54,7 +54,11 @@ func (c *Call) migrate(ctx context.Context, why error) error {
 		// the reasoning again in front of the client.
 		return fmt.Errorf("request %s: stream broken after %d tokens; a stream that sent reasoning is not continued on another agent: %w", c.ID, c.tokens, why)
 	}
-	if c.b.cfg.MigrationLimit > 0 && errors.Is(why, ErrStreamBroken) && c.repairs < transportRepairLimit {
+	if preempted(why) {
+		// Stopped for interactive work, as its agent may (batch class):
+		// outside the migration limit, which is for failures.
+		c.repairs++
+	} else if c.b.cfg.MigrationLimit > 0 && errors.Is(why, ErrStreamBroken) && c.repairs < transportRepairLimit {
 		// Chunks lost in transit (a NATS node failed under the stream)
 		// are no fault of the agent or the request: they have a budget of
 		// their own, so a stream that meets two node losses is continued

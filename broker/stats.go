@@ -99,7 +99,20 @@ func (b *Broker) queueDepth() (map[string]map[string]int, time.Time) {
 
 type depthReading struct {
 	pools map[string]map[string]int
+	// batch holds the batch-class queues' depths, apart: interactive
+	// dispatch and the autoscaling signal read pools alone.
+	batch map[string]map[string]int
 	at    time.Time
+}
+
+// BatchQueueDepth returns the batch-class jobs waiting per model and pool,
+// as last read from the jobs stream (nil before the first reading).
+func (b *Broker) BatchQueueDepth() map[string]map[string]int {
+	d := b.depth.Load()
+	if d == nil {
+		return nil
+	}
+	return d.batch
 }
 
 // pollDepth reads per-subject message counts of the jobs stream. With
@@ -118,18 +131,22 @@ func (b *Broker) pollDepth(ctx context.Context) {
 	if err != nil {
 		return
 	}
-	out := make(map[string]map[string]int)
+	out, batch := make(map[string]map[string]int), make(map[string]map[string]int)
 	for subj, n := range info.State.Subjects {
 		j, err := b.subj.ParseJobs(subj)
 		if err != nil {
 			continue
 		}
-		if out[j.Model] == nil {
-			out[j.Model] = make(map[string]int)
+		into := out
+		if j.Batch {
+			into = batch
 		}
-		out[j.Model][j.Pool] += int(n) // PD pools sum their pairings
+		if into[j.Model] == nil {
+			into[j.Model] = make(map[string]int)
+		}
+		into[j.Model][j.Pool] += int(n) // PD pools sum their pairings
 	}
-	b.depth.Store(&depthReading{pools: out, at: at})
+	b.depth.Store(&depthReading{pools: out, batch: batch, at: at})
 }
 
 // appendAgents appends an attempt's agents to ran, prefill before decode,

@@ -12,11 +12,14 @@ import (
 
 // Agent is what the broker knows about one agent from its last heartbeat.
 type Agent struct {
-	ID         string
-	Pool       Pool
-	State      State
-	Slots      int           // max concurrent requests
-	Active     int           // requests in flight, as of its last heartbeat
+	ID     string
+	Pool   Pool
+	State  State
+	Slots  int // max concurrent requests
+	Active int // interactive requests in flight, as of its last heartbeat
+	// Batch is the batch-class jobs it holds beside Active: work it gives
+	// back to interactive work, so not counted against its slots.
+	Batch      int
 	ReadySince time.Time     // when it became ready; zero if never (or not reported)
 	LastSeen   time.Time     // when the broker last heard it (its clock, less any time it could not listen)
 	Interval   time.Duration // its heartbeat interval; 0 means 1s
@@ -93,6 +96,8 @@ type PoolStats struct {
 	// EligibleActive is the jobs held by its eligible agents.
 	EligibleActive int
 	Free           float64
+	// Batch is the batch-class jobs its agents hold, beside Active.
+	Batch int
 }
 
 // PairStats is one PD pairing of a model: its prefill and decode agents
@@ -423,6 +428,7 @@ func NewModel(name string, agents []Agent, now time.Time, cfg Config) *Model {
 func add(ps *PoolStats, v *AgentView) {
 	ps.Agents++
 	ps.Active += max(v.Active, 0)
+	ps.Batch += max(v.Batch, 0)
 	if !v.Eligible {
 		return
 	}

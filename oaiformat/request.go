@@ -36,6 +36,13 @@ var HandoffFields = []string{
 	"decode_tp_size", "disagg_prefill_dp_rank",
 }
 
+// ServiceTiers are the service_tier values a request may name. "flex"
+// runs it as batch-class work; "auto", "default" and "priority" run it as
+// interactive work, the highest class there is. Engines ignore the member
+// (vLLM's request models allow and ignore unknown members, SGLang's ignore
+// them), so the body goes on unchanged.
+var ServiceTiers = []string{"auto", "default", "flex", "priority"}
+
 // Request is what the broker needs to know of a request; the body itself
 // travels to the engine.
 type Request struct {
@@ -50,6 +57,10 @@ type Request struct {
 	// NoMigration, when set, says why a broken stream of this request
 	// cannot be continued on another agent from its text so far.
 	NoMigration string
+	// Flex: service_tier "flex", OpenAI's slower and cheaper tier. The
+	// broker runs such a request as batch-class work, on capacity
+	// interactive requests leave (see ServiceTiers).
+	Flex bool
 
 	// What the prompt's block keys are made of, as Read read it (see
 	// Prompt).
@@ -125,6 +136,12 @@ func Read(api wire.API, body []byte) (*Request, error) {
 	if r.stream != nil {
 		p.Stream = *r.stream
 	}
+	if t := r.serviceTier; t != nil {
+		if !slices.Contains(ServiceTiers, *t) {
+			return nil, invalid(fmt.Sprintf("service_tier %q is not one of auto, default, flex, priority", *t), "service_tier", "invalid_value")
+		}
+		p.Flex = *t == "flex"
+	}
 	if r.includeUsage != nil {
 		if !p.Stream {
 			return nil, invalid("stream_options is only allowed when stream is true", "stream_options", "invalid_value")
@@ -197,7 +214,7 @@ func Read(api wire.API, body []byte) (*Request, error) {
 // fields are the members of a request Read checks, as encoding/json
 // decodes them (nil: absent or null).
 type fields struct {
-	model                             *string
+	model, serviceTier                *string
 	stream, includeUsage              *bool
 	maxTokens, maxCompletionTokens, n *int64
 	temperature, topP                 *float64
@@ -223,6 +240,8 @@ func (r *fields) object(obj json.RawMessage) error {
 			r.model = decodeMember(r, v, "model", r.model)
 		case "stream":
 			r.stream = decodeMember(r, v, "stream", r.stream)
+		case "service_tier":
+			r.serviceTier = decodeMember(r, v, "service_tier", r.serviceTier)
 		case "stream_options":
 			r.streamOptions(v)
 		case "max_tokens":

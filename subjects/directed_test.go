@@ -95,3 +95,65 @@ func FuzzDirected(f *testing.F) {
 		}
 	})
 }
+
+func TestBatchJobs(t *testing.T) {
+	b := Must("sy")
+	for _, tc := range []struct {
+		name, model, pool, pair, want, consumer string
+	}{
+		{"regular", "m", PoolRegular, "", "sy.jobs.m.batch.regular", "jobs-m-regular-batch"},
+		{"escaped model", "org/m", PoolRegular, "", "sy.jobs.org_2Fm.batch.regular", "jobs-org_2Fm-regular-batch"},
+		{"model named batch", "batch", PoolRegular, "", "sy.jobs.batch.batch.regular", "jobs-batch-regular-batch"},
+		{"prefill pairing", "m", PoolPrefill, "vllm", "sy.jobs.m.batch.prefill.vllm", ""},
+		{"decode pairing named to", "m", PoolDecode, "to", "sy.jobs.m.batch.decode.to", ""},
+		{"prefill without pairing", "m", PoolPrefill, "", "sy.jobs.m.batch.prefill", "jobs-m-prefill-batch"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := b.BatchJobs(tc.model, tc.pool, tc.pair)
+			if err != nil || got != tc.want {
+				t.Fatalf("BatchJobs = %q, %v; want %q", got, err, tc.want)
+			}
+			pj, err := b.ParseJobs(got)
+			if err != nil || pj != (Jobs{Model: tc.model, Pool: tc.pool, Pair: tc.pair, Batch: true}) {
+				t.Fatalf("ParseJobs = %+v, %v", pj, err)
+			}
+			// Neither the interactive queue's filter nor a directed one
+			// of the same pool is the batch subject.
+			var shared string
+			if tc.pair == "" {
+				shared, _ = b.Jobs(tc.model, tc.pool)
+			} else {
+				shared, _ = b.PDJobs(tc.model, tc.pool, tc.pair)
+			}
+			dir, _ := b.Directed(tc.model, tc.pool, tc.pair, "batch")
+			if got == shared || got == dir {
+				t.Fatalf("batch subject %q equals an interactive one", got)
+			}
+			name, err := BatchConsumerName(tc.model, tc.pool, tc.pair)
+			inter, _ := ConsumerName(tc.model, tc.pool)
+			if tc.pair != "" {
+				inter, _ = PDConsumerName(tc.model, tc.pool, tc.pair)
+			}
+			if err != nil || name == inter || strings.ContainsAny(name, ".*> ") || (tc.consumer != "" && name != tc.consumer) {
+				t.Fatalf("BatchConsumerName = %q, %v (interactive %q)", name, err, inter)
+			}
+		})
+	}
+	if _, err := b.BatchJobs("m", PoolRegular, "p"); err == nil {
+		t.Error("regular batch queue with a pairing accepted")
+	}
+	if _, err := b.BatchJobs("m", "other", ""); err == nil {
+		t.Error("unknown pool accepted")
+	}
+	for _, bad := range []string{"sy.jobs.m.batch.other", "sy.jobs.m.batch.regular.p", "sy.jobs.m.batch.prefill.p.x", "sy.jobs.m.batch"} {
+		if j, err := b.ParseJobs(bad); err == nil {
+			t.Errorf("ParseJobs(%q) = %+v", bad, j)
+		}
+	}
+	// The interactive subjects parse as they did, without the class.
+	for _, s := range []string{"sy.jobs.m.regular", "sy.jobs.m.prefill.vllm", "sy.jobs.m.regular.to.batch"} {
+		if j, err := b.ParseJobs(s); err != nil || j.Batch {
+			t.Errorf("ParseJobs(%q) = %+v, %v", s, j, err)
+		}
+	}
+}

@@ -39,6 +39,12 @@ const (
 // the literal never meets an escaped pairing in the same place.
 const directedTok = "to"
 
+// batchTok marks a batch-class queue: <prefix>.jobs.<model>.batch.<pool>[.<pair>].
+// It takes the place of the pool token, which is one of the pool literals
+// everywhere else, so a batch queue never matches a shared or directed
+// queue's filter and parses unambiguously.
+const batchTok = "batch"
+
 // Builder builds and parses subjects under one prefix. The zero value is not
 // usable; call New.
 type Builder struct {
@@ -141,6 +147,49 @@ func (b Builder) Directed(model, pool, pair, agent string) (string, error) {
 		return "", fmt.Errorf("agent %q: %w", agent, err)
 	}
 	return base + "." + directedTok + "." + a, nil
+}
+
+// BatchJobs returns the subject of model's batch-class queue for pool
+// (pair "" for the regular pool, a PD pairing otherwise):
+// <prefix>.jobs.<model>.batch.<pool>[.<pair>]. Agents pull it beside their
+// interactive queue, only with room interactive work leaves; a prefill
+// agent hands a batch job off to the decode pool's batch queue.
+func (b Builder) BatchJobs(model, pool, pair string) (string, error) {
+	if !validPool(pool) {
+		return "", fmt.Errorf("%w: pool %q", ErrNotMatch, pool)
+	}
+	if pool == PoolRegular && pair != "" {
+		return "", fmt.Errorf("%w: regular queue with a pairing %q", ErrNotMatch, pair)
+	}
+	m, err := Escape(model)
+	if err != nil {
+		return "", fmt.Errorf("model %q: %w", model, err)
+	}
+	s := b.dot + kindJobs + "." + m + "." + batchTok + "." + pool
+	if pair != "" {
+		p, err := Escape(pair)
+		if err != nil {
+			return "", fmt.Errorf("pairing %q: %w", pair, err)
+		}
+		s += "." + p
+	}
+	return s, nil
+}
+
+// BatchConsumerName returns the durable consumer shared by the agents of
+// one pool (and pairing, "" for none) for its batch queue (see BatchJobs).
+func BatchConsumerName(model, pool, pair string) (string, error) {
+	var name string
+	var err error
+	if pair == "" {
+		name, err = ConsumerName(model, pool)
+	} else {
+		name, err = PDConsumerName(model, pool, pair)
+	}
+	if err != nil {
+		return "", err
+	}
+	return name + "-batch", nil
 }
 
 // DirectedConsumerName returns the durable consumer of one agent's
@@ -293,14 +342,22 @@ func validID(id string) bool {
 }
 
 // Jobs is a parsed jobs subject. Pair is set for PD queues (PDJobs), To
-// for directed queues (Directed).
-type Jobs struct{ Model, Pool, Pair, To string }
+// for directed queues (Directed), Batch for batch-class queues
+// (BatchJobs).
+type Jobs struct {
+	Model, Pool, Pair, To string
+	Batch                 bool
+}
 
-// ParseJobs parses a subject built by Jobs, PDJobs or Directed.
+// ParseJobs parses a subject built by Jobs, PDJobs, Directed or
+// BatchJobs.
 func (b Builder) ParseJobs(subject string) (Jobs, error) {
 	toks, err := b.splitRange(subject, kindJobs, 2, 5)
 	if err != nil {
 		return Jobs{}, err
+	}
+	if len(toks) >= 3 && toks[1] == batchTok {
+		return b.parseBatch(subject, toks)
 	}
 	var to string
 	if n := len(toks); n >= 4 {
@@ -325,6 +382,31 @@ func (b Builder) ParseJobs(subject string) (Jobs, error) {
 			return Jobs{}, fmt.Errorf("%w: regular queue with a pairing %q", ErrNotMatch, subject)
 		}
 		if j.Pair, err = Unescape(toks[2]); err != nil {
+			return Jobs{}, err
+		}
+	}
+	return j, nil
+}
+
+// parseBatch parses the tokens of a BatchJobs subject: model, "batch",
+// pool and, for a PD pool, the pairing.
+func (b Builder) parseBatch(subject string, toks []string) (Jobs, error) {
+	if len(toks) > 4 {
+		return Jobs{}, fmt.Errorf("%w: %q has too many tokens for a batch queue", ErrNotMatch, subject)
+	}
+	m, err := Unescape(toks[0])
+	if err != nil {
+		return Jobs{}, err
+	}
+	j := Jobs{Model: m, Pool: toks[2], Batch: true}
+	if !validPool(j.Pool) {
+		return Jobs{}, fmt.Errorf("%w: pool %q", ErrNotMatch, j.Pool)
+	}
+	if len(toks) == 4 {
+		if j.Pool == PoolRegular {
+			return Jobs{}, fmt.Errorf("%w: regular queue with a pairing %q", ErrNotMatch, subject)
+		}
+		if j.Pair, err = Unescape(toks[3]); err != nil {
 			return Jobs{}, err
 		}
 	}

@@ -41,6 +41,11 @@ const (
 	// headers, or between tokens) for longer than the agent waits; its
 	// request was cancelled. Retryable before the first token.
 	CodeEngineStalled = "engine_stalled"
+	// CodePreempted: the agent stopped a preemptible job (Job.preemptible,
+	// batch work) to give its slot to interactive work. Retryable at any
+	// point: the broker runs it again, outside its retry and migration
+	// limits.
+	CodePreempted = "preempted"
 )
 
 // Repeatable reports whether another attempt (elsewhere, or the same

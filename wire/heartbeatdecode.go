@@ -119,6 +119,8 @@ func heartbeatField(key []byte) protoreflect.FieldNumber {
 		return 24
 	case "kv_events":
 		return 25
+	case "batch_active":
+		return 26
 	}
 	return 0
 }
@@ -166,7 +168,7 @@ func (d *hbDecoder) field(hb *Heartbeat, num protoreflect.FieldNumber) bool {
 		case 21:
 			hb.PdLabels = v
 		}
-	case 7, 8, 9, 10, 14, 19, 22:
+	case 7, 8, 9, 10, 14, 19, 22, 26:
 		v, ok := d.uint32()
 		if !ok {
 			return false
@@ -186,6 +188,8 @@ func (d *hbDecoder) field(hb *Heartbeat, num protoreflect.FieldNumber) bool {
 			hb.BootstrapPort = v
 		case 22:
 			hb.PullLimit = v
+		case 26:
+			hb.BatchActive = v
 		}
 	case 11, 23, 24:
 		v, ok := d.float()

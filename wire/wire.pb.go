@@ -226,7 +226,16 @@ type Job struct {
 	// engine began holding the KV: the decode agent takes the hand-off in
 	// silence, which frees the blocks on the prefill engine, and stops. Even
 	// an agent that never heard the cancel knows not to run it for nobody.
-	Release       bool `protobuf:"varint,17,opt,name=release,proto3" json:"release,omitempty"`
+	Release bool `protobuf:"varint,17,opt,name=release,proto3" json:"release,omitempty"`
+	// A job of the batch class (the Batches API's lines, service_tier
+	// "flex"): it came from a batch queue, and a prefill agent hands it off
+	// to its decode pool's batch queue.
+	Batch bool `protobuf:"varint,18,opt,name=batch,proto3" json:"batch,omitempty"`
+	// The agent may stop the job to free its slot for interactive work; the
+	// broker then runs it again (from its start before the first token,
+	// continuing the text so far after it), not counting that against its
+	// retry and migration limits.
+	Preemptible   bool `protobuf:"varint,19,opt,name=preemptible,proto3" json:"preemptible,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -376,6 +385,20 @@ func (x *Job) GetSecret() uint64 {
 func (x *Job) GetRelease() bool {
 	if x != nil {
 		return x.Release
+	}
+	return false
+}
+
+func (x *Job) GetBatch() bool {
+	if x != nil {
+		return x.Batch
+	}
+	return false
+}
+
+func (x *Job) GetPreemptible() bool {
+	if x != nil {
+		return x.Preemptible
 	}
 	return false
 }
@@ -899,7 +922,11 @@ type Heartbeat struct {
 	PrefixCacheHits    *float64 `protobuf:"fixed64,24,opt,name=prefix_cache_hits,json=prefixCacheHits,proto3,oneof" json:"prefix_cache_hits,omitempty"`
 	// Whether the agent forwards its engine's KV-cache events (the broker's
 	// precise prefix source) on sy.kv.<model>.<pool>.<agent>.
-	KvEvents      bool `protobuf:"varint,25,opt,name=kv_events,json=kvEvents,proto3" json:"kv_events,omitempty"`
+	KvEvents bool `protobuf:"varint,25,opt,name=kv_events,json=kvEvents,proto3" json:"kv_events,omitempty"`
+	// Jobs of the batch class among those held (active): interactive
+	// dispatch counts them as free, since the agent stops them for
+	// interactive work.
+	BatchActive   uint32 `protobuf:"varint,26,opt,name=batch_active,json=batchActive,proto3" json:"batch_active,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1109,12 +1136,19 @@ func (x *Heartbeat) GetKvEvents() bool {
 	return false
 }
 
+func (x *Heartbeat) GetBatchActive() uint32 {
+	if x != nil {
+		return x.BatchActive
+	}
+	return 0
+}
+
 var File_wire_proto protoreflect.FileDescriptor
 
 const file_wire_proto_rawDesc = "" +
 	"\n" +
 	"\n" +
-	"wire.proto\x12\x12switchyard.wire.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xca\x05\n" +
+	"wire.proto\x12\x12switchyard.wire.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x82\x06\n" +
 	"\x03Job\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x18\n" +
@@ -1134,7 +1168,9 @@ const file_wire_proto_rawDesc = "" +
 	"\apd_pair\x18\x0e \x01(\tR\x06pdPair\x12C\n" +
 	"\x0fhandoff_expires\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampR\x0ehandoffExpires\x12\x16\n" +
 	"\x06secret\x18\x10 \x01(\x06R\x06secret\x12\x18\n" +
-	"\arelease\x18\x11 \x01(\bR\arelease\x1a8\n" +
+	"\arelease\x18\x11 \x01(\bR\arelease\x12\x14\n" +
+	"\x05batch\x18\x12 \x01(\bR\x05batch\x12 \n" +
+	"\vpreemptible\x18\x13 \x01(\bR\vpreemptible\x1a8\n" +
 	"\n" +
 	"TraceEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
@@ -1194,7 +1230,7 @@ const file_wire_proto_rawDesc = "" +
 	"\n" +
 	"STAGE_MAIN\x10\x00\x12\x11\n" +
 	"\rSTAGE_PREFILL\x10\x01J\x04\b\a\x10\bR\n" +
-	"delta_text\"\xdd\a\n" +
+	"delta_text\"\x80\b\n" +
 	"\tHeartbeat\x12\x19\n" +
 	"\bagent_id\x18\x01 \x01(\tR\aagentId\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x12\x12\n" +
@@ -1224,7 +1260,8 @@ const file_wire_proto_rawDesc = "" +
 	"pull_limit\x18\x16 \x01(\rR\tpullLimit\x125\n" +
 	"\x14prefix_cache_queries\x18\x17 \x01(\x01H\x03R\x12prefixCacheQueries\x88\x01\x01\x12/\n" +
 	"\x11prefix_cache_hits\x18\x18 \x01(\x01H\x04R\x0fprefixCacheHits\x88\x01\x01\x12\x1b\n" +
-	"\tkv_events\x18\x19 \x01(\bR\bkvEventsB\x11\n" +
+	"\tkv_events\x18\x19 \x01(\bR\bkvEvents\x12!\n" +
+	"\fbatch_active\x18\x1a \x01(\rR\vbatchActiveB\x11\n" +
 	"\x0f_engine_runningB\x11\n" +
 	"\x0f_engine_waitingB\x11\n" +
 	"\x0f_kv_cache_usageB\x17\n" +

@@ -463,3 +463,106 @@ func TestFleetPageAPIKey(t *testing.T) {
 	}
 	saveScreenshot(t, ctx, "fleet-pd.png")
 }
+
+// batchFleet is pdFleet with batch work: two batches in flight and the
+// batch work of two pools (the third as a broker without work classes
+// shows it: no field).
+func batchFleet(now time.Time) map[string]any {
+	v := pdFleet(now)
+	m := v["models"].([]any)[0].(map[string]any)
+	pools := m["pools"].([]any)
+	pools[0].(map[string]any)["batch"] = map[string]any{"running": 8, "queued": 120, "slot_share": 0.25}
+	pools[2].(map[string]any)["batch"] = map[string]any{"running": 4, "queued": 0, "slot_share": 0.25}
+	lines := func(total, queued, running, completed, failed int) map[string]any {
+		return map[string]any{"total": total, "queued": queued, "running": running, "completed": completed, "failed": failed}
+	}
+	v["batches"] = map[string]any{
+		"active": 2,
+		"lines":  lines(1050, 400, 8, 622, 20),
+		"items": []any{
+			map[string]any{"id": "batch_eval", "status": "in_progress", "endpoint": "/v1/chat/completions", "driver": "broker-a", "lines": lines(1000, 372, 8, 600, 20)},
+			map[string]any{"id": "batch_new", "status": "validating", "endpoint": "/v1/embeddings", "lines": lines(50, 28, 0, 22, 0)},
+		},
+	}
+	return v
+}
+
+// TestFleetPageBatches checks the batches table (status, lines queued,
+// running, completed, failed, progress) and each pool's batch share, and
+// that a fleet view without batch fields shows neither.
+func TestFleetPageBatches(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a browser")
+	}
+	ctx := newBrowser(t)
+	var mu sync.Mutex
+	withBatches := false
+	backend := http.NewServeMux()
+	backend.HandleFunc("GET /v1/fleet", func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		v := pdFleet(time.Now())
+		if withBatches {
+			v = batchFleet(time.Now())
+		}
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(v)
+	})
+	page := servePage(t, backend)
+	if err := chromedp.Do(ctx, chromedp.Navigate(page+"/")); err != nil {
+		t.Fatal(err)
+	}
+	type probe struct {
+		Hidden  bool              `json:"hidden"`
+		Active  string            `json:"active"`
+		Rows    map[string]string `json:"rows"`
+		Share   map[string]string `json:"share"`
+		Headers int               `json:"headers"`
+	}
+	const probeJS = `(() => {
+		const rows = {};
+		document.querySelectorAll('#batches-body tr[data-batch-id]').forEach(e => {
+			rows[e.dataset.batchId] = e.dataset.status + ' ' + e.dataset.lines + ' ' + e.querySelector('[data-progress]').dataset.progress;
+		});
+		const share = {};
+		document.querySelectorAll('.model[data-model] tr[data-pool]').forEach(e => {
+			const c = e.querySelector('[data-batch-share]');
+			share[e.dataset.pool] = c ? c.dataset.batchShare + '/' + c.dataset.batchRunning : '';
+		});
+		return {hidden: document.getElementById('batches-wrap').hidden, active: document.getElementById('batches-count').dataset.active || '',
+			rows, share, headers: document.querySelectorAll('.model[data-model] .pools th').length};
+	})()`
+	read := func() (probe, error) { return chromedp.Run(ctx, chromedp.Evaluate[probe](probeJS)) }
+	testwait.For(t, 10*time.Second, 50*time.Millisecond, func() error {
+		return wantState(ctx, []string{"gpu-node-01"}, "ready")
+	})
+	got, err := read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !got.Hidden || len(got.Rows) != 0 || got.Headers != 9 {
+		t.Fatalf("without batch fields the page shows %+v; want the batches hidden and 9 pool columns", got)
+	}
+
+	mu.Lock()
+	withBatches = true
+	mu.Unlock()
+	want := probe{
+		Hidden:  false,
+		Active:  "2",
+		Rows:    map[string]string{"batch_eval": "in_progress 372/8/600/20/1000 0.620", "batch_new": "validating 28/0/22/0/50 0.440"},
+		Share:   map[string]string{"regular": "0.250/8", "prefill": "", "decode": "0.250/4"},
+		Headers: 10,
+	}
+	testwait.For(t, 10*time.Second, 50*time.Millisecond, func() error {
+		got, err := read()
+		if err != nil {
+			return err
+		}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			return fmt.Errorf("page shows %+v\nwant %+v", got, want)
+		}
+		return nil
+	})
+	saveScreenshot(t, ctx, "fleet-batches.png")
+}

@@ -287,6 +287,7 @@ func (s *Server) serve(stream grpc.ServerStreamingServer[switchyardv1.StreamResp
 		NoPDReason:      p.NoPD,
 		NoMigration:     p.NoMigration,
 		Format:          p,
+		Class:           broker.FormatClass(p),
 		Targets:         targets,
 	}
 	if d, ok := ctx.Deadline(); ok {

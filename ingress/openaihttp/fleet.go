@@ -47,6 +47,10 @@ type fleetPool struct {
 	Active         int     `json:"active"`
 	EligibleActive int     `json:"eligible_active"`
 	Free           float64 `json:"free"`
+	// Batch is the pool's batch-class work: jobs waiting in its batch
+	// queue, jobs its agents run (not counted in active: interactive work
+	// takes their slots back), and the share of its slots they hold.
+	Batch fleetBatch `json:"batch"`
 	// Learned is the latency the broker learned of the pool's agents from
 	// the chunks it relayed (absent until it has); SLO is how the requests
 	// with latency targets on the pool's route fared (regular for the
@@ -201,7 +205,20 @@ type fleetView struct {
 }
 
 func poolView(ps broker.PoolStats) fleetPool {
-	return fleetPool{Pool: ps.Pool.String(), Agents: ps.Agents, Eligible: ps.Eligible, Slots: ps.Slots, EffectiveSlots: ps.EffectiveSlots, Active: ps.Active, EligibleActive: ps.EligibleActive, Free: ps.Free}
+	return fleetPool{Pool: ps.Pool.String(), Agents: ps.Agents, Eligible: ps.Eligible, Slots: ps.Slots, EffectiveSlots: ps.EffectiveSlots, Active: ps.Active, EligibleActive: ps.EligibleActive, Free: ps.Free,
+		Batch: fleetBatch{Running: ps.Batch, SlotShare: broker.BatchSlotShare(ps)}}
+}
+
+// fleetBatch is a pool's batch-class work (see fleetPool.Batch).
+type fleetBatch struct {
+	Queued    int     `json:"queued"`
+	Running   int     `json:"running"`
+	SlotShare float64 `json:"slot_share"`
+}
+
+// batchDepth is the batch queues' depths of a backend that reads them.
+type batchDepth interface {
+	BatchQueueDepth() map[string]map[string]int
 }
 
 // recentWindow is the span of the fleet view's recent route split.
@@ -241,8 +258,14 @@ func (s *Server) fleet(w http.ResponseWriter, r *http.Request) {
 			fm.Queue[pool] = n
 		}
 		fm.Affinity = map[string]broker.AffinityStats{}
+		var bdepth map[string]int
+		if bd, ok := s.backend.(batchDepth); ok {
+			bdepth = bd.BatchQueueDepth()[name]
+		}
 		for _, ps := range m.Pools() {
-			fm.Pools = append(fm.Pools, poolView(ps))
+			pv := poolView(ps)
+			pv.Batch.Queued = bdepth[pv.Pool]
+			fm.Pools = append(fm.Pools, pv)
 			if p := ps.Pool.String(); p != "decode" && ps.Agents > 0 {
 				fm.Affinity[p] = s.backend.Affinity(name, p)
 			}

@@ -135,6 +135,9 @@ func (s *Server) completions(kind apiKind) http.HandlerFunc {
 			return
 		}
 		class, deadline := lineClass(r)
+		if class == broker.ClassInteractive {
+			class = broker.FormatClass(p) // service_tier flex
+		}
 		call, err := s.backend.Submit(r.Context(), broker.Request{
 			Class:           class,
 			Deadline:        deadline,

@@ -78,6 +78,10 @@ type options struct {
 	affBlockSize int
 	tokenizerFor agent.PromptTokenizer // the HTTP engine, for --kv-events-hash vllm
 	noDirected   bool
+	noBatch      bool
+	batchReserve int
+	batchMax     int
+	noPreempt    bool
 	log          *slog.Logger
 	pending      *pending // announces the agent while its model is not known
 }
@@ -113,6 +117,10 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*o
 	fs.IntVar(&o.affBlockSize, "affinity-block-size", 16, "--kv-events-hash vllm: words per prefix block of the brokers' keys; match the brokers' --affinity-block-size")
 	fs.StringVar(&o.kvTopic, "kv-events-topic", "", "topic prefix of the engine's KV events (empty: all)")
 	fs.BoolVar(&o.noDirected, "no-directed", false, "pull only the pool's shared queue, not this agent's directed queue (prefix-cache affinity offers then reach it through the shared queue after the broker's --affinity-wait)")
+	fs.BoolVar(&o.noBatch, "no-batch", false, "pull interactive work only, never the pool's batch queue (Batches API lines, service_tier flex)")
+	fs.IntVar(&o.batchReserve, "batch-reserve", 1, "slots batch work never takes, so that interactive work arriving starts at once without preempting batch jobs")
+	fs.IntVar(&o.batchMax, "batch-max", 0, "batch jobs held at once at most (0: every slot --batch-reserve leaves)")
+	fs.BoolVar(&o.noPreempt, "no-batch-preempt", false, "never preempt a batch job for interactive work: an interactive job that finds no free slot waits for one (regular pool; prefill and decode agents never preempt)")
 	fs.IntVar(&o.bsPort, "bootstrap-port", 0, "SGLang prefill: the engine's bootstrap port, its --disaggregation-bootstrap-port (0: read it from the engine's /server_info)")
 	fs.StringVar(&o.model, "model", "", "model id to serve (default: the engine's first model from /v1/models)")
 	fs.IntVar(&o.slots, "slots", agent.DefaultSlots, "jobs held at once (the engine's useful concurrency)")
@@ -140,6 +148,7 @@ Usage:
 		{Title: "Role", Flags: []string{"role", "pd-protocol", "pd-labels", "bootstrap-host", "bootstrap-port", "kv-hold"}},
 		{Title: "Prefix-cache affinity", Flags: []string{"kv-events-endpoint", "kv-events-topic", "kv-events-hash", "kv-block-size", "affinity-block-size", "no-directed"}},
 		{Title: "Load", Flags: []string{"slow-start", "slow-start-floor", "keepalive", "reply-linger"}},
+		{Title: "Batch work", Flags: []string{"no-batch", "batch-reserve", "batch-max", "no-batch-preempt"}},
 		{Title: "Shutdown", Flags: []string{"drain-timeout"}},
 		{Title: "NATS", Flags: []string{"nats-url", "id", "heartbeat", "prefix",
 			"nats-creds", "nats-nkey", "nats-user", "nats-password", "nats-token", "nats-tls-ca", "nats-tls-cert", "nats-tls-key", "nats-inbox-prefix"}},
@@ -264,6 +273,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		SlowStart: o.slowStart, SlowStartFloor: o.slowFloor, Keepalive: keepalive, ReplyLinger: replyLinger, KVHold: o.kvHold,
 		KVEvents: o.kvEvents, KVEventsTopic: o.kvTopic, KVEventsHash: o.kvHash, KVBlockSize: o.kvBlockSize, AffinityBlockSize: o.affBlockSize,
 		NoDirected: o.noDirected, MaxAnswerBytes: o.maxAnswer,
+		NoBatch: o.noBatch, BatchReserve: o.batchReserve, BatchMax: o.batchMax, NoBatchPreempt: o.noPreempt,
 		FirstEventTimeout: offIfZero(o.firstEvent), ProgressTimeout: offIfZero(o.progress),
 	}, aopts...)
 	if err != nil {

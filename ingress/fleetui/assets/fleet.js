@@ -303,6 +303,8 @@
       const win = num(m.recent.window_seconds);
       split += `<span class="lbl" title="requests started in the last ${win} s">Recent${win > 0 ? ' ' + win + ' s' : ''}</span>${splitBar('recent', num(m.recent.regular), num(m.recent.pd), (v) => String(v))}`;
     }
+    // The batch column shows once the broker reports batch work per pool.
+    const batchCol = (m.pools || []).some((p) => poolBatch(p));
     const rows = (m.pools || []).map((p) => {
       // active: every agent's jobs, draining ones included; utilisation
       // is of the eligible agents, as dispatch counts them.
@@ -327,14 +329,77 @@
         `<td class="num">${p.slots}</td><td class="num">${fmtSlots(eff)}</td>` +
         `<td class="num" data-active="${act}" title="${eact} on eligible agents">${act}</td><td class="num">${fmtSlots(num(p.free))}</td>` +
         `<td><span class="bar"><span class="track"><span class="fill util${util > 0.85 ? ' hot' : ''}" style="width:${(util * 100).toFixed(1)}%"></span></span>` +
-        `<span class="txt">${(util * 100).toFixed(0)}%</span></span></td>${slo}</tr>`;
+        `<span class="txt">${(util * 100).toFixed(0)}%</span></span></td>${slo}${batchCol ? poolBatchCell(p) : ''}</tr>`;
     }).join('');
     return `<div class="model-head"><span class="model-name">${esc(m.model)}</span>` +
       `<span class="mode" title="dispatch weight mode">${esc(m.mode)}</span>${queue}</div>` +
       `<div class="split">${split}</div>` + affinityHTML(m.affinity) +
       `<table class="pools"><thead><tr><th>Pool</th><th class="num">Agents</th><th class="num">Eligible</th>` +
-      `<th class="num">Slots</th><th class="num">Effective</th><th class="num" title="jobs held by all the pool's agents, draining ones included">Active</th><th class="num">Free</th><th title="eligible agents' active over effective slots">Utilisation</th><th class="num" title="requests with latency targets (x-slo-ttft-ms, x-slo-itl-ms, --slo-ttft, --slo-itl) that met them">Targets met</th></tr></thead>` +
+      `<th class="num">Slots</th><th class="num">Effective</th><th class="num" title="jobs held by all the pool's agents, draining ones included">Active</th><th class="num">Free</th><th title="eligible agents' active over effective slots">Utilisation</th><th class="num" title="requests with latency targets (x-slo-ttft-ms, x-slo-itl-ms, --slo-ttft, --slo-itl) that met them">Targets met</th>` +
+      (batchCol ? '<th title="the share of the pool\'s slots batch work holds, and the slots">Batch</th>' : '') + '</tr></thead>' +
       `<tbody>${rows}</tbody></table>`;
+  }
+
+  // poolBatch is a pool's batch work as /v1/fleet reports it: the batch
+  // jobs its agents run, those waiting in its batch queue, and the share
+  // of its slots they hold; null from a broker without work classes.
+  function poolBatch(p) {
+    const b = p.batch;
+    if (!b || typeof b !== 'object') return null;
+    return { running: num(b.running), queued: num(b.queued), share: Math.max(0, Math.min(1, num(b.slot_share))) };
+  }
+
+  function poolBatchCell(p) {
+    const b = poolBatch(p);
+    if (!b) return '<td class="num muted">–</td>';
+    const pct = (100 * b.share).toFixed(0);
+    return `<td data-batch-share="${b.share.toFixed(3)}" data-batch-running="${b.running}" title="${b.running} slots on batch work, ${b.queued} batch lines queued">` +
+      `<span class="bar"><span class="track"><span class="fill batch" style="width:${(100 * b.share).toFixed(1)}%"></span></span>` +
+      `<span class="txt">${pct}% · ${b.running}</span></span></td>`;
+  }
+
+  const BATCH_STATUSES = ['validating', 'failed', 'in_progress', 'finalizing', 'completed', 'expired', 'cancelling', 'cancelled'];
+
+  // batchHTML is a batch in flight: its lines queued (not yet run),
+  // running, completed and failed, and the share of them done.
+  function batchHTML(b) {
+    const l = b.lines || {};
+    const total = num(l.total), done = num(l.completed), failed = num(l.failed);
+    const frac = total > 0 ? Math.min(1, (done + failed) / total) : 0;
+    const status = BATCH_STATUSES.includes(b.status) ? b.status : 'unknown';
+    return {
+      status,
+      html: `<td class="mono">${esc(b.id)}</td>` +
+        `<td><span class="badge batch-${status}">${esc(b.status)}</span></td>` +
+        `<td class="mono muted">${esc(b.endpoint || '')}</td>` +
+        `<td class="num">${total}</td><td class="num">${num(l.queued)}</td><td class="num">${num(l.running)}</td>` +
+        `<td class="num">${done}</td><td class="num${failed > 0 ? ' hot' : ''}">${failed}</td>` +
+        `<td><span class="bar" data-progress="${frac.toFixed(3)}"><span class="track"><span class="fill batch" style="width:${(frac * 100).toFixed(1)}%"></span></span>` +
+        `<span class="txt">${(frac * 100).toFixed(0)}%</span></span></td>` +
+        `<td class="mono muted" title="the broker driving the batch">${esc(b.driver || '–')}</td>`,
+    };
+  }
+
+  // renderBatches shows the batches in flight, absent when the broker has
+  // no Batches API.
+  function renderBatches(view) {
+    const f = view.batches;
+    $('batches-wrap').hidden = !f;
+    if (!f) return;
+    const items = f.items || [];
+    keyed($('batches-body'), items, 'tr', (b) => 'b:' + b.id, (el, b) => {
+      const r = batchHTML(b);
+      const l = b.lines || {};
+      el.dataset.batchId = b.id;
+      el.dataset.status = r.status;
+      el.dataset.lines = `${num(l.queued)}/${num(l.running)}/${num(l.completed)}/${num(l.failed)}/${num(l.total)}`;
+      setHTML(el, r.html);
+    });
+    if (items.length === 0) $('batches-body').innerHTML = '<tr><td colspan="10" class="empty">No batch in flight.</td></tr>';
+    const l = f.lines || {};
+    const c = $('batches-count');
+    c.textContent = `${num(f.active)} in flight · ${num(l.queued)} lines queued, ${num(l.running)} running`;
+    c.dataset.active = String(num(f.active));
   }
 
   function agentHTML(a, at) {
@@ -412,6 +477,7 @@
       el.dataset.eligible = String(!!a.eligible);
       setHTML(el, r.html);
     });
+    renderBatches(view);
     if (agents.length === 0) $('agents-body').innerHTML = '<tr><td colspan="10" class="empty">No agents.</td></tr>';
 
     let eligible = 0, slots = 0, eff = 0, active = 0;
