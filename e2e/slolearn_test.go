@@ -275,8 +275,8 @@ func (w *slowTokensWriter) Write(b []byte) (int, error) {
 
 func (w *slowTokensWriter) Flush() { w.ResponseWriter.(http.Flusher).Flush() }
 
-// TestSLOGuardITL: an engine that streams every third request's tokens
-// 30ms apart and the others' at its own pace, so that no learned mean
+// TestSLOGuardITL: an engine that streams requests' tokens in turn at its
+// own pace, 20ms apart and 80ms apart, so that no learned figure
 // predicts a request's time per output token, puts slo's ITL predictions
 // off beyond the guard's bound: the fleet view scores them apart from the
 // TTFT ones, the broker decides by capacity, and /metrics has them.
@@ -299,8 +299,13 @@ func TestSLOGuardITL(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method == http.MethodPost && n.Add(1)%3 == 0 {
-			w = &slowTokensWriter{ResponseWriter: w, delay: 30 * time.Millisecond}
+		if r.Method == http.MethodPost {
+			// Three paces, each four times the one before: no one
+			// prediction is within half of more than one of them, so
+			// the median error is over 0.5 whatever is learned.
+			if d := [3]time.Duration{0, 20 * time.Millisecond, 80 * time.Millisecond}[n.Add(1)%3]; d > 0 {
+				w = &slowTokensWriter{ResponseWriter: w, delay: d}
+			}
 		}
 		rp.ServeHTTP(w, r)
 	})}
@@ -324,7 +329,12 @@ func TestSLOGuardITL(t *testing.T) {
 				return nil
 			}
 		}
-		return fmt.Errorf("after %d requests the regular pool's ITL predictions are not off: %+v", i, f.Models[0].Pools)
+		for _, p := range f.Models[0].Pools {
+			if p.Pool == "regular" && p.Predictions != nil {
+				return fmt.Errorf("after %d requests the regular pool's ITL predictions are not off: %+v", i, *p.Predictions)
+			}
+		}
+		return fmt.Errorf("after %d requests the regular pool has no predictions", i)
 	})
 	if _, err := postTargeted(ctx, b.HTTP, sloPrompt("itlguard", 0, 300), 12, 5*time.Second); err != nil {
 		t.Fatal(err)
