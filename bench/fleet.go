@@ -141,7 +141,7 @@ func (s *heartbeatSim) run(ctx context.Context) {
 }
 
 // fleetScenario measures each fleet size and prints the table.
-func (e *env) fleetScenario(d *doc, sizes, realSizes []int, window time.Duration) error {
+func (e *env) fleetScenario(d *doc, sizes, realSizes, clusterSizes []int, directed bool, window time.Duration) error {
 	dir, err := os.MkdirTemp(e.tmp, "fleet-nats-")
 	if err != nil {
 		return err
@@ -177,9 +177,32 @@ func (e *env) fleetScenario(d *doc, sizes, realSizes []int, window time.Duration
 		real = append(real, r)
 		e.logf("fleet: %d real agents: %d JetStream consumers, nats-server RSS %.1f MiB", n, r.consumers, r.natsMiB)
 	}
-	table := fleetTable(rows)
+	var cluster []clusterRow
+	for _, n := range clusterSizes {
+		r, err := e.fleetClusterSize(n, directed, window)
+		if err != nil {
+			return fmt.Errorf("%d agents on a cluster: %w", n, err)
+		}
+		cluster = append(cluster, r)
+		e.logf("fleet cluster: %s", strings.TrimSpace(strings.Split(clusterTable([]clusterRow{r}), "\n")[2]))
+		e.sup.stopAll()
+	}
+	table := ""
+	if len(rows) > 0 {
+		table = fleetTable(rows)
+	}
 	if len(real) > 0 {
 		table += "\n" + realTable(real)
+	}
+	if len(cluster) > 0 {
+		table += "\n" + clusterTable(cluster)
+		if d.out != "" {
+			plot := filepath.Join(d.out, "img", "fleet-cluster.svg")
+			if err := writeClusterPlot(plot, cluster); err != nil {
+				return err
+			}
+			e.logf("fleet: wrote %s", plot)
+		}
 	}
 	fmt.Println(table)
 	var b strings.Builder

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -20,17 +21,33 @@ import (
 )
 
 // natsArg runs this program as a nats-server alone ("__nats DIR"), so that
-// the server's memory is a process's of its own.
+// the server's memory is a process's of its own; "__nats DIR NAME PORT
+// CLUSTER-PORT MONITOR-PORT ROUTES" runs it as one node of a cluster.
 const natsArg = "__nats"
 
 var natsLine = regexp.MustCompile(`nats listening: (\S+) monitor=(\S+)`)
 
 // runNATS serves JetStream with its store in dir until SIGTERM.
-func runNATS(dir string) error {
+func runNATS(dir string, cluster ...string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, HTTPHost: "127.0.0.1", HTTPPort: -1,
-		NoLog: true, NoSigs: true, JetStream: true, StoreDir: dir, MaxPayload: 8 << 20})
+	opts := &server.Options{Host: "127.0.0.1", Port: -1, HTTPHost: "127.0.0.1", HTTPPort: -1,
+		NoLog: true, NoSigs: true, JetStream: true, StoreDir: dir, MaxPayload: 8 << 20}
+	if len(cluster) == 5 {
+		ports := make([]int, 3)
+		for i := range ports {
+			p, err := strconv.Atoi(cluster[1+i])
+			if err != nil {
+				return fmt.Errorf("port %q: %w", cluster[1+i], err)
+			}
+			ports[i] = p
+		}
+		opts.ServerName = cluster[0]
+		opts.Port, opts.HTTPPort = ports[0], ports[2]
+		opts.Cluster = server.ClusterOpts{Name: "fleet", Host: "127.0.0.1", Port: ports[1]}
+		opts.Routes = server.RoutesFromStr(cluster[4])
+	}
+	ns, err := server.NewServer(opts)
 	if err != nil {
 		return err
 	}

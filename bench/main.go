@@ -56,8 +56,8 @@ func main() {
 		}
 		return
 	}
-	if len(os.Args) == 3 && os.Args[1] == natsArg {
-		if err := runNATS(os.Args[2]); err != nil {
+	if (len(os.Args) == 3 || len(os.Args) == 8) && os.Args[1] == natsArg {
+		if err := runNATS(os.Args[2], os.Args[3:]...); err != nil {
 			fmt.Fprintln(os.Stderr, "bench:", natsArg, err)
 			os.Exit(1)
 		}
@@ -108,6 +108,8 @@ func run(ctx context.Context, args []string) error {
 	only := fs.String("only", strings.Join(peerScenarios, ","), "comma-separated scenarios: "+strings.Join(scenarios, ","))
 	fleetSizesFlag := fs.String("fleet-sizes", joinInts(fleetSizes), "fleet: comma-separated numbers of simulated agents")
 	fleetWindow := fs.Duration("fleet-window", 8*time.Second, "fleet: CPU measurement window per fleet size")
+	fleetCluster := fs.String("fleet-cluster", "", "fleet: comma-separated numbers of real agents run against a 3-node nats-server cluster and several brokers (empty: none)")
+	fleetDirected := fs.Bool("fleet-directed", true, "fleet: on the cluster, every agent pulls a directed queue of its own too (false: --no-directed)")
 	fleetReal := fs.String("fleet-real", "8,32", "fleet: comma-separated numbers of real agents (agent package, in-process simulator) whose JetStream consumers and nats-server memory are read (empty: none)")
 	goDefaults := fs.Bool("go-defaults", false, "run the broker and agents at the Go runtime's defaults instead of the settings the Dockerfile deploys them with (GOGC=400; agents GOMAXPROCS=2)")
 	keep := fs.Bool("keep", false, "keep the scratch directory (process logs, configs, profiles)")
@@ -126,9 +128,17 @@ func run(ctx context.Context, args []string) error {
 		}
 		want[s] = true
 	}
-	sizes, err := parseInts(*fleetSizesFlag)
-	if err != nil {
-		return fmt.Errorf("--fleet-sizes: %w", err)
+	var sizes, clusterSizes []int
+	var err error
+	if *fleetSizesFlag != "" {
+		if sizes, err = parseInts(*fleetSizesFlag); err != nil {
+			return fmt.Errorf("--fleet-sizes: %w", err)
+		}
+	}
+	if *fleetCluster != "" {
+		if clusterSizes, err = parseInts(*fleetCluster); err != nil {
+			return fmt.Errorf("--fleet-cluster: %w", err)
+		}
 	}
 	var realSizes []int
 	if *fleetReal != "" {
@@ -191,7 +201,9 @@ func run(ctx context.Context, args []string) error {
 		{"rollout", e.rollout},
 		{"affinity", e.affinityScenario},
 		{"goodput", e.goodput},
-		{"fleet", func(d *doc) error { return e.fleetScenario(d, sizes, realSizes, *fleetWindow) }},
+		{"fleet", func(d *doc) error {
+			return e.fleetScenario(d, sizes, realSizes, clusterSizes, *fleetDirected, *fleetWindow)
+		}},
 	}
 	for _, s := range steps {
 		if !want[s.name] {

@@ -212,6 +212,7 @@ func (b *Broker) submit(ctx context.Context, req Request) (*Call, error) {
 // dispatch decides the route of the current attempt and publishes its job.
 func (c *Call) dispatch(ctx context.Context) error {
 	b := c.b
+	began := time.Now()
 	m, ok := b.table.Load().Model(c.Model)
 	if !ok {
 		return fmt.Errorf("%w %q", ErrNoCapacity, c.Model)
@@ -285,6 +286,7 @@ func (c *Call) dispatch(ctx context.Context) error {
 	// The attempt's clock starts once its job is queued: a publish that
 	// waited out an election must not count as time nobody took it.
 	c.attemptStart = b.now()
+	b.metrics.dispatchPublish.Observe(time.Since(began).Seconds())
 	c.jobSeq = seq
 	c.load.dispatched(flight, route, c.pair)
 	c.offered(seq, data)

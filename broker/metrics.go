@@ -53,6 +53,10 @@ type Metrics struct {
 	// sloProbes counts the requests slo sent, as probes, to a route it
 	// avoids whose figures are stale.
 	sloProbes *prometheus.CounterVec
+	// dispatchPublish is the broker's own time per attempt: the dispatch
+	// decision, the job's encoding and its publish until JetStream
+	// stored it.
+	dispatchPublish prometheus.Histogram
 }
 
 // Latency buckets for LLM serving, in seconds: TTFT spans milliseconds
@@ -61,6 +65,9 @@ var (
 	ttftBuckets = []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
 	itlBuckets  = []float64{.0005, .001, .0025, .005, .01, .02, .04, .08, .16, .32, .64, 1.28}
 	e2eBuckets  = []float64{.05, .1, .25, .5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320, 600}
+	// dispatchBuckets resolve a sub-millisecond decision and publish, up
+	// to a publish that waited out a leader election.
+	dispatchBuckets = []float64{.0001, .00025, .0005, .00075, .001, .0015, .002, .003, .005, .01, .025, .05, .1, .5, 2.5, 15}
 )
 
 // NewMetrics returns unregistered collectors; Register adds them to a registry.
@@ -124,12 +131,15 @@ func NewMetrics() *Metrics {
 		sloProbes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_slo_probes_total", Help: "Requests slo dispatch sent, as probes, to a route its predictions avoid whose learned figures are stale, so that they are learned afresh; by model and route.",
 		}, []string{"model", "route"}),
+		dispatchPublish: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "switchyard_dispatch_publish_seconds", Help: "Time per dispatched attempt from the start of its dispatch decision until JetStream stored its job: the decision, the job's encoding and the publish (its retries included).", Buckets: dispatchBuckets,
+		}),
 	}
 }
 
 // Register adds every collector to r.
 func (m *Metrics) Register(r prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.requests, m.inflight, m.ttft, m.itl, m.e2e, m.outputTokens, m.rejections, m.retries, m.migrations, m.publishRetries, m.droppedChunks, m.affinity, m.secondRuns, m.slo, m.sloPredicted, m.sloError, m.sloFallback, m.sloProbes} {
+	for _, c := range []prometheus.Collector{m.requests, m.inflight, m.ttft, m.itl, m.e2e, m.outputTokens, m.rejections, m.retries, m.migrations, m.publishRetries, m.droppedChunks, m.affinity, m.secondRuns, m.slo, m.sloPredicted, m.sloError, m.sloFallback, m.sloProbes, m.dispatchPublish} {
 		if err := r.Register(c); err != nil {
 			return err
 		}
