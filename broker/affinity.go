@@ -265,6 +265,7 @@ type callAffinity struct {
 	// directed: the current attempt's job (c.jobSeq) is in the directed
 	// stream, not the jobs stream.
 	directed bool
+	at       time.Time // when the offer was published
 	// moved: the offer was moved to the shared queue (at c.jobSeq).
 	moved bool
 	// learnt is the agent the current attempt's keys were inserted for
@@ -375,7 +376,7 @@ func (c *Call) offered(seq uint64, data []byte) {
 	if a.agent == "" {
 		return
 	}
-	a.seq, a.data, a.moved = seq, data, false
+	a.seq, a.data, a.moved, a.at = seq, data, false, time.Now()
 	c.load.offer(c.b.agentLoad(c.Model, a.agent))
 	a.arm(c.b.cfg.Affinity.Wait)
 }
@@ -469,12 +470,13 @@ func (c *Call) moveOffer(ctx context.Context) error {
 	if st := c.b.directed.st.Load(); st != nil {
 		dctx, cancel := context.WithTimeout(ctx, c.b.publishTimeout)
 		err = (*st).DeleteMsg(dctx, a.seq)
+		if errors.Is(err, jetstream.ErrMsgDeleteUnsuccessful) && c.b.offerTaken(dctx, *st, a.seq, a.at) {
+			cancel()
+			return nil // taken: its accepted chunk is on the way
+		}
 		cancel()
 	}
-	switch {
-	case errors.Is(err, jetstream.ErrMsgDeleteUnsuccessful):
-		return nil // taken: its accepted chunk is on the way
-	case err != nil:
+	if err != nil {
 		// The directed stream does not answer (its one server lost) or
 		// refuses: the offer cannot be taken from it now, so it moves like
 		// one not taken; if its agent took it after all, accepted deletes

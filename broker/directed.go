@@ -213,3 +213,16 @@ func (c *Call) jobStream() *jetstream.Stream {
 	}
 	return c.b.stream.Load()
 }
+
+// offerTaken reports whether the offer at seq, which st refused to delete
+// (gone from it), was taken by its agent: not if the stream no longer
+// holds the history of that offer, because it was created again after
+// the offer (deleted, or its server lost and back without its memory),
+// nor when it does not answer.
+func (b *Broker) offerTaken(ctx context.Context, st jetstream.Stream, seq uint64, offered time.Time) bool {
+	info, err := st.Info(ctx)
+	if err != nil {
+		return false
+	}
+	return info.State.LastSeq >= seq && !info.Created.After(offered)
+}
