@@ -195,6 +195,16 @@ func TestAffinityDirectedJobSurvivesItsStream(t *testing.T) {
 	if fb["not_taken_in_time"] < 2 {
 		t.Fatalf("fallbacks %v: want both offers moved to the shared queue", fb)
 	}
+	// The broker stays ready without the directed stream: affinity
+	// degrades to the shared queue.
+	resp, err := http.Get(b.HTTP + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("/readyz %d with the directed stream's server lost", resp.StatusCode)
+	}
 	// With the directed stream's server lost, a new turn of a cached
 	// conversation is served from the shared queue.
 	if got := servedBy(t, b.HTTP, chatTurn(longSystem("conv server lost"), "first", "an answer", "second", "x", "third"), e); got != 0 {
