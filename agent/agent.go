@@ -434,19 +434,19 @@ func (a *Agent) consumer(ctx context.Context) (jetstream.Consumer, error) {
 	if err != nil {
 		return nil, err
 	}
-	return a.bindConsumer(ctx, name, filter, 0)
+	return a.bindConsumer(ctx, a.cfg.Stream, name, filter, 0)
 }
 
 // bindConsumer creates or binds the durable consumer name on filter; an
 // inactive threshold above zero lets JetStream delete it once nobody has
 // pulled it that long (an agent's own directed queue).
-func (a *Agent) bindConsumer(ctx context.Context, name, filter string, inactive time.Duration) (jetstream.Consumer, error) {
+func (a *Agent) bindConsumer(ctx context.Context, stream, name, filter string, inactive time.Duration) (jetstream.Consumer, error) {
 	for delay := 100 * time.Millisecond; ; delay = min(2*delay, 2*time.Second) {
 		// A request sent while NATS goes away gets no answer: bound each
 		// try so the consumer is bound soon after the server is back, not
 		// after a whole JetStream timeout.
 		actx, cancel := context.WithTimeout(ctx, time.Second)
-		cons, err := a.js.CreateOrUpdateConsumer(actx, a.cfg.Stream, jetstream.ConsumerConfig{
+		cons, err := a.js.CreateOrUpdateConsumer(actx, stream, jetstream.ConsumerConfig{
 			Durable:       name,
 			FilterSubject: filter,
 			AckPolicy:     jetstream.AckExplicitPolicy,
@@ -465,8 +465,8 @@ func (a *Agent) bindConsumer(ctx context.Context, name, filter string, inactive 
 		// server denied (a NATS user that does not fit the agent's
 		// --role), or a consumer without a leader, is what an operator
 		// needs to see.
-		err = a.consumerCause(ctx, name, err)
-		a.log.Warn("jobs consumer not ready, retrying", "stream", a.cfg.Stream, "consumer", name, "err", err)
+		err = a.consumerCause(ctx, stream, name, err)
+		a.log.Warn("jobs consumer not ready, retrying", "stream", stream, "consumer", name, "err", err)
 		if a.State() == wire.StateWarming {
 			a.setState(wire.StateWarming, "jobs queue not ready: "+err.Error())
 		}

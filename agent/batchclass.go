@@ -208,7 +208,7 @@ func (a *Agent) batchConsumer(ctx context.Context) (jetstream.Consumer, error) {
 	if err != nil {
 		return nil, err
 	}
-	return a.bindConsumer(ctx, name, filter, 0)
+	return a.bindConsumer(ctx, a.cfg.Stream, name, filter, 0)
 }
 
 // decodeSubject is where a prefill agent hands job off: its decode pool's

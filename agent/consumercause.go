@@ -18,7 +18,7 @@ import (
 // replicated stream whose storage the servers cannot give), or that the
 // info went unanswered too. An error JetStream answered with is returned as
 // it is, with its code.
-func (a *Agent) consumerCause(ctx context.Context, name string, err error) error {
+func (a *Agent) consumerCause(ctx context.Context, stream, name string, err error) error {
 	var apiErr *jetstream.APIError
 	if errors.As(err, &apiErr) {
 		return fmt.Errorf("%w (JetStream error %d)", err, apiErr.ErrorCode)
@@ -31,7 +31,7 @@ func (a *Agent) consumerCause(ctx context.Context, name string, err error) error
 	}
 	ictx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
-	cons, ierr := a.js.Consumer(ictx, a.cfg.Stream, name)
+	cons, ierr := a.js.Consumer(ictx, stream, name)
 	switch {
 	case errors.As(ierr, &apiErr):
 		return fmt.Errorf("%w (consumer info: %s, JetStream error %d)", err, apiErr.Description, apiErr.ErrorCode)
@@ -39,11 +39,11 @@ func (a *Agent) consumerCause(ctx context.Context, name string, err error) error
 		if last := a.nc.LastError(); errors.Is(last, nats.ErrPermissionViolation) {
 			return fmt.Errorf("%w (%v: check that this agent's NATS user may serve --role %s)", err, last, a.cfg.Pool)
 		}
-		return fmt.Errorf("%w (JetStream does not answer about the consumer either: %v; the stream %s or the cluster's meta leader may have no quorum)", err, ierr, a.cfg.Stream)
+		return fmt.Errorf("%w (JetStream does not answer about the consumer either: %v; the stream %s or the cluster's meta leader may have no quorum)", err, ierr, stream)
 	}
 	info := cons.CachedInfo()
 	if info.Cluster != nil && info.Cluster.Leader == "" {
-		return fmt.Errorf("%w (consumer %s has no leader: its replicas cannot agree; the stream %s may have a storage or replica count the servers cannot serve, e.g. memory where max_memory_store is 0: see the brokers' /readyz)", err, name, a.cfg.Stream)
+		return fmt.Errorf("%w (consumer %s has no leader: its replicas cannot agree; the stream %s may have a storage or replica count the servers cannot serve, e.g. memory where max_memory_store is 0: see the brokers' /readyz)", err, name, stream)
 	}
 	return err
 }

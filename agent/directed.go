@@ -14,7 +14,12 @@ import (
 // Directed work (prefix-cache affinity): a broker may offer a job to one
 // agent first, on a queue only that agent pulls (subjects.Directed), beside
 // the pool's shared queue. The agent pulls both within one limit; a job it
-// does not take in time the broker moves to the shared queue.
+// does not take in time the broker moves to the shared queue. Directed
+// queues live in a stream of their own (subjects.DirectedStream), which the
+// brokers create with one replica: the consumer each agent has there is
+// then no raft group of the cluster. While that stream is missing the
+// agent keeps trying to bind its consumer, and the brokers send every job
+// to the shared queue.
 
 // directedInactive is how long JetStream keeps an agent's directed
 // consumer once nobody pulls it: an agent that died leaves no consumer
@@ -80,7 +85,7 @@ func (a *Agent) directedConsumer(ctx context.Context) (jetstream.Consumer, error
 	if err != nil {
 		return nil, err
 	}
-	return a.bindConsumer(ctx, name, filter, directedInactive)
+	return a.bindConsumer(ctx, subjects.DirectedStream(a.cfg.Stream), name, filter, directedInactive)
 }
 
 // slotCount is the number of jobs the agent holds, shared by its pull

@@ -166,6 +166,9 @@ const (
 	FallbackFull           = "full"
 	FallbackImbalanced     = "imbalanced"
 	FallbackNotTakenInTime = "not_taken_in_time"
+	// FallbackDirectedUnusable counts offers sent to the shared queue
+	// because the directed stream was unusable (directed.go).
+	FallbackDirectedUnusable = "directed_unusable"
 )
 
 const (
@@ -174,10 +177,11 @@ const (
 	resFull
 	resImbalanced
 	resNotTaken
+	resUnusable
 	numResults
 )
 
-var resultNames = [numResults]string{AffinityHit, FallbackNoMatch, FallbackFull, FallbackImbalanced, FallbackNotTakenInTime}
+var resultNames = [numResults]string{AffinityHit, FallbackNoMatch, FallbackFull, FallbackImbalanced, FallbackNotTakenInTime, FallbackDirectedUnusable}
 
 func resultOf(r affinity.Reason) int {
 	switch r {
@@ -258,7 +262,10 @@ type callAffinity struct {
 	data   []byte
 	timer  *time.Timer
 	move   <-chan time.Time
-	fails  int // deletes of the offer NATS did not answer
+	// directed: the current attempt's job (c.jobSeq) is in the directed
+	// stream, not the jobs stream.
+	directed bool
+	at       time.Time // when the offer was published
 	// moved: the offer was moved to the shared queue (at c.jobSeq).
 	moved bool
 	// learnt is the agent the current attempt's keys were inserted for
@@ -287,7 +294,7 @@ func (c *Call) promptKeys(dst []uint64) []uint64 {
 func (c *Call) prefer(m *dispatch.Model, pool, pair, shared string) string {
 	b := c.b
 	a := &c.aff
-	a.agent, a.pool, a.moved = "", nil, false
+	a.agent, a.pool, a.moved, a.directed = "", nil, false, false
 	if b.cfg.Affinity.Mode == AffinityOff || (pool != subjects.PoolRegular && pool != subjects.PoolPrefill) ||
 		c.req.API == wire.API_API_EMBEDDINGS {
 		return shared
@@ -344,6 +351,10 @@ func (c *Call) prefer(m *dispatch.Model, pool, pair, shared string) string {
 	if d.Index < 0 {
 		return shared
 	}
+	if !b.directed.usable.Load() {
+		p.count(resUnusable)
+		return shared
+	}
 	to, err := b.subj.Directed(c.Model, pool, pair, cands[d.Index].Agent)
 	if err != nil {
 		return shared
@@ -365,7 +376,7 @@ func (c *Call) offered(seq uint64, data []byte) {
 	if a.agent == "" {
 		return
 	}
-	a.seq, a.data, a.fails, a.moved = seq, data, 0, false
+	a.seq, a.data, a.moved, a.at = seq, data, false, time.Now()
 	c.load.offer(c.b.agentLoad(c.Model, a.agent))
 	a.arm(c.b.cfg.Affinity.Wait)
 }
@@ -455,26 +466,24 @@ func (c *Call) moveOffer(ctx context.Context) error {
 		a.arm(time.Millisecond)
 		return nil
 	}
-	st := c.b.stream.Load()
-	if st == nil {
-		return nil
-	}
-	dctx, cancel := context.WithTimeout(ctx, c.b.publishTimeout)
-	err := (*st).DeleteMsg(dctx, a.seq)
-	cancel()
-	switch {
-	case errors.Is(err, jetstream.ErrMsgDeleteUnsuccessful):
-		return nil // taken: its accepted chunk is on the way
-	case err != nil:
-		// NATS not answering, or refusing (permissions): look again, but
-		// not forever: then the attempt is abandoned (its cancel stops an
-		// agent that takes it late) and dispatched again.
-		if a.fails++; a.fails >= maxMoveTries {
-			return fmt.Errorf("%w: request %s: offer to %s not moved: %w", errNotTaken, c.ID, a.agent, err)
+	err := errNoDirected
+	if st := c.b.directed.st.Load(); st != nil {
+		dctx, cancel := context.WithTimeout(ctx, c.b.publishTimeout)
+		err = (*st).DeleteMsg(dctx, a.seq)
+		if errors.Is(err, jetstream.ErrMsgDeleteUnsuccessful) && c.b.offerTaken(dctx, *st, a.seq, a.at) {
+			cancel()
+			return nil // taken: its accepted chunk is on the way
 		}
-		a.arm(c.b.cfg.WatchInterval)
-		return nil
+		cancel()
 	}
+	if err != nil {
+		// The directed stream does not answer (its one server lost) or
+		// refuses: the offer cannot be taken from it now, so it moves like
+		// one not taken; if its agent took it after all, accepted deletes
+		// the shared copy.
+		c.b.directedFailed(err)
+	}
+	a.directed = false
 	c.load.settleOffer()
 	c.jobSeq = 0
 	a.pool.count(resNotTaken)
@@ -487,10 +496,6 @@ func (c *Call) moveOffer(ctx context.Context) error {
 	c.jobSeq, a.moved = ack.Sequence, true
 	return nil
 }
-
-// maxMoveTries bounds the failed deletes of an offer before its attempt
-// is abandoned.
-const maxMoveTries = 5
 
 // encodeLearn is a learn message: the agent id's length (one byte), the
 // id, then the keys, 8 bytes each, little endian.
@@ -658,7 +663,7 @@ func (b *Broker) Affinity(model, pool string) AffinityStats {
 		for i := range r {
 			r[i] = p.results[i].Load()
 		}
-		s.Dispatched = r[resAffinity] + r[resNoMatch] + r[resFull] + r[resImbalanced]
+		s.Dispatched = r[resAffinity] + r[resNoMatch] + r[resFull] + r[resImbalanced] // resUnusable is within these
 		s.Affinity = r[resAffinity]
 		for i := resNoMatch; i < numResults; i++ {
 			s.Fallbacks[resultNames[i]] = r[i]

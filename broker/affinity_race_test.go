@@ -94,7 +94,7 @@ func (r *rig) directedHold(pool, pair, id string) jetstream.Consumer {
 		r.t.Fatal(err)
 	}
 	name, _ := subjects.DirectedConsumerName(testModel, pool, pair, id)
-	cons, err := r.js.CreateOrUpdateConsumer(context.Background(), r.b.cfg.Stream, jetstream.ConsumerConfig{
+	cons, err := r.js.CreateOrUpdateConsumer(context.Background(), subjects.DirectedStream(r.b.cfg.Stream), jetstream.ConsumerConfig{
 		Durable: name, FilterSubject: filter, AckPolicy: jetstream.AckExplicitPolicy,
 	})
 	if err != nil {

@@ -161,7 +161,7 @@ func (c *Call) dropJob() {
 	if seq == 0 || c.agent != "" || c.prefillAgent != "" {
 		return
 	}
-	c.b.deleteJob(seq)
+	c.b.deleteJobIn(c.jobStream(), seq)
 }
 
 // jobTaken reports whether the current attempt's job has left the stream:
@@ -169,7 +169,7 @@ func (c *Call) dropJob() {
 // so its accepted chunk is on the way. Any doubt (no sequence, NATS not
 // answering) is a no.
 func (c *Call) jobTaken() bool {
-	st := c.b.stream.Load()
+	st := c.jobStream()
 	if st == nil || c.jobSeq == 0 {
 		return false
 	}
@@ -182,8 +182,11 @@ func (c *Call) jobTaken() bool {
 // deleteJob deletes the job at seq from the jobs stream in the background.
 // A job an agent took meanwhile is gone already (work-queue retention
 // removes it at the ack): that answer is not an error worth a log line.
-func (b *Broker) deleteJob(seq uint64) {
-	st := b.stream.Load()
+func (b *Broker) deleteJob(seq uint64) { b.deleteJobIn(b.stream.Load(), seq) }
+
+// deleteJobIn deletes the job at seq from st (the jobs stream or the
+// directed one) as deleteJob does.
+func (b *Broker) deleteJobIn(st *jetstream.Stream, seq uint64) {
 	if st == nil {
 		return
 	}

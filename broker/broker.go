@@ -79,6 +79,7 @@ type Broker struct {
 	depth    atomic.Pointer[depthReading]
 	stream   atomic.Pointer[jetstream.Stream] // the jobs stream, once EnsureStream made it
 	health   streamHealth                     // whether the stream takes jobs (streamhealth.go)
+	directed directedStream                   // the directed queues' stream (directed.go)
 	flight   inFlight                         // jobs dispatched and not yet ended, per queue
 	waits    capacityWaits                    // requests waiting for capacity (scaling.go)
 	aff      affinityState                    // prefix-cache affinity (affinity.go)
@@ -219,6 +220,7 @@ func (b *Broker) EnsureStream(ctx context.Context) error {
 	b.stream.Store(&st)
 	b.noteCreate(nil)
 	b.noteInfo(st.CachedInfo(), nil)
+	b.startDirected(ctx)
 	return nil
 }
 
@@ -296,6 +298,12 @@ func (b *Broker) Run(ctx context.Context) error {
 	go func() {
 		defer close(keeperDone)
 		b.keepStream(ctx)
+	}()
+	directedDone := make(chan struct{})
+	defer func() { <-directedDone }()
+	go func() {
+		defer close(directedDone)
+		b.keepDirected(ctx)
 	}()
 	deafDone := make(chan struct{})
 	defer func() { <-deafDone }()

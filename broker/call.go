@@ -283,7 +283,7 @@ func (c *Call) dispatch(ctx context.Context) error {
 	// wait; past it the request gets a 503, not a hang. An unconfirmed
 	// publish may still land later, so the attempt is cancelled to keep it
 	// from starting.
-	seq, err := c.publish(ctx, subject, data, attempt)
+	seq, err := c.publishFirst(ctx, subject, data, attempt)
 	if err != nil {
 		c.cancelAttempt(attempt)
 		return publishError(subject, err)

@@ -129,7 +129,9 @@ const deliveryCheckEvery = time.Second
 // agent accepts within milliseconds of a delivery. Asked at most every
 // deliveryCheckEvery, bounded by half a second: no answer is no.
 func (c *Call) deliveredUnaccepted() bool {
-	if c.jobSeq == 0 || c.b.now().Sub(c.deliveryChecked) < deliveryCheckEvery {
+	// An offer in the directed stream is not asked about: its wait ends
+	// before, and moves it to the shared queue if it is still there.
+	if c.jobSeq == 0 || c.aff.directed || c.b.now().Sub(c.deliveryChecked) < deliveryCheckEvery {
 		return false
 	}
 	c.deliveryChecked = c.b.now()

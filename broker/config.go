@@ -39,6 +39,12 @@ type Config struct {
 	Stream string
 	// Replicas of the jobs stream: 1 on a single server, 3 on a cluster.
 	Replicas int
+	// DirectedFileStorage keeps the directed queues' stream (affinity
+	// offers, subjects.DirectedStream) on disk. False is memory, which a
+	// server that gives JetStream no memory refuses: the broker then
+	// creates it on disk. That stream has one replica whatever Replicas
+	// says (docs/affinity.md).
+	DirectedFileStorage bool
 	// FileStorage keeps queued jobs on disk, so they outlive a restart of
 	// the NATS server that holds them, and fits servers that give
 	// JetStream disk only (max_memory_store 0, as the NATS Helm chart's).

@@ -108,7 +108,7 @@ func NewMetrics() *Metrics {
 		}, []string{"reason"}),
 		affinity: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_affinity_dispatches_total",
-			Help: "Prefix-cache affinity per pool: result affinity (offered to the agent caching the longest prefix) or the fallback to the shared queue (no_match, full, imbalanced); not_taken_in_time counts offers that moved to the shared queue.",
+			Help: "Prefix-cache affinity per pool: result affinity (offered to the agent caching the longest prefix) or the fallback to the shared queue (no_match, full, imbalanced); not_taken_in_time counts offers that moved to the shared queue, directed_unusable those sent there because the directed stream was unusable.",
 		}, []string{"model", "pool", "result"}),
 		secondRuns: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_second_runs_stopped_total",

@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"maps"
 	"sync"
 	"time"
 
@@ -131,8 +132,20 @@ func (b *Broker) pollDepth(ctx context.Context) {
 	if err != nil {
 		return
 	}
+	subjs := info.State.Subjects
+	// Offers waiting in directed queues count too: they are jobs no
+	// agent has taken yet.
+	if dst := b.directed.st.Load(); dst != nil && b.directed.usable.Load() {
+		if dinfo, err := (*dst).Info(ctx, jetstream.WithSubjectFilter(b.subj.DirectedAll())); err == nil && len(dinfo.State.Subjects) > 0 {
+			subjs = maps.Clone(subjs)
+			if subjs == nil {
+				subjs = make(map[string]uint64, len(dinfo.State.Subjects))
+			}
+			maps.Copy(subjs, dinfo.State.Subjects)
+		}
+	}
 	out, batch := make(map[string]map[string]int), make(map[string]map[string]int)
-	for subj, n := range info.State.Subjects {
+	for subj, n := range subjs {
 		j, err := b.subj.ParseJobs(subj)
 		if err != nil {
 			continue

@@ -10,11 +10,12 @@ func TestDirected(t *testing.T) {
 	for _, tc := range []struct {
 		name, model, pool, pair, agent, want string
 	}{
-		{"regular", "m", PoolRegular, "", "a1", "sy.jobs.m.regular.to.a1"},
-		{"escaped agent", "org/m", PoolRegular, "", "node.1", "sy.jobs.org_2Fm.regular.to.node_2E1"},
-		{"prefill pairing", "m", PoolPrefill, "vllm", "p-1", "sy.jobs.m.prefill.vllm.to.p-1"},
-		{"agent named to", "m", PoolRegular, "", "to", "sy.jobs.m.regular.to.to"},
-		{"pairing named to", "m", PoolPrefill, "to", "to", "sy.jobs.m.prefill.to.to.to"},
+		{"regular", "m", PoolRegular, "", "a1", "sy.to.m.regular.a1"},
+		{"escaped agent", "org/m", PoolRegular, "", "node.1", "sy.to.org_2Fm.regular.node_2E1"},
+		{"prefill pairing", "m", PoolPrefill, "vllm", "p-1", "sy.to.m.prefill.vllm.p-1"},
+		{"prefill without pairing", "m", PoolPrefill, "", "p-1", "sy.to.m.prefill.p-1"},
+		{"agent named to", "m", PoolRegular, "", "to", "sy.to.m.regular.to"},
+		{"pairing named to", "m", PoolPrefill, "to", "to", "sy.to.m.prefill.to.to"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := b.Directed(tc.model, tc.pool, tc.pair, tc.agent)
@@ -25,16 +26,10 @@ func TestDirected(t *testing.T) {
 			if err != nil || pj != (Jobs{Model: tc.model, Pool: tc.pool, Pair: tc.pair, To: tc.agent}) {
 				t.Fatalf("ParseJobs = %+v, %v", pj, err)
 			}
-			// The shared queue's consumer filters on its exact subject: a
-			// directed subject has more tokens, so it never matches.
-			var shared string
-			if tc.pair == "" {
-				shared, _ = b.Jobs(tc.model, tc.pool)
-			} else {
-				shared, _ = b.PDJobs(tc.model, tc.pool, tc.pair)
-			}
-			if got == shared || strings.Count(got, ".") <= strings.Count(shared, ".") {
-				t.Fatalf("directed %q could match shared filter %q", got, shared)
+			// The jobs stream's subjects and the directed stream's never
+			// overlap: JetStream refuses two streams that do.
+			if strings.HasPrefix(got, strings.TrimSuffix(b.JobsAll(), ">")) || !strings.HasPrefix(got, strings.TrimSuffix(b.DirectedAll(), ">")) {
+				t.Fatalf("directed %q outside %q or inside %q", got, b.DirectedAll(), b.JobsAll())
 			}
 			n1, _ := DirectedConsumerName(tc.model, tc.pool, tc.pair, tc.agent)
 			n2, _ := DirectedConsumerName(tc.model, tc.pool, tc.pair, tc.agent+"x")
@@ -43,13 +38,19 @@ func TestDirected(t *testing.T) {
 			}
 		})
 	}
-	for _, bad := range []string{"sy.jobs.m.regular.at.a", "sy.jobs.m.regular.x.to.a.b", "sy.jobs.m.prefill.p.tx.a"} {
+	for _, bad := range []string{"sy.jobs.m.regular.to.a", "sy.jobs.m.prefill.p.to.a", "sy.to.m.regular.x.a", "sy.to.m.other.a", "sy.to.m.prefill.p.a.b", "sy.to.m.regular"} {
 		if _, err := b.ParseJobs(bad); err == nil {
 			t.Errorf("ParseJobs(%q) accepted", bad)
 		}
 	}
 	if _, err := b.Directed("m", PoolRegular, "", ""); err == nil {
 		t.Error("empty agent accepted")
+	}
+	if _, err := b.Directed("m", PoolRegular, "p", "a"); err == nil {
+		t.Error("regular queue with a pairing accepted")
+	}
+	if got := DirectedStream("SWITCHYARD_JOBS"); got != "SWITCHYARD_JOBS_DIRECTED" {
+		t.Errorf("DirectedStream = %q", got)
 	}
 }
 

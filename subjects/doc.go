@@ -7,7 +7,7 @@
 //
 //	sy.jobs.<model>.regular                  regular jobs (JetStream work queue)
 //	sy.jobs.<model>.<pool>.<pairing>         prefill and decode jobs of one PD pairing
-//	sy.jobs.<model>.<pool>[.<pairing>].to.<agent>  jobs offered to one agent (affinity)
+//	sy.to.<model>.<pool>[.<pairing>].<agent>  jobs offered to one agent (affinity), in a stream of their own
 //	sy.jobs.<model>.batch.<pool>[.<pairing>] batch-class jobs of a pool (work classes)
 //	sy.hb.<model>.<pool>.<agent>             heartbeats (core NATS, JSON)
 //	sy.reply.<broker>.chunks                 framed chunks for one broker (core NATS)

@@ -31,13 +31,11 @@ const (
 	kindCancel = "cancel"
 	kindKV     = "kv"
 	kindLearn  = "learn"
+	// kindTo is the directed queues' kind: outside <prefix>.jobs.>, so
+	// they live in a stream of their own (JetStream forbids two streams
+	// whose subjects overlap).
+	kindTo = "to"
 )
-
-// directedTok separates a queue's subject from the agent a directed job is
-// offered to: <queue>.to.<agent>. A shared queue is exactly two tokens
-// after "jobs" (regular) or three (PD), a directed one four or five, so
-// the literal never meets an escaped pairing in the same place.
-const directedTok = "to"
 
 // batchTok marks a batch-class queue: <prefix>.jobs.<model>.batch.<pool>[.<pair>].
 // It takes the place of the pool token, which is one of the pool literals
@@ -127,26 +125,71 @@ func (b Builder) PDJobs(model, pool, pair string) (string, error) {
 }
 
 // Directed returns the subject of the directed queue of one agent beside a
-// pool's shared queue: <queue>.to.<agent>, queue as Jobs (pair "") or
-// PDJobs build it, agent escaped. Only that agent pulls it (see
-// DirectedConsumerName); the shared queue's consumer filters on the exact
-// shared subject, so it never takes a directed job.
+// pool's shared queue: <prefix>.to.<model>.<pool>.<agent>, or
+// <prefix>.to.<model>.<pool>.<pair>.<agent> for a PD pairing, model, pair
+// and agent escaped. Only that agent pulls it (see DirectedConsumerName).
+// Directed queues are not under <prefix>.jobs.>: they are kept in a
+// stream of their own (DirectedStream), with one replica, so that the
+// consumer every agent has on its queue costs the servers no raft group.
 func (b Builder) Directed(model, pool, pair, agent string) (string, error) {
-	var base string
-	var err error
-	if pair == "" {
-		base, err = b.Jobs(model, pool)
-	} else {
-		base, err = b.PDJobs(model, pool, pair)
+	if !validPool(pool) || (pool == PoolRegular && pair != "") {
+		return "", fmt.Errorf("%w: pool %q with pairing %q", ErrNotMatch, pool, pair)
 	}
+	m, err := Escape(model)
 	if err != nil {
-		return "", err
+		return "", fmt.Errorf("model %q: %w", model, err)
+	}
+	base := b.dot + kindTo + "." + m + "." + pool
+	if pair != "" {
+		p, err := Escape(pair)
+		if err != nil {
+			return "", fmt.Errorf("pairing %q: %w", pair, err)
+		}
+		base += "." + p
 	}
 	a, err := Escape(agent)
 	if err != nil {
 		return "", fmt.Errorf("agent %q: %w", agent, err)
 	}
-	return base + "." + directedTok + "." + a, nil
+	return base + "." + a, nil
+}
+
+// DirectedAll is the filter of the directed stream: every agent's queue.
+func (b Builder) DirectedAll() string { return b.dot + kindTo + ".>" }
+
+// DirectedStream returns the name of the stream of the directed queues
+// beside the jobs stream named jobs.
+func DirectedStream(jobs string) string { return jobs + "_DIRECTED" }
+
+// ParseDirected parses a subject built by Directed.
+func (b Builder) ParseDirected(subject string) (Jobs, error) {
+	toks, err := b.splitRange(subject, kindTo, 3, 4)
+	if err != nil {
+		return Jobs{}, err
+	}
+	m, err := Unescape(toks[0])
+	if err != nil {
+		return Jobs{}, err
+	}
+	if !validPool(toks[1]) {
+		return Jobs{}, fmt.Errorf("%w: pool %q", ErrNotMatch, toks[1])
+	}
+	j := Jobs{Model: m, Pool: toks[1]}
+	if len(toks) == 4 {
+		if j.Pool == PoolRegular {
+			return Jobs{}, fmt.Errorf("%w: regular queue with a pairing %q", ErrNotMatch, subject)
+		}
+		if j.Pair, err = Unescape(toks[2]); err != nil {
+			return Jobs{}, err
+		}
+	}
+	if j.To, err = Unescape(toks[len(toks)-1]); err != nil {
+		return Jobs{}, err
+	}
+	if j.To == "" {
+		return Jobs{}, fmt.Errorf("%w: empty agent in %q", ErrNotMatch, subject)
+	}
+	return j, nil
 }
 
 // BatchJobs returns the subject of model's batch-class queue for pool
@@ -352,22 +395,18 @@ type Jobs struct {
 // ParseJobs parses a subject built by Jobs, PDJobs, Directed or
 // BatchJobs.
 func (b Builder) ParseJobs(subject string) (Jobs, error) {
-	toks, err := b.splitRange(subject, kindJobs, 2, 5)
+	if strings.HasPrefix(subject, b.dot+kindTo+".") {
+		return b.ParseDirected(subject)
+	}
+	toks, err := b.splitRange(subject, kindJobs, 2, 4)
 	if err != nil {
 		return Jobs{}, err
 	}
 	if len(toks) >= 3 && toks[1] == batchTok {
 		return b.parseBatch(subject, toks)
 	}
-	var to string
-	if n := len(toks); n >= 4 {
-		if toks[n-2] != directedTok {
-			return Jobs{}, fmt.Errorf("%w: %q is not a directed queue", ErrNotMatch, subject)
-		}
-		if to, err = Unescape(toks[n-1]); err != nil {
-			return Jobs{}, err
-		}
-		toks = toks[:n-2]
+	if len(toks) > 3 {
+		return Jobs{}, fmt.Errorf("%w: %q has too many tokens for a jobs queue", ErrNotMatch, subject)
 	}
 	m, err := Unescape(toks[0])
 	if err != nil {
@@ -376,7 +415,7 @@ func (b Builder) ParseJobs(subject string) (Jobs, error) {
 	if !validPool(toks[1]) {
 		return Jobs{}, fmt.Errorf("%w: pool %q", ErrNotMatch, toks[1])
 	}
-	j := Jobs{Model: m, Pool: toks[1], To: to}
+	j := Jobs{Model: m, Pool: toks[1]}
 	if len(toks) == 3 {
 		if j.Pool == PoolRegular {
 			return Jobs{}, fmt.Errorf("%w: regular queue with a pairing %q", ErrNotMatch, subject)

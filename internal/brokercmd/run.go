@@ -72,6 +72,7 @@ type options struct {
 	id            string
 	replicas      int
 	jobsStorage   string
+	dirStorage    string
 	queueMax      int
 	hbInterval    time.Duration
 	reqTimeout    time.Duration
@@ -150,6 +151,7 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*o
 	fs.StringVar(&o.id, "id", "", "broker id in reply subjects, unique per NATS (default random)")
 	fs.IntVar(&o.replicas, "replicas", 1, "replicas of the jobs stream (3 on a cluster)")
 	fs.StringVar(&o.jobsStorage, "jobs-storage", "file", "storage of the jobs stream: file (queued jobs outlive a NATS server's restart, and it fits servers that keep JetStream on disk only, as the NATS Helm chart's with max_memory_store 0) or memory (faster; a job queued on a server that restarts is dispatched again). An existing stream keeps the storage it was created with")
+	fs.StringVar(&o.dirStorage, "directed-storage", "memory", "storage of the directed queues' stream (affinity offers; one replica whatever --replicas says): memory, or file where the servers give JetStream no memory (the broker also falls back to file when memory is refused)")
 	fs.IntVar(&o.queueMax, "queue-max", broker.DefaultQueueMax, "jobs waiting per model and pool before 429")
 	fs.DurationVar(&o.hbInterval, "heartbeat-interval", broker.DefaultHeartbeatInterval, "agents' heartbeat interval; /readyz waits one")
 	fs.DurationVar(&o.reqTimeout, "request-timeout", broker.DefaultRequestTimeout, "deadline of a request")
@@ -221,7 +223,7 @@ Usage:
   broker --demo                       also run simulated agents, ready for curl`, []cli.Section{
 		{Title: "Client API", Flags: []string{"http", "grpc", "max-body", "read-header-timeout", "read-body-timeout", "idle-timeout", "max-conns", "max-conns-per-client", "write-timeout", "stream-write-timeout", "grpc-max-recv-bytes", "grpc-max-send-bytes", "grpc-max-header-bytes", "grpc-max-streams", "grpc-max-watches", "api-key", "api-keys-file", "tls-cert", "tls-key"}},
 		{Title: "Dispatch", Flags: []string{"dispatch-mode", "slo-ttft", "slo-itl", "slo-probe-share", "slo-probe-age", "pd-threshold", "slow-start", "heartbeat-interval", "queue-max", "queue-timeout", "capacity-wait", "models", "request-timeout", "stall-timeout", "max-answer-bytes", "answer-buffer-bytes", "retry-limit", "migration-limit", "publish-wait"}},
-		{Title: "NATS", Flags: []string{"nats-url", "nats-listen", "nats-config", "nats-monitor", "data-dir", "nats-max-payload", "replicas", "jobs-storage", "prefix", "id",
+		{Title: "NATS", Flags: []string{"nats-url", "nats-listen", "nats-config", "nats-monitor", "data-dir", "nats-max-payload", "replicas", "jobs-storage", "directed-storage", "prefix", "id",
 			"nats-creds", "nats-nkey", "nats-user", "nats-password", "nats-token", "nats-tls-ca", "nats-tls-cert", "nats-tls-key", "nats-inbox-prefix"}},
 		{Title: "Files and batches", Flags: batchFlags},
 		{Title: "Lifecycle, metrics and logs", Flags: []string{"shutdown-grace", "shutdown-delay", "metrics-listen", "log-format", "log-level"}},
@@ -239,6 +241,9 @@ Usage:
 	fs.Visit(func(f *flag.Flag) { o.natsListenSet = o.natsListenSet || f.Name == "nats-listen" })
 	if o.jobsStorage != "memory" && o.jobsStorage != "file" {
 		return nil, fmt.Errorf("--jobs-storage %q: want memory or file", o.jobsStorage)
+	}
+	if o.dirStorage != "memory" && o.dirStorage != "file" {
+		return nil, fmt.Errorf("--directed-storage %q: want memory or file", o.dirStorage)
 	}
 	if o.maxConns < 0 || o.maxConnsPer < 0 || o.writeTimeout <= 0 {
 		return nil, fmt.Errorf("--max-conns and --max-conns-per-client must not be negative, --write-timeout must be positive")
@@ -505,25 +510,26 @@ func newBroker(o *options, log *slog.Logger, dcfg dispatch.Config, ns *server.Se
 		return nil, nil, err
 	}
 	b, err := broker.New(nc, broker.Config{
-		ID:                o.id,
-		Prefix:            o.prefix,
-		Replicas:          o.replicas,
-		FileStorage:       o.jobsStorage == "file",
-		QueueMax:          o.queueMax,
-		HeartbeatInterval: o.hbInterval,
-		RequestTimeout:    o.reqTimeout,
-		StallTimeout:      o.stallTimeout,
-		MaxAnswerBytes:    o.maxAnswer,
-		BufferBytes:       o.answerBuffer,
-		RetryLimit:        o.retryLimit,
-		MigrationLimit:    o.migrationLim,
-		QueueTimeout:      o.queueTimeout,
-		KVHold:            o.kvHold,
-		CapacityWait:      o.capacityWait,
-		Models:            splitList(o.models),
-		PublishWait:       o.publishWait,
-		Dispatch:          dcfg,
-		Targets:           broker.Targets{TTFT: o.sloTTFT, ITL: o.sloITL},
+		ID:                  o.id,
+		Prefix:              o.prefix,
+		Replicas:            o.replicas,
+		FileStorage:         o.jobsStorage == "file",
+		DirectedFileStorage: o.dirStorage == "file",
+		QueueMax:            o.queueMax,
+		HeartbeatInterval:   o.hbInterval,
+		RequestTimeout:      o.reqTimeout,
+		StallTimeout:        o.stallTimeout,
+		MaxAnswerBytes:      o.maxAnswer,
+		BufferBytes:         o.answerBuffer,
+		RetryLimit:          o.retryLimit,
+		MigrationLimit:      o.migrationLim,
+		QueueTimeout:        o.queueTimeout,
+		KVHold:              o.kvHold,
+		CapacityWait:        o.capacityWait,
+		Models:              splitList(o.models),
+		PublishWait:         o.publishWait,
+		Dispatch:            dcfg,
+		Targets:             broker.Targets{TTFT: o.sloTTFT, ITL: o.sloITL},
 		Affinity: broker.AffinityConfig{
 			Mode: o.affMode, Wait: o.affWait, BlockSize: o.affBlockSize, MaxBlocks: o.affMaxBlocks,
 			Queue: cmp.Or(o.affQueue, -1), // flag 0: none

@@ -87,7 +87,7 @@ func TestEmbeddedShippedConfig(t *testing.T) {
 	if err != nil {
 		t.Fatalf("system account: %v", err)
 	}
-	if !strings.Contains(string(m.Data), `"streams":1`) {
-		t.Errorf("JSZ = %.300s, want the jobs stream counted", m.Data)
+	if !strings.Contains(string(m.Data), `"streams":2`) {
+		t.Errorf("JSZ = %.300s, want the jobs stream and the directed queues' stream counted", m.Data)
 	}
 }

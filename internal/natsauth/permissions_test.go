@@ -578,7 +578,7 @@ func TestPDPairedQueues(t *testing.T) {
 	directed := pdConsumer(t, subjects.PoolPrefill)
 	directed.Durable, _ = subjects.DirectedConsumerName("m", subjects.PoolPrefill, pair, "p1")
 	directed.FilterSubject, _ = subj.Directed("m", subjects.PoolPrefill, pair, "p1")
-	dircons, err := p.js.CreateOrUpdateConsumer(ctxT(t), stream, directed)
+	dircons, err := p.js.CreateOrUpdateConsumer(ctxT(t), subjects.DirectedStream(stream), directed)
 	if err != nil {
 		t.Fatalf("prefill agent's directed consumer: %v", err)
 	}

@@ -169,7 +169,10 @@ var recipeChecks = map[string]recipeCheck{
 		want: wants(`sy\.jobs\.sim-model\.regular`),
 	},
 	`nats consumer ls SWITCHYARD_JOBS`: {
-		want: wants(`jobs-sim-model-regular\b`, `jobs-sim-model-regular-to-[0-9a-f]{16}`),
+		want: wants(`jobs-sim-model-regular\b`),
+	},
+	`nats consumer ls SWITCHYARD_JOBS_DIRECTED`: {
+		want: wants(`jobs-sim-model-regular-to-[0-9a-f]{16}`),
 	},
 	`nats consumer info SWITCHYARD_JOBS jobs-sim-model-regular`: {
 		want: wants(`Information for Consumer SWITCHYARD_JOBS > jobs-sim-model-regular`, `Filter Subject: sy\.jobs\.sim-model\.regular`, `Waiting Pulls`, `Unprocessed Messages`, `Outstanding Acks`),
