@@ -152,7 +152,7 @@ func TestBatchJobs(t *testing.T) {
 		}
 	}
 	// The interactive subjects parse as they did, without the class.
-	for _, s := range []string{"sy.jobs.m.regular", "sy.jobs.m.prefill.vllm", "sy.jobs.m.regular.to.batch"} {
+	for _, s := range []string{"sy.jobs.m.regular", "sy.jobs.m.prefill.vllm", "sy.to.m.regular.batch"} {
 		if j, err := b.ParseJobs(s); err != nil || j.Batch {
 			t.Errorf("ParseJobs(%q) = %+v, %v", s, j, err)
 		}
