@@ -57,7 +57,7 @@ type Store struct {
 	log *slog.Logger
 	now func() time.Time
 
-	mu  sync.Mutex // guards obj and kv
+	mu  sync.Mutex // guards obj and kv; never held across a JetStream call
 	obj jetstream.ObjectStore
 	kv  jetstream.KeyValue
 	// ended holds the ids of batches seen in a terminal status, which
@@ -93,17 +93,22 @@ func (s *Store) storage() jetstream.StorageType {
 	return jetstream.MemoryStorage
 }
 
-// buckets returns the buckets, creating them on first use.
+// buckets returns the buckets, creating them on first use. The lock is
+// not held while JetStream answers, so a request (/v1/fleet among them)
+// waits for NATS only as long as its own context allows, never behind
+// another caller's slow creation; two callers creating at once is
+// harmless, creation being idempotent.
 func (s *Store) buckets(ctx context.Context) (jetstream.ObjectStore, jetstream.KeyValue, error) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.obj != nil && s.kv != nil {
-		return s.obj, s.kv, nil
+	obj, kv := s.obj, s.kv
+	s.mu.Unlock()
+	if obj != nil && kv != nil {
+		return obj, kv, nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	if s.obj == nil {
-		obj, err := s.js.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{
+	if obj == nil {
+		o, err := s.js.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{
 			Bucket:      FilesBucket,
 			Description: "Switchyard files (Files API)",
 			Storage:     s.storage(),
@@ -112,10 +117,10 @@ func (s *Store) buckets(ctx context.Context) (jetstream.ObjectStore, jetstream.K
 		if err != nil {
 			return nil, nil, fmt.Errorf("%w: bucket %s: %w", ErrUnavailable, FilesBucket, err)
 		}
-		s.obj = obj
+		obj = o
 	}
-	if s.kv == nil {
-		kv, err := s.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+	if kv == nil {
+		k, err := s.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
 			Bucket:      StateBucket,
 			Description: "Switchyard batches, their leases and their lines' results",
 			Storage:     s.storage(),
@@ -125,6 +130,14 @@ func (s *Store) buckets(ctx context.Context) (jetstream.ObjectStore, jetstream.K
 		if err != nil {
 			return nil, nil, fmt.Errorf("%w: bucket %s: %w", ErrUnavailable, StateBucket, err)
 		}
+		kv = k
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.obj == nil {
+		s.obj = obj
+	}
+	if s.kv == nil {
 		s.kv = kv
 	}
 	return s.obj, s.kv, nil

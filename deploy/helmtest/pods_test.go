@@ -493,7 +493,9 @@ type fleetAgent struct {
 	Reason   string `json:"reason"`
 }
 
-// waitFleet waits until the broker holds every running agent as eligible.
+// waitFleet waits until the broker holds every running agent as eligible
+// and reads its batches' store (an Object Store and a KV bucket) with the
+// chart's NATS permissions.
 func (f *fleet) waitFleet(b *podProc) {
 	f.t.Helper()
 	var want []string
@@ -507,10 +509,15 @@ func (f *fleet) waitFleet(b *podProc) {
 		}
 		defer resp.Body.Close()
 		var fl struct {
-			Agents []fleetAgent `json:"agents"`
+			Agents       []fleetAgent    `json:"agents"`
+			Batches      json.RawMessage `json:"batches"`
+			BatchesError string          `json:"batches_error"`
 		}
 		if err := json.NewDecoder(resp.Body).Decode(&fl); err != nil {
 			return fmt.Errorf("broker %s /v1/fleet: %s: %v", b.pod.name, resp.Status, err)
+		}
+		if fl.Batches == nil {
+			return fmt.Errorf("broker %s /v1/fleet has no batches: %s", b.pod.name, fl.BatchesError)
 		}
 		for _, id := range want {
 			i := slices.IndexFunc(fl.Agents, func(a fleetAgent) bool { return a.ID == id })

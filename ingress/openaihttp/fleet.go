@@ -1,6 +1,7 @@
 package openaihttp
 
 import (
+	"context"
 	"net/http"
 	"sort"
 	"time"
@@ -202,12 +203,18 @@ type fleetView struct {
 	// Batches are the batches in flight (absent without the Batches API,
 	// or while its store cannot be read).
 	Batches *batch.Fleet `json:"batches,omitempty"`
+	// BatchesError says why Batches is absent when the Batches API is on
+	// but its store did not answer in time.
+	BatchesError string `json:"batches_error,omitempty"`
 }
 
 func poolView(ps broker.PoolStats) fleetPool {
 	return fleetPool{Pool: ps.Pool.String(), Agents: ps.Agents, Eligible: ps.Eligible, Slots: ps.Slots, EffectiveSlots: ps.EffectiveSlots, Active: ps.Active, EligibleActive: ps.EligibleActive, Free: ps.Free,
 		Batch: fleetBatch{Running: ps.Batch, SlotShare: broker.BatchSlotShare(ps)}}
 }
+
+// fleetBatchWait bounds how long /v1/fleet waits for the batches' store.
+const fleetBatchWait = 2 * time.Second
 
 // fleetBatch is a pool's batch-class work (see fleetPool.Batch).
 type fleetBatch struct {
@@ -294,7 +301,14 @@ func (s *Server) fleet(w http.ResponseWriter, r *http.Request) {
 		return a.ID < b.ID
 	})
 	if s.cfg.Batch != nil {
-		view.Batches, _ = s.cfg.Batch.Fleet(r.Context(), auth.Owner(r.Context()))
+		// The fleet is watched while NATS is in trouble too: its batches
+		// wait for JetStream briefly, and their absence says why.
+		ctx, cancel := context.WithTimeout(r.Context(), fleetBatchWait)
+		var err error
+		if view.Batches, err = s.cfg.Batch.Fleet(ctx, auth.Owner(r.Context())); err != nil {
+			view.BatchesError = err.Error()
+		}
+		cancel()
 	}
 	writeJSON(w, http.StatusOK, view)
 }

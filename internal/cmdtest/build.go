@@ -1,6 +1,8 @@
 package cmdtest
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"os/exec"
@@ -19,9 +21,29 @@ var (
 )
 
 // binDir holds the tests' binaries, keyed by Go version so a cached
-// nats-server is never one built by another toolchain.
+// nats-server is never one built by another toolchain, and by the
+// checkout, so tests of two checkouts running at once never run each
+// other's commands.
 func binDir() string {
-	return filepath.Join(os.TempDir(), "switchyard-e2e-bin-"+runtime.Version())
+	sum := sha256.Sum256([]byte(moduleRoot()))
+	return filepath.Join(os.TempDir(), "switchyard-e2e-bin-"+runtime.Version()+"-"+hex.EncodeToString(sum[:4]))
+}
+
+// moduleRoot is the directory of the go.mod above the test's working
+// directory (its package's), or that directory when there is none.
+func moduleRoot() string {
+	wd, err := os.Getwd()
+	if err != nil {
+		return ""
+	}
+	for d := wd; ; d = filepath.Dir(d) {
+		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
+			return d
+		}
+		if filepath.Dir(d) == d {
+			return wd
+		}
+	}
 }
 
 // BuildBinary builds pkg (a package path of this module or a dependency)

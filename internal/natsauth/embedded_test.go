@@ -83,11 +83,17 @@ func TestEmbeddedShippedConfig(t *testing.T) {
 		t.Fatalf("system user: %v", err)
 	}
 	defer nc.Close()
-	m, err := nc.Request("$SYS.REQ.SERVER.PING.JSZ", nil, 5*time.Second)
-	if err != nil {
-		t.Fatalf("system account: %v", err)
-	}
-	if !strings.Contains(string(m.Data), `"streams":2`) {
-		t.Errorf("JSZ = %.300s, want the jobs stream and the directed queues' stream counted", m.Data)
-	}
+	// The jobs stream, the directed queues' stream, and the Files and
+	// Batches APIs' Object Store and KV bucket, which the broker makes
+	// under the shipped permissions.
+	testwait.For(t, 10*time.Second, 50*time.Millisecond, func() error {
+		m, err := nc.Request("$SYS.REQ.SERVER.PING.JSZ", nil, 5*time.Second)
+		if err != nil {
+			return fmt.Errorf("system account: %w", err)
+		}
+		if !strings.Contains(string(m.Data), `"streams":4`) {
+			return fmt.Errorf("JSZ = %.300s, want 4 streams", m.Data)
+		}
+		return nil
+	})
 }
