@@ -167,21 +167,9 @@ func (b Builder) ParseDirected(subject string) (Jobs, error) {
 	if err != nil {
 		return Jobs{}, err
 	}
-	m, err := Unescape(toks[0])
+	j, err := parseQueue(subject, toks[:len(toks)-1])
 	if err != nil {
 		return Jobs{}, err
-	}
-	if !validPool(toks[1]) {
-		return Jobs{}, fmt.Errorf("%w: pool %q", ErrNotMatch, toks[1])
-	}
-	j := Jobs{Model: m, Pool: toks[1]}
-	if len(toks) == 4 {
-		if j.Pool == PoolRegular {
-			return Jobs{}, fmt.Errorf("%w: regular queue with a pairing %q", ErrNotMatch, subject)
-		}
-		if j.Pair, err = Unescape(toks[2]); err != nil {
-			return Jobs{}, err
-		}
 	}
 	if j.To, err = Unescape(toks[len(toks)-1]); err != nil {
 		return Jobs{}, err
@@ -408,6 +396,12 @@ func (b Builder) ParseJobs(subject string) (Jobs, error) {
 	if len(toks) > 3 {
 		return Jobs{}, fmt.Errorf("%w: %q has too many tokens for a jobs queue", ErrNotMatch, subject)
 	}
+	return parseQueue(subject, toks)
+}
+
+// parseQueue parses a queue's tokens: model, pool and, for a PD pool, the
+// pairing.
+func parseQueue(subject string, toks []string) (Jobs, error) {
 	m, err := Unescape(toks[0])
 	if err != nil {
 		return Jobs{}, err
@@ -433,23 +427,9 @@ func (b Builder) parseBatch(subject string, toks []string) (Jobs, error) {
 	if len(toks) > 4 {
 		return Jobs{}, fmt.Errorf("%w: %q has too many tokens for a batch queue", ErrNotMatch, subject)
 	}
-	m, err := Unescape(toks[0])
-	if err != nil {
-		return Jobs{}, err
-	}
-	j := Jobs{Model: m, Pool: toks[2], Batch: true}
-	if !validPool(j.Pool) {
-		return Jobs{}, fmt.Errorf("%w: pool %q", ErrNotMatch, j.Pool)
-	}
-	if len(toks) == 4 {
-		if j.Pool == PoolRegular {
-			return Jobs{}, fmt.Errorf("%w: regular queue with a pairing %q", ErrNotMatch, subject)
-		}
-		if j.Pair, err = Unescape(toks[3]); err != nil {
-			return Jobs{}, err
-		}
-	}
-	return j, nil
+	j, err := parseQueue(subject, append([]string{toks[0]}, toks[2:]...))
+	j.Batch = err == nil
+	return j, err
 }
 
 // Heartbeat is a parsed heartbeat subject.
