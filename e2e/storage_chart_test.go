@@ -23,12 +23,14 @@ import (
 
 // chartBrokerPerms are the broker user's permissions of the NATS Helm
 // values (deploy/helm/nats-values.yaml): it may create, update and read
-// the jobs stream, not delete it.
+// the jobs stream and the directed queues' stream, not delete them.
 const chartBrokerPerms = `{
   publish: { allow: ["sy.jobs.>", "sy.cancel.*", "sy.learn.*.*.*",
     "$JS.API.STREAM.CREATE.SWITCHYARD_JOBS", "$JS.API.STREAM.UPDATE.SWITCHYARD_JOBS",
     "$JS.API.STREAM.INFO.SWITCHYARD_JOBS", "$JS.API.CONSUMER.INFO.SWITCHYARD_JOBS.*",
-    "$JS.API.STREAM.MSG.DELETE.SWITCHYARD_JOBS"] }
+    "$JS.API.STREAM.MSG.DELETE.SWITCHYARD_JOBS", "sy.to.>",
+    "$JS.API.STREAM.CREATE.SWITCHYARD_JOBS_DIRECTED", "$JS.API.STREAM.UPDATE.SWITCHYARD_JOBS_DIRECTED",
+    "$JS.API.STREAM.INFO.SWITCHYARD_JOBS_DIRECTED", "$JS.API.STREAM.MSG.DELETE.SWITCHYARD_JOBS_DIRECTED"] }
   subscribe: { allow: ["sy.hb.>", "sy.learn.>", "sy.kv.>", "sy.reply.*.*", "_INBOX.broker.>"] }
 }`
 
